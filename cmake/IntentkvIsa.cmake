@@ -1,0 +1,27 @@
+# Per-file ISA flags: a SIMD kernel file says its ISA in its name, so only that
+# file is compiled for it and the library still runs on any CPU of the
+# architecture (dispatch picks at run time).
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
+  foreach(f ${IKV_CPU_SOURCES})
+    if(f MATCHES "_avx512\\.cpp$")
+      set_source_files_properties(${f} PROPERTIES COMPILE_OPTIONS
+        "-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mfma;-mf16c;-mavx2")
+    elseif(f MATCHES "_avx2\\.cpp$")
+      set_source_files_properties(${f} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
+    elseif(f MATCHES "_neon\\.cpp$")
+      list(REMOVE_ITEM IKV_CPU_SOURCES ${f})
+    endif()
+  endforeach()
+elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64")
+  foreach(f ${IKV_CPU_SOURCES})
+    if(f MATCHES "_(avx512|avx2)\\.cpp$")
+      list(REMOVE_ITEM IKV_CPU_SOURCES ${f})
+    endif()
+  endforeach()
+else()
+  foreach(f ${IKV_CPU_SOURCES})
+    if(f MATCHES "_(avx512|avx2|neon)\\.cpp$")
+      list(REMOVE_ITEM IKV_CPU_SOURCES ${f})
+    endif()
+  endforeach()
+endif()

@@ -1,0 +1,11 @@
+option(IKV_ENABLE_CUDA "Build the CUDA backend when nvcc is found" ON)
+option(IKV_BUILD_TESTS "Build the CMocka tests" ON)
+option(IKV_BUILD_BENCH "Build the benchmarks (needs Google Benchmark)" ON)
+option(IKV_BUILD_EXAMPLES "Build the examples and the demo" ON)
+option(IKV_SANITIZE "Build with AddressSanitizer and UBSan" OFF)
+set(IKV_CUDA_ARCHS "80;90" CACHE STRING "CUDA SM architectures to build")
+
+if(IKV_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()

@@ -1,0 +1,749 @@
+/*
+ * intentkv.h — intent-aware KV-cache execution for long-context LLM decoding.
+ *
+ * One header, C11, no C++ in it. Every symbol is ikv_* / IKV_*.
+ *
+ * The data path (see docs/ARCHITECTURE.md):
+ *
+ *   layout  semantic blocks of the context: [start, end) token ranges, a kind,
+ *           a policy (ALWAYS, ATTEND, SKIP, RECENT, GLOBAL), a score.
+ *   router  layout + budget + memory pressure -> plan: the token pages a decode
+ *           step reads, exact token bounds, a storage format per page, prefetch
+ *           hints, and a decision with a reason for every block.
+ *   pool    paged KV storage. A page holds page_size tokens of every layer and
+ *           kv-head of one sequence in one format (F16, BF16, FP8-E4M3, INT8,
+ *           INT4); block tables, sharing by fork, eviction, key summaries.
+ *   decoder attention for one decode step that reads only the planned pages and
+ *           dequantizes inside the load (SIMD CPU kernels or CUDA kernels).
+ *
+ * Conventions that hold for every call:
+ *   - Fallible calls return ikv_status: IKV_OK (0) or a negative error code.
+ *     On error ikv_last_error() holds a sentence naming the argument and the
+ *     bound it broke, and the objects involved are left exactly as they were.
+ *   - No call aborts, throws, or prints; install ikv_set_log_callback() to see
+ *     warnings.
+ *   - Config structs carry struct_size as their first field. Always start from
+ *     the matching *_default_config() and change fields by name; the library
+ *     reads only the first struct_size bytes, so programs built against an
+ *     older header keep working when fields are appended.
+ *   - Units: token positions and counts are tokens; sizes in *_bytes are bytes;
+ *     strides are in elements of the array's dtype.
+ *   - Handles are opaque. The creator owns a handle and frees it with the
+ *     matching *_destroy(); destroy(NULL) is a no-op.
+ */
+#ifndef INTENTKV_H
+#define INTENTKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Export and version                                                        */
+/* ------------------------------------------------------------------------ */
+
+#if defined(_WIN32) && defined(IKV_BUILD_SHARED)
+#define IKV_API __declspec(dllexport)
+#elif defined(_WIN32) && defined(IKV_USE_SHARED)
+#define IKV_API __declspec(dllimport)
+#elif defined(__GNUC__) || defined(__clang__)
+#define IKV_API __attribute__((visibility("default")))
+#else
+#define IKV_API
+#endif
+
+#define IKV_VERSION_MAJOR 0
+#define IKV_VERSION_MINOR 1
+#define IKV_VERSION_PATCH 0
+/** MAJOR*10000 + MINOR*100 + PATCH, as ikv_version() returns it. */
+#define IKV_VERSION_NUMBER (IKV_VERSION_MAJOR * 10000 + IKV_VERSION_MINOR * 100 + IKV_VERSION_PATCH)
+
+/** The version of the library actually linked (compare with IKV_VERSION_NUMBER). Thread-safe. */
+IKV_API unsigned ikv_version(void);
+/** "MAJOR.MINOR.PATCH" of the linked library; static storage. Thread-safe. */
+IKV_API const char *ikv_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status, errors, logging                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef enum ikv_status {
+    IKV_OK = 0,
+    IKV_E_INVALID = -1,      /**< an argument is outside its documented domain */
+    IKV_E_NULL = -2,         /**< a required pointer or handle is NULL */
+    IKV_E_RANGE = -3,        /**< a token, page, layer, head or index is out of range */
+    IKV_E_NOMEM = -4,        /**< pool capacity exhausted or host/device allocation failed */
+    IKV_E_BUDGET = -5,       /**< mandatory blocks alone exceed the router's token budget */
+    IKV_E_OVERLAP = -6,      /**< a layout block overlaps another block */
+    IKV_E_UNSUPPORTED = -7,  /**< valid request this build or machine cannot serve */
+    IKV_E_NO_DEVICE = -8,    /**< CUDA requested but not built in, or no GPU present */
+    IKV_E_DEVICE = -9,       /**< a CUDA call failed; the message names it */
+    IKV_E_SHARED = -10,      /**< the page is shared by several sequences (fork) */
+    IKV_E_EVICTED = -11,     /**< the tokens asked for were evicted */
+    IKV_E_NOT_FOUND = -12,   /**< no such block id or sequence id */
+    IKV_E_STATE = -13,       /**< the object is not in a state that allows the call */
+    IKV_E_INTERNAL = -14     /**< a bug in intentkv; please report the message */
+} ikv_status;
+
+/** Name of a status code, e.g. "IKV_E_RANGE"; "IKV_UNKNOWN_STATUS" for others. Static storage. */
+IKV_API const char *ikv_status_name(ikv_status status);
+
+/**
+ * The sentence describing the last failure of an ikv_* call on the calling
+ * thread, e.g. "ikv_layout_add: block 'doc3' [900, 800) has end before start".
+ * Empty string if the thread's last failing call has not happened yet.
+ * Valid until the next ikv_* call on the same thread. Thread-local.
+ */
+IKV_API const char *ikv_last_error(void);
+
+typedef enum ikv_log_level {
+    IKV_LOG_DEBUG = 0,
+    IKV_LOG_INFO = 1,
+    IKV_LOG_WARN = 2,
+    IKV_LOG_ERROR = 3
+} ikv_log_level;
+
+typedef void (*ikv_log_fn)(ikv_log_level level, const char *message, void *user);
+
+/**
+ * Install a process-wide log sink (NULL removes it). Messages at or above
+ * min_level are delivered, possibly from library worker threads, so the sink
+ * must be thread-safe. Every failing call also sends its error sentence at
+ * IKV_LOG_ERROR. Without a sink nothing is printed anywhere.
+ */
+IKV_API void ikv_set_log_callback(ikv_log_fn fn, void *user, ikv_log_level min_level);
+
+/* ------------------------------------------------------------------------ */
+/* Runtime information                                                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ikv_runtime_info {
+    uint32_t struct_size;       /**< set to sizeof(ikv_runtime_info) before the call */
+    unsigned version;           /**< ikv_version() */
+    int cuda_built;             /**< 1 if the library was compiled with the CUDA backend */
+    int cuda_device_count;      /**< GPUs visible now (0 without CUDA or GPU) */
+    char cuda_device_name[64];  /**< name of device 0, "" if none */
+    char cpu_isa[16];           /**< SIMD path in use: "avx512", "avx2", "neon" or "scalar" */
+    char cpu_isa_available[64]; /**< paths this CPU supports, comma separated */
+    char cuda_archs[32];        /**< SM architectures compiled in, e.g. "80,90"; "" without CUDA */
+} ikv_runtime_info;
+
+/**
+ * Fill *info. The CPU ISA is chosen once per process from the CPU's features;
+ * the environment variable IKV_CPU_ISA (avx512 | avx2 | neon | scalar), read at
+ * that first choice, forces a path (it must be supported, else the best one
+ * is used and a warning is logged). Thread-safe.
+ * Errors: IKV_E_NULL (info), IKV_E_INVALID (struct_size too small).
+ */
+IKV_API ikv_status ikv_runtime_info_get(ikv_runtime_info *info);
+
+/* ------------------------------------------------------------------------ */
+/* Shared vocabulary                                                         */
+/* ------------------------------------------------------------------------ */
+
+/** Storage format of a KV page. Errors bounds are in docs/FORMATS.md. */
+typedef enum ikv_format {
+    IKV_FMT_F16 = 0,      /**< IEEE half; lossless for |x| <= 65504 up to half rounding */
+    IKV_FMT_BF16 = 1,     /**< bfloat16, round to nearest even */
+    IKV_FMT_FP8_E4M3 = 2, /**< FP8 E4M3 with one float scale per page, layer and kv-head (K and V each) */
+    IKV_FMT_INT8 = 3,     /**< symmetric int8; K scaled per channel over the page, V per token (KIVI) */
+    IKV_FMT_INT4 = 4,     /**< asymmetric 4-bit, packed; K per channel over the page, V per token in groups of 32 channels */
+    IKV_FMT_COUNT = 5,
+    IKV_FMT_AUTO = 255    /**< "no preference" (layout precision hints; pool default = router's choice) */
+} ikv_format;
+
+/** Name of a format, e.g. "int8"; "?" for others. Static storage. */
+IKV_API const char *ikv_format_name(ikv_format format);
+
+/** Element type of engine-side arrays (K, V, queries, outputs). */
+typedef enum ikv_dtype {
+    IKV_DTYPE_F32 = 0,
+    IKV_DTYPE_F16 = 1,
+    IKV_DTYPE_BF16 = 2
+} ikv_dtype;
+
+typedef enum ikv_backend {
+    IKV_BACKEND_CPU = 0,
+    IKV_BACKEND_CUDA = 1
+} ikv_backend;
+
+/** A half-open token range [begin, end). */
+typedef struct ikv_token_range {
+    uint32_t begin;
+    uint32_t end;
+} ikv_token_range;
+
+/* ------------------------------------------------------------------------ */
+/* Layouts: the semantic blocks of a context                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ikv_layout ikv_layout;
+
+typedef enum ikv_block_kind {
+    IKV_KIND_SYSTEM_PROMPT = 0,
+    IKV_KIND_MEMORY_SUMMARY = 1,
+    IKV_KIND_RETRIEVED_DOC = 2,
+    IKV_KIND_TOOL_OUTPUT = 3,
+    IKV_KIND_SCRATCHPAD = 4,
+    IKV_KIND_CONVERSATION = 5,
+    IKV_KIND_REASONING = 6,
+    IKV_KIND_OTHER = 7,
+    IKV_KIND_COUNT = 8
+} ikv_block_kind;
+
+typedef enum ikv_policy {
+    IKV_POLICY_ALWAYS = 0, /**< always read, at the router's always-format (full precision by default) */
+    IKV_POLICY_ATTEND = 1, /**< read if its score clears the threshold and it wins budget */
+    IKV_POLICY_SKIP = 2,   /**< never read: zero bytes */
+    IKV_POLICY_RECENT = 3, /**< read the part of it inside the router's recent window */
+    IKV_POLICY_GLOBAL = 4, /**< always read, may be compressed (memory summaries) */
+    IKV_POLICY_COUNT = 5
+} ikv_policy;
+
+IKV_API const char *ikv_block_kind_name(ikv_block_kind kind);
+IKV_API const char *ikv_policy_name(ikv_policy policy);
+
+/** Longest block name in bytes, excluding the terminating NUL. */
+#define IKV_NAME_MAX 63
+
+/** A block as the caller describes it; also what the iteration calls return. */
+typedef struct ikv_block_desc {
+    uint32_t struct_size;     /**< sizeof(ikv_block_desc); set by ikv_block_desc_default() */
+    const char *name;         /**< UTF-8, 1..IKV_NAME_MAX bytes; copied on add */
+    ikv_block_kind kind;
+    uint32_t start;           /**< first token */
+    uint32_t end;             /**< one past the last token; end > start */
+    ikv_policy policy;
+    float score;              /**< relevance in [0, 1]; finite */
+    ikv_format precision_hint;/**< IKV_FMT_AUTO or a format the router should use for this block */
+    uint32_t turn;            /**< conversation turn that produced the block */
+} ikv_block_desc;
+
+/** A block as stored: its stable id plus a copy of its description. */
+typedef struct ikv_block_info {
+    uint32_t id;                   /**< stable for the block's lifetime; never reused by this layout */
+    char name[IKV_NAME_MAX + 1];
+    ikv_block_kind kind;
+    uint32_t start, end;
+    ikv_policy policy;
+    float score;
+    ikv_format precision_hint;
+    uint32_t turn;
+} ikv_block_info;
+
+/** A description with struct_size set, kind OTHER, policy ATTEND, score 0.5, hint AUTO, all else 0. */
+IKV_API ikv_block_desc ikv_block_desc_default(void);
+
+/** Create an empty layout. Errors: IKV_E_NULL, IKV_E_NOMEM. */
+IKV_API ikv_status ikv_layout_create(ikv_layout **out);
+/** Free a layout. Plans routed from it stay valid (they hold copies). */
+IKV_API void ikv_layout_destroy(ikv_layout *layout);
+/** Deep copy (e.g. to try a re-scoring). Errors: IKV_E_NULL, IKV_E_NOMEM. */
+IKV_API ikv_status ikv_layout_clone(const ikv_layout *layout, ikv_layout **out);
+
+/**
+ * Add a block. It must not overlap any existing block (IKV_E_OVERLAP), must
+ * have end > start (IKV_E_RANGE), a finite score in [0,1] (IKV_E_INVALID), a
+ * valid kind, policy and hint (IKV_E_INVALID), and a name of 1..IKV_NAME_MAX
+ * bytes (IKV_E_INVALID). Blocks may be added in any order; there may be gaps.
+ * id_out (may be NULL) receives the new block's id.
+ */
+IKV_API ikv_status ikv_layout_add(ikv_layout *layout, const ikv_block_desc *block, uint32_t *id_out);
+/** Replace block id's description with *block, under add's rules (overlap ignores the block itself). */
+IKV_API ikv_status ikv_layout_update(ikv_layout *layout, uint32_t id, const ikv_block_desc *block);
+/** Re-score one block (the common multi-turn update). Errors: IKV_E_NOT_FOUND, IKV_E_INVALID. */
+IKV_API ikv_status ikv_layout_set_score(ikv_layout *layout, uint32_t id, float score);
+/** Remove a block. Errors: IKV_E_NOT_FOUND. */
+IKV_API ikv_status ikv_layout_remove(ikv_layout *layout, uint32_t id);
+
+/** Number of blocks (0 for NULL). */
+IKV_API size_t ikv_layout_count(const ikv_layout *layout);
+/** The index-th block in ascending start order. Errors: IKV_E_NULL, IKV_E_RANGE. */
+IKV_API ikv_status ikv_layout_at(const ikv_layout *layout, size_t index, ikv_block_info *out);
+/** The block with this id. Errors: IKV_E_NULL, IKV_E_NOT_FOUND. */
+IKV_API ikv_status ikv_layout_get(const ikv_layout *layout, uint32_t id, ikv_block_info *out);
+/** The block covering token. Errors: IKV_E_NULL, IKV_E_NOT_FOUND (token in a gap). */
+IKV_API ikv_status ikv_layout_find_token(const ikv_layout *layout, uint32_t token, uint32_t *id_out);
+/**
+ * Check the layout against a sequence of seq_len tokens: every block ends at or
+ * before seq_len (IKV_E_RANGE names the first that does not). Overlap, score
+ * and name rules are enforced on every add/update, so only ranges remain.
+ */
+IKV_API ikv_status ikv_layout_validate(const ikv_layout *layout, uint32_t seq_len);
+
+/** Thread-safety of layouts: const calls may run concurrently; a mutating call needs exclusive access. */
+
+/* ------------------------------------------------------------------------ */
+/* Synthetic agentic sessions (for demos, tests and benchmarks)              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ikv_synth_config {
+    uint32_t struct_size;
+    uint32_t seq_len;        /**< total tokens, >= 1024 (8K, 32K, 128K are the usual sizes) */
+    uint32_t n_documents;    /**< retrieved documents, 0..256 */
+    uint32_t n_tool_outputs; /**< old tool outputs, 0..256 */
+    uint32_t n_turns;        /**< conversation turns, >= 1 */
+    uint64_t seed;           /**< same seed, same layout */
+} ikv_synth_config;
+
+/** 32K tokens, 8 documents, 4 tool outputs, 6 turns, seed 42. */
+IKV_API ikv_synth_config ikv_synth_default_config(void);
+
+/**
+ * Build a realistic agentic layout that exactly tiles [0, seq_len): a system
+ * prompt (ALWAYS), a memory summary (GLOBAL), documents with seeded scores
+ * (ATTEND; some SKIP), tool outputs (ATTEND, low scores), a scratchpad
+ * (SKIP), earlier turns (ATTEND) and the newest turn (RECENT). Deterministic
+ * for a given config. Errors: IKV_E_NULL, IKV_E_INVALID, IKV_E_NOMEM.
+ */
+IKV_API ikv_status ikv_synth_layout(const ikv_synth_config *config, ikv_layout **out);
+
+/* ------------------------------------------------------------------------ */
+/* Routers and plans                                                         */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ikv_router ikv_router;
+typedef struct ikv_plan ikv_plan;
+
+/** What the router does when mandatory blocks alone exceed token_budget. */
+typedef enum ikv_over_budget {
+    IKV_OVER_BUDGET_FAIL = 0, /**< return IKV_E_BUDGET and no plan (default) */
+    IKV_OVER_BUDGET_KEEP = 1  /**< keep every mandatory block, flag the plan (summary.over_budget) and log a warning */
+} ikv_over_budget;
+
+/**
+ * The precision table (IntentQuantizer, configurable). For an ATTEND block
+ * with score s:  s >= attend_high_score -> attend_high, s >= attend_mid_score
+ * -> attend_mid, else attend_low. Memory pressure p then demotes every block
+ * that is not ALWAYS by one step along F16/BF16 -> FP8 -> INT8 -> INT4 when
+ * p >= demote1_pressure and by two when p >= demote2_pressure. A block's
+ * precision_hint, when not AUTO, wins over the table and pressure.
+ */
+typedef struct ikv_precision_policy {
+    ikv_format always_format;   /**< default F16 */
+    ikv_format global_format;   /**< default FP8_E4M3 */
+    ikv_format recent_format;   /**< default F16 (the newest tokens matter most) */
+    ikv_format attend_high;     /**< default F16 */
+    ikv_format attend_mid;      /**< default INT8 */
+    ikv_format attend_low;      /**< default INT4 */
+    float attend_high_score;    /**< default 0.8 */
+    float attend_mid_score;     /**< default 0.5 */
+    float demote1_pressure;     /**< default 0.5 */
+    float demote2_pressure;     /**< default 0.85 */
+} ikv_precision_policy;
+
+typedef struct ikv_router_config {
+    uint32_t struct_size;
+    uint32_t page_size;         /**< tokens per page: power of two in [8, 128]; default 16 */
+    uint32_t token_budget;      /**< tokens a step may read; 0 = unlimited; default 0 */
+    uint32_t recent_window;     /**< newest tokens always read (unless SKIP); default 512 */
+    float memory_pressure;      /**< in [0, 1]; default 0 */
+    float attend_threshold;     /**< ATTEND blocks below it are skipped; in [0, 1]; default 0.3 */
+    uint32_t prefetch_depth;    /**< prefetch hints to emit, in pages; default 4 */
+    float unlabeled_score;      /**< tokens in no block are routed as ATTEND with this score; default 0 */
+    ikv_over_budget over_budget;
+    ikv_precision_policy precision;
+} ikv_router_config;
+
+IKV_API ikv_router_config ikv_router_default_config(void);
+
+/** Create a router (validates and copies config). Errors: IKV_E_NULL, IKV_E_INVALID (names the field), IKV_E_NOMEM. */
+IKV_API ikv_status ikv_router_create(const ikv_router_config *config, ikv_router **out);
+IKV_API void ikv_router_destroy(ikv_router *router);
+/** Copy of the router's config. Errors: IKV_E_NULL. */
+IKV_API ikv_status ikv_router_get_config(const ikv_router *router, ikv_router_config *out);
+/** Change the memory pressure (the knob an engine turns most). Errors: IKV_E_NULL, IKV_E_INVALID. */
+IKV_API ikv_status ikv_router_set_pressure(ikv_router *router, float memory_pressure);
+
+/**
+ * Route a layout for a sequence of seq_len tokens (seq_len >= 1; every block
+ * must end at or before it). Mandatory tokens (ALWAYS, GLOBAL, the recent
+ * window) are placed first; ATTEND blocks at or above the threshold follow by
+ * descending score, whole blocks, greedily while they fit the budget. SKIP
+ * blocks are never read, not even inside the recent window.
+ * The caller owns *plan_out (ikv_plan_destroy). The router is not changed and
+ * may route from several threads at once.
+ * Errors: IKV_E_NULL, IKV_E_INVALID (seq_len 0), IKV_E_RANGE (a block beyond
+ * seq_len), IKV_E_BUDGET (see ikv_over_budget), IKV_E_NOMEM.
+ */
+IKV_API ikv_status ikv_router_route(const ikv_router *router, const ikv_layout *layout, uint32_t seq_len,
+                                    ikv_plan **plan_out);
+
+/**
+ * A plan that reads exactly the given token ranges of a seq_len-token
+ * sequence (ranges sorted or not, may touch, must not overlap, must lie in
+ * [0, seq_len)), all pages marked format. For engines with their own
+ * selection, and for tests. Errors: IKV_E_NULL, IKV_E_INVALID, IKV_E_RANGE,
+ * IKV_E_OVERLAP, IKV_E_NOMEM.
+ */
+IKV_API ikv_status ikv_plan_from_ranges(const ikv_token_range *ranges, size_t n_ranges, uint32_t seq_len,
+                                        uint32_t page_size, ikv_format format, ikv_plan **plan_out);
+
+IKV_API void ikv_plan_destroy(ikv_plan *plan);
+
+/** Page flags in a plan. */
+#define IKV_PAGE_MANDATORY 0x1u /**< from ALWAYS/GLOBAL/recent window: query-aware selection never drops it */
+#define IKV_PAGE_PARTIAL 0x2u   /**< token_begin/token_end cut inside the page */
+
+/**
+ * One selected page, kernel-ready. page = token index / page_size.
+ * [token_begin, token_end) are absolute token positions inside that page; a
+ * page that two blocks share may appear once with the union if contiguous, or
+ * more than once with disjoint bounds. Entries are sorted by (page, token_begin).
+ */
+typedef struct ikv_plan_page {
+    uint32_t page;
+    uint32_t token_begin;
+    uint32_t token_end;
+    uint8_t format;    /**< ikv_format the router chose for storing this page */
+    uint8_t flags;     /**< IKV_PAGE_* */
+    uint16_t reserved;
+} ikv_plan_page;
+
+/** Why the router decided what it did for a block. */
+typedef enum ikv_reason {
+    IKV_REASON_ALWAYS = 0,            /**< policy ALWAYS: read */
+    IKV_REASON_GLOBAL = 1,            /**< policy GLOBAL: read */
+    IKV_REASON_RECENT_WINDOW = 2,     /**< read because it lies (partly) in the recent window */
+    IKV_REASON_SCORE = 3,             /**< ATTEND: score cleared the threshold and fit the budget */
+    IKV_REASON_POLICY_SKIP = 4,       /**< policy SKIP: never read */
+    IKV_REASON_BELOW_THRESHOLD = 5,   /**< ATTEND: score below attend_threshold */
+    IKV_REASON_BUDGET_EXHAUSTED = 6,  /**< ATTEND: cleared the threshold but did not fit the budget */
+    IKV_REASON_OUTSIDE_WINDOW = 7,    /**< policy RECENT: entirely older than the recent window */
+    IKV_REASON_OVER_BUDGET_KEPT = 8,  /**< mandatory, kept although mandatory tokens exceed the budget */
+    IKV_REASON_COUNT = 9
+} ikv_reason;
+
+IKV_API const char *ikv_reason_name(ikv_reason reason);
+
+typedef struct ikv_block_decision {
+    uint32_t block_id;         /**< the layout's id (UINT32_MAX for an unlabeled gap) */
+    uint32_t start, end;       /**< the block's range */
+    uint32_t tokens_selected;  /**< tokens of the block the plan reads */
+    uint8_t selected;          /**< 1 if any token is read */
+    uint8_t format;            /**< ikv_format chosen (meaningful when selected) */
+    uint16_t reason;           /**< ikv_reason */
+} ikv_block_decision;
+
+typedef struct ikv_plan_summary {
+    uint32_t seq_len;
+    uint32_t page_size;
+    uint32_t tokens_selected;
+    uint32_t tokens_skipped;
+    uint32_t pages_selected;     /**< distinct pages read */
+    uint32_t pages_total;        /**< ceil(seq_len / page_size) */
+    uint32_t tokens_by_format[IKV_FMT_COUNT];
+    uint32_t mandatory_tokens;
+    uint32_t token_budget;       /**< the router's budget (0 = unlimited) */
+    int over_budget;             /**< mandatory tokens exceed the budget (IKV_OVER_BUDGET_KEEP) */
+} ikv_plan_summary;
+
+/** Summary counts. Errors: IKV_E_NULL. */
+IKV_API ikv_status ikv_plan_get_summary(const ikv_plan *plan, ikv_plan_summary *out);
+/** Selected pages (shared by all kv-heads). *pages points into the plan, valid until it is destroyed. */
+IKV_API ikv_status ikv_plan_pages(const ikv_plan *plan, const ikv_plan_page **pages, size_t *count);
+/** Pages skipped entirely (no token read), ascending. Points into the plan. */
+IKV_API ikv_status ikv_plan_skipped_pages(const ikv_plan *plan, const uint32_t **pages, size_t *count);
+/** Pages likely needed by the next step (not selected now), most likely first. Points into the plan. */
+IKV_API ikv_status ikv_plan_prefetch(const ikv_plan *plan, const uint32_t **pages, size_t *count);
+/** One decision per layout block in start order, plus gaps. Points into the plan. */
+IKV_API ikv_status ikv_plan_decisions(const ikv_plan *plan, const ikv_block_decision **decisions, size_t *count);
+/** Storage format the plan assigns to token page `page` (selected or not; skipped pages get the lowest format of their blocks). */
+IKV_API ikv_status ikv_plan_page_format(const ikv_plan *plan, uint32_t page, ikv_format *out);
+
+/** Model shape for the cost model. */
+typedef struct ikv_model_shape {
+    uint32_t struct_size;
+    uint32_t n_layers;
+    uint32_t n_q_heads;
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+} ikv_model_shape;
+
+/** 32 layers, 32 q-heads, 8 kv-heads, head_dim 128 (a Llama-3-8B-like shape). */
+IKV_API ikv_model_shape ikv_model_shape_default(void);
+
+/** Bytes and FLOPs of one decode step (one query token, all layers) under a plan. */
+typedef struct ikv_plan_cost {
+    uint64_t bytes_by_format[IKV_FMT_COUNT]; /**< K+V bytes read, scales included */
+    uint64_t bytes_total;
+    uint64_t bytes_dense_f16;                /**< every token in F16 */
+    uint64_t flops;                          /**< 4 * tokens * head_dim * n_q_heads * n_layers */
+    uint64_t flops_dense;
+} ikv_plan_cost;
+
+/** Cost of a plan for a model shape; uses the pool's page byte sizes. Errors: IKV_E_NULL, IKV_E_INVALID. */
+IKV_API ikv_status ikv_plan_get_cost(const ikv_plan *plan, const ikv_model_shape *shape, ikv_plan_cost *out);
+
+/** Plans are immutable after creation: any number of threads may read one. */
+
+/* ------------------------------------------------------------------------ */
+/* KV page pool                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ikv_pool ikv_pool;
+typedef uint32_t ikv_seq_id;
+
+typedef struct ikv_pool_config {
+    uint32_t struct_size;
+    ikv_backend backend;        /**< CPU (default) or CUDA */
+    int device;                 /**< CUDA device ordinal; default 0 */
+    uint32_t n_layers;          /**< >= 1 */
+    uint32_t n_kv_heads;        /**< >= 1 */
+    uint32_t head_dim;          /**< 64, 80, 96, 128 or 256 */
+    uint32_t page_size;         /**< power of two in [8, 128]; default 16 */
+    uint64_t capacity_bytes;    /**< bytes of page storage (all formats, scales included); default 1 GiB */
+    ikv_format default_format;  /**< format of new pages when no plan says otherwise; default F16 */
+    ikv_dtype kv_dtype;         /**< element type of the K/V the engine appends; default F16 */
+} ikv_pool_config;
+
+IKV_API ikv_pool_config ikv_pool_default_config(void);
+
+/**
+ * Create a pool. Page storage comes from mimalloc (host) or cudaMalloc
+ * (device) in slabs as pages are needed, up to capacity_bytes.
+ * Errors: IKV_E_NULL, IKV_E_INVALID (names the field), IKV_E_NO_DEVICE (CUDA
+ * not built or no GPU), IKV_E_DEVICE, IKV_E_NOMEM.
+ */
+IKV_API ikv_status ikv_pool_create(const ikv_pool_config *config, ikv_pool **out);
+/** Free the pool and every sequence in it. No call on the pool may be in flight. */
+IKV_API void ikv_pool_destroy(ikv_pool *pool);
+IKV_API ikv_status ikv_pool_get_config(const ikv_pool *pool, ikv_pool_config *out);
+
+/** Bytes one page occupies in a format (all layers and kv-heads, scales included). 0 on bad input. */
+IKV_API uint64_t ikv_pool_page_bytes(const ikv_pool *pool, ikv_format format);
+
+typedef struct ikv_pool_stats {
+    uint32_t struct_size;
+    uint64_t capacity_bytes;
+    uint64_t used_bytes;                      /**< bytes of live pages */
+    uint64_t pages_used;
+    uint64_t pages_by_format[IKV_FMT_COUNT];
+    uint64_t bytes_by_format[IKV_FMT_COUNT];
+    uint64_t reserved_bytes;                  /**< slab memory held, >= used_bytes */
+    uint64_t staging_bytes;                   /**< fp32 copies of partial tail pages (see ikv_pool_append) */
+    uint32_t n_sequences;
+    uint64_t tokens_total;                    /**< sum of sequence lengths */
+} ikv_pool_stats;
+
+/** Errors: IKV_E_NULL, IKV_E_INVALID (struct_size). */
+IKV_API ikv_status ikv_pool_get_stats(const ikv_pool *pool, ikv_pool_stats *out);
+
+/** Create an empty sequence. Errors: IKV_E_NULL, IKV_E_NOMEM. */
+IKV_API ikv_status ikv_seq_create(ikv_pool *pool, ikv_seq_id *id_out);
+/** Destroy a sequence; its pages are released (shared pages when their last user goes). Errors: IKV_E_NOT_FOUND. */
+IKV_API ikv_status ikv_seq_destroy(ikv_pool *pool, ikv_seq_id seq);
+/** Tokens stored in every layer (a token appended to only some layers does not count yet). */
+IKV_API ikv_status ikv_seq_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t *length_out);
+
+/** Pass as ikv_append.layer to append the same tokens to every layer at once. */
+#define IKV_ALL_LAYERS UINT32_MAX
+
+/**
+ * K and V of n_tokens new tokens. Element (t, h, d) of layer l is at
+ * k[l*layer_stride + t*token_stride + h*head_stride + d] (d contiguous), in
+ * the pool's kv_dtype. Strides are in elements; layer_stride is read only for
+ * IKV_ALL_LAYERS. k and v share strides.
+ */
+typedef struct ikv_append {
+    uint32_t struct_size;
+    uint32_t layer;             /**< 0..n_layers-1, or IKV_ALL_LAYERS */
+    uint32_t n_tokens;          /**< >= 1 */
+    const void *k;
+    const void *v;
+    int64_t token_stride;       /**< default n_kv_heads*head_dim */
+    int64_t head_stride;        /**< default head_dim */
+    int64_t layer_stride;       /**< default n_tokens*n_kv_heads*head_dim */
+    int src_on_device;          /**< CUDA pools: 1 if k/v are device pointers */
+    void *stream;               /**< CUDA pools: cudaStream_t, NULL = default stream */
+    const ikv_plan *formats;    /**< optional: new pages take ikv_plan_page_format(); else default_format */
+} ikv_append;
+
+/** Fills struct_size and the default strides for a pool and token count (layer 0, no plan). */
+IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
+
+/**
+ * Append tokens to one layer (or all). Tokens land at positions
+ * [layer_length, layer_length + n_tokens) of that layer; the sequence length
+ * grows when every layer has them. Quantize on write: a page's format is fixed
+ * when the page is first allocated. While the tail page is partial, the pool
+ * keeps an fp32 copy of its tokens (staging) and re-quantizes the whole page
+ * from it on every append, so scales always cover the page's true range and a
+ * page's error bound is that of one quantization.
+ * Atomic: on error nothing was written and no page was allocated.
+ * Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (layer), IKV_E_INVALID
+ * (n_tokens, strides), IKV_E_NOMEM (capacity), IKV_E_EVICTED (the page the
+ * tokens land in was evicted).
+ */
+IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append *args);
+
+/**
+ * Fork: a new sequence sharing all of parent's pages by reference. Full pages
+ * stay shared; a shared partial tail page is copied by whichever sequence
+ * appends to it first (copy-on-write). Errors: IKV_E_NULL, IKV_E_NOT_FOUND,
+ * IKV_E_NOMEM.
+ */
+IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out);
+
+/**
+ * Roll back the last n_tokens of every layer (speculative decoding). Pages
+ * that become empty are released. If the new tail page is partial its kept
+ * tokens are re-staged from their stored (dequantized) values, so a later
+ * append re-quantizes them once more: the bound then applies twice, and
+ * FORMATS.md says so. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE (n_tokens > length),
+ * IKV_E_EVICTED (rolling back into an evicted page), IKV_E_STATE (layers of
+ * unequal length), IKV_E_NOMEM (copy of a shared tail page).
+ */
+IKV_API ikv_status ikv_seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_tokens);
+
+/**
+ * Evict whole pages [begin, end): begin and end are multiples of page_size
+ * and end <= the start of the tail page (the page still being written). The
+ * pages are released (shared ones when their last user goes) and their block
+ * table entries point at a dead sentinel; positions of the surviving tokens do
+ * not move and decode treats evicted tokens as absent. Evicting an already
+ * evicted page is allowed and does nothing. Errors: IKV_E_NOT_FOUND,
+ * IKV_E_RANGE, IKV_E_INVALID (not page aligned).
+ */
+IKV_API ikv_status ikv_seq_evict(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end);
+
+/** 1 if token's page was evicted, 0 if live. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE. */
+IKV_API ikv_status ikv_seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint32_t token, int *evicted_out);
+
+/** The storage format of the page holding token. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED. */
+IKV_API ikv_status ikv_seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format *out);
+
+/**
+ * Re-store page `page` of a sequence in another format: dequantize to fp32,
+ * quantize to the new format. Demotion (e.g. F16 -> INT4) loses bits;
+ * promotion (INT4 -> F16) restores the precision of storage, not the lost
+ * bits. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_INVALID (format),
+ * IKV_E_EVICTED, IKV_E_SHARED (page shared with a fork), IKV_E_NOMEM.
+ */
+IKV_API ikv_status ikv_seq_set_page_format(ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format format);
+
+/**
+ * Re-store every live, unshared, full page of a sequence in the format the
+ * plan assigns it. Atomic: if any page cannot change, none does.
+ * Errors: as ikv_seq_set_page_format, IKV_E_INVALID (plan page_size differs).
+ */
+IKV_API ikv_status ikv_seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id seq, const ikv_plan *plan);
+
+/**
+ * Read tokens [begin, end) of a layer back, dequantized to fp32, into
+ * k_out and v_out laid out [token][kv_head][head_dim] (host memory, also for
+ * CUDA pools). Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED.
+ */
+IKV_API ikv_status ikv_seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t begin, uint32_t end,
+                                float *k_out, float *v_out);
+
+/**
+ * Key summary of one page, layer and kv-head, kept current on append,
+ * truncate, eviction and format change: per-channel min and max and the mean
+ * of K over the page's live tokens (as stored, i.e. dequantized), head_dim
+ * floats each, host memory. Any pointer may be NULL. n_tokens_out: tokens
+ * summarized. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED.
+ */
+IKV_API ikv_status ikv_seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t kv_head,
+                                        uint32_t page, float *k_min, float *k_max, float *k_mean,
+                                        uint32_t *n_tokens_out);
+
+/*
+ * Thread-safety of pools: calls on different sequences may run concurrently
+ * from different threads (appends, forks, truncates, evictions, destroys);
+ * reads and decodes of a sequence may run while other sequences change. Calls
+ * that change one sequence need the caller's ordering against every other
+ * call on that sequence (and on its fork parent/children for format changes).
+ */
+
+/* ------------------------------------------------------------------------ */
+/* Decode                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ikv_decoder ikv_decoder;
+
+typedef struct ikv_decoder_config {
+    uint32_t struct_size;
+    uint32_t n_threads;         /**< CPU worker threads incl. the caller; 0 = hardware threads; default 0 */
+} ikv_decoder_config;
+
+IKV_API ikv_decoder_config ikv_decoder_default_config(void);
+
+/**
+ * A decoder owns worker threads (CPU) and scratch (host and device). One
+ * decoder serves one caller thread at a time; use one decoder per engine
+ * thread. Several decoders may decode the same pool concurrently.
+ * Errors: IKV_E_NULL, IKV_E_INVALID, IKV_E_NOMEM.
+ */
+IKV_API ikv_status ikv_decoder_create(const ikv_decoder_config *config, ikv_decoder **out);
+IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
+
+#define IKV_MAX_QUERY_TOKENS 16
+
+/**
+ * One decode step at one layer for a batch of sequences.
+ *
+ * Queries: q[((b * n_query_tokens + t) * n_q_heads + h) * head_dim + d] in
+ * q_dtype. Query token t of sequence b sits at position
+ * L_b - n_query_tokens + t, where L_b is the number of tokens stored in this
+ * layer (the step's own K/V appended first), and attends causally: keys at positions <= its
+ * own (their K/V must already be appended). Query head h uses kv-head
+ * h / (n_q_heads / n_kv_heads).
+ * Keys read: the plan's pages and bounds (plans[b], NULL = dense: every live
+ * token), minus evicted tokens, minus tokens after the query's position.
+ * Output: out[((b * n_query_tokens + t) * n_q_heads + h) * head_dim + d] in
+ * out_dtype; lse (optional, fp32, same index without d) receives the natural
+ * log of the softmax denominator in the scaled-logit domain, so partial
+ * attentions merge exactly. A query with no key to read (empty selection)
+ * gets out = 0 and lse = -INFINITY.
+ * CUDA pools: q, out, lse are device pointers; the call enqueues on stream and
+ * returns without synchronizing. CPU pools: host pointers, done on return.
+ */
+typedef struct ikv_decode_args {
+    uint32_t struct_size;
+    uint32_t layer;
+    uint32_t n_seqs;              /**< >= 1 */
+    const ikv_seq_id *seqs;       /**< n_seqs ids (host memory) */
+    const ikv_plan *const *plans; /**< n_seqs plans or NULL entries; NULL array = all dense */
+    uint32_t n_query_tokens;      /**< 1..IKV_MAX_QUERY_TOKENS */
+    uint32_t n_q_heads;           /**< multiple of the pool's n_kv_heads */
+    const void *q;
+    ikv_dtype q_dtype;
+    void *out;
+    ikv_dtype out_dtype;
+    float *lse;                   /**< optional */
+    float scale;                  /**< 0 = 1/sqrt(head_dim) */
+    float softcap;                /**< 0 = off; else logits become softcap*tanh(logit/softcap) */
+    /**
+     * Query-aware selection: when > 0, for each sequence and kv-head the
+     * decoder keeps the plan's mandatory pages and adds the plan's other pages
+     * (or, with no plan, all live pages) in descending order of the Quest upper
+     * bound sum_d max(q_d*kmin_d, q_d*kmax_d) (max over the group's query heads
+     * of the first query token) until topk_token_budget tokens are taken.
+     * Runs on the backend of the pool (on the GPU with no host round trip).
+     */
+    uint32_t topk_token_budget;
+    void *stream;                 /**< CUDA: cudaStream_t; NULL = default stream */
+} ikv_decode_args;
+
+IKV_API ikv_decode_args ikv_decode_args_default(void);
+
+/**
+ * Run the step. Errors (nothing is written on error): IKV_E_NULL,
+ * IKV_E_NOT_FOUND (a sequence), IKV_E_RANGE (layer), IKV_E_INVALID (heads,
+ * n_query_tokens, dtypes, a plan of another page size, n_query_tokens > length),
+ * IKV_E_UNSUPPORTED, IKV_E_DEVICE.
+ */
+IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args);
+
+/** Bytes of K/V storage (scales included) the last ikv_decode on this decoder read. Errors: IKV_E_NULL. */
+IKV_API ikv_status ikv_decoder_last_bytes_read(const ikv_decoder *decoder, uint64_t *bytes_out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* INTENTKV_H */

@@ -1,0 +1,233 @@
+// Scalar encoders/decoders of every page format and the reference writer and
+// reader of one sub-page. This is the single definition of the numerics in
+// page_format.hpp: the pool's CPU path calls it directly; SIMD and CUDA
+// kernels must produce and consume exactly these bytes (tests compare them).
+// Header-only; every function is usable from host code and CUDA device code.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common/page_format.hpp"
+
+namespace ikv {
+
+IKV_HD uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+IKV_HD float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// ---- IEEE half: round to nearest even, saturating to +-65504, NaN kept ----
+IKV_HD uint16_t f32_to_f16(float f) {
+    const uint32_t x = f32_bits(f);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7FFFFFFFu;
+    if (ax > 0x7F800000u) return uint16_t(sign | 0x7E00u);      // NaN
+    if (ax >= 0x477FF000u) return uint16_t(sign | 0x7BFFu);     // >= 65520 (and inf): saturate
+    if (ax < 0x38800000u) {                                     // below 2^-14: subnormal half
+        const float r = bits_f32(ax) + 0.5f;                    // FPU rounds to nearest even
+        return uint16_t(sign | (f32_bits(r) - 0x3F000000u));
+    }
+    const uint32_t odd = (ax >> 13) & 1u;
+    ax += 0xC8000FFFu + odd;                                    // rebias exponent, round
+    return uint16_t(sign | (ax >> 13));
+}
+
+IKV_HD float f16_to_f32(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    const uint32_t e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0) {
+        const float v = float(m) * 5.9604644775390625e-8f;     // m * 2^-24
+        return sign ? -v : v;
+    }
+    if (e == 31) return bits_f32(sign | 0x7F800000u | (m << 13));
+    return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// ---- bfloat16: round to nearest even, NaN kept ----
+IKV_HD uint16_t f32_to_bf16(float f) {
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((x >> 16) | 0x40u);
+    x += 0x7FFFu + ((x >> 16) & 1u);
+    return uint16_t(x >> 16);
+}
+IKV_HD float bf16_to_f32(uint16_t b) { return bits_f32(uint32_t(b) << 16); }
+
+// ---- OCP FP8 E4M3 ("fn"): bias 7, max 448, 0x7F/0xFF are NaN, no infinity ----
+IKV_HD uint8_t f32_to_e4m3(float x) {
+    if (x != x) return 0x7Fu;
+    const uint8_t sign = x < 0.0f ? 0x80u : 0u;
+    const float a = fabsf(x);
+    if (a >= kFp8Max) return uint8_t(sign | 0x7Eu);            // saturate
+    if (a < 0.015625f) {                                        // < 2^-6: subnormal, step 2^-9
+        const float q = rintf(a * 512.0f);                      // 8 -> code 0x08 = 2^-6, exact
+        return uint8_t(sign | uint8_t(q));
+    }
+    int ex;
+    const float fr = frexpf(a, &ex);                            // a = fr * 2^ex, fr in [0.5, 1)
+    int E = ex - 1;
+    float m = rintf((fr * 2.0f - 1.0f) * 8.0f);
+    if (m >= 8.0f) {
+        m = 0.0f;
+        ++E;
+    }
+    uint32_t code = (uint32_t(E + 7) << 3) | uint32_t(m);
+    if (code > 0x7Eu) code = 0x7Eu;
+    return uint8_t(sign | code);
+}
+
+IKV_HD float e4m3_to_f32(uint8_t c) {
+    const uint32_t e = (c >> 3) & 0xFu, m = c & 7u;
+    if ((c & 0x7Fu) == 0x7Fu) return bits_f32(0x7FC00000u);
+    float v = e == 0 ? float(m) * 0.001953125f                  // m * 2^-9
+                     : ldexpf(1.0f + float(m) * 0.125f, int(e) - 7);
+    return (c & 0x80u) ? -v : v;
+}
+
+// ---- group scales ----
+IKV_HD float int8_scale(float absmax) { return absmax > 0.0f ? absmax / 127.0f : 1.0f; }
+IKV_HD float fp8_scale(float absmax) { return absmax > 0.0f ? absmax / kFp8Max : 1.0f; }
+IKV_HD float int4_scale(float lo, float hi) { return hi > lo ? (hi - lo) / 15.0f : 1.0f; }
+
+IKV_HD int8_t quant_int8(float x, float s) {
+    float q = rintf(x / s);
+    q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+    return int8_t(q);
+}
+IKV_HD uint8_t quant_int4(float x, float lo, float s) {
+    float q = rintf((x - lo) / s);
+    q = q > 15.0f ? 15.0f : (q < 0.0f ? 0.0f : q);
+    return uint8_t(q);
+}
+
+// ---- one sub-page ----
+// Write the sub-page at `sub` from fp32 rows: k and v hold n_valid rows of D
+// floats, row r at k + r*row_stride. Rows n_valid..P-1 are written as zeros.
+inline void write_subpage(ikv_format f, uint32_t P, uint32_t D, const float *k, const float *v,
+                          uint64_t row_stride, uint32_t n_valid, uint8_t *sub) {
+    const SubpageLayout L = subpage_layout(f, P, D);
+    memset(sub, 0, L.bytes);
+    for (int which = 0; which < 2; ++which) {
+        const float *src = which == 0 ? k : v;
+        uint8_t *data = sub + (which == 0 ? L.k : L.v);
+        const uint64_t rb = row_bytes(f, D);
+        if (f == IKV_FMT_F16 || f == IKV_FMT_BF16) {
+            for (uint32_t t = 0; t < n_valid; ++t)
+                for (uint32_t d = 0; d < D; ++d) {
+                    const float x = src[t * row_stride + d];
+                    const uint16_t b = f == IKV_FMT_F16 ? f32_to_f16(x) : f32_to_bf16(x);
+                    memcpy(data + t * rb + 2 * d, &b, 2);
+                }
+        } else if (f == IKV_FMT_FP8_E4M3) {
+            float amax = 0.0f;
+            for (uint32_t t = 0; t < n_valid; ++t)
+                for (uint32_t d = 0; d < D; ++d) amax = fmaxf(amax, fabsf(src[t * row_stride + d]));
+            const float s = fp8_scale(amax);
+            memcpy(sub + (which == 0 ? L.k_scale : L.v_scale), &s, 4);
+            for (uint32_t t = 0; t < n_valid; ++t)
+                for (uint32_t d = 0; d < D; ++d) data[t * rb + d] = f32_to_e4m3(src[t * row_stride + d] / s);
+        } else if (f == IKV_FMT_INT8) {
+            float *scales = reinterpret_cast<float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
+            if (which == 0) {  // K: one scale per channel over the page's tokens
+                for (uint32_t d = 0; d < D; ++d) {
+                    float amax = 0.0f;
+                    for (uint32_t t = 0; t < n_valid; ++t) amax = fmaxf(amax, fabsf(src[t * row_stride + d]));
+                    scales[d] = int8_scale(amax);
+                    for (uint32_t t = 0; t < n_valid; ++t)
+                        data[t * rb + d] = uint8_t(quant_int8(src[t * row_stride + d], scales[d]));
+                }
+            } else {  // V: one scale per token
+                for (uint32_t t = 0; t < n_valid; ++t) {
+                    float amax = 0.0f;
+                    for (uint32_t d = 0; d < D; ++d) amax = fmaxf(amax, fabsf(src[t * row_stride + d]));
+                    scales[t] = int8_scale(amax);
+                    for (uint32_t d = 0; d < D; ++d)
+                        data[t * rb + d] = uint8_t(quant_int8(src[t * row_stride + d], scales[t]));
+                }
+            }
+        } else if (f == IKV_FMT_INT4) {
+            float *scales = reinterpret_cast<float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
+            float *mins = reinterpret_cast<float *>(sub + (which == 0 ? L.k_min : L.v_min));
+            if (which == 0) {  // K: per channel over the page's tokens
+                for (uint32_t d = 0; d < D; ++d) {
+                    float lo = INFINITY, hi = -INFINITY;
+                    for (uint32_t t = 0; t < n_valid; ++t) {
+                        lo = fminf(lo, src[t * row_stride + d]);
+                        hi = fmaxf(hi, src[t * row_stride + d]);
+                    }
+                    if (n_valid == 0) lo = hi = 0.0f;
+                    scales[d] = int4_scale(lo, hi);
+                    mins[d] = lo;
+                    for (uint32_t t = 0; t < n_valid; ++t) {
+                        const uint8_t q = quant_int4(src[t * row_stride + d], lo, scales[d]);
+                        data[t * rb + d / 2] |= uint8_t(d & 1 ? q << 4 : q);
+                    }
+                }
+            } else {  // V: per token, groups of kInt4VGroup channels
+                const uint32_t G = int4_v_groups(D);
+                for (uint32_t t = 0; t < n_valid; ++t)
+                    for (uint32_t g = 0; g < G; ++g) {
+                        const uint32_t d0 = g * kInt4VGroup, d1 = d0 + kInt4VGroup < D ? d0 + kInt4VGroup : D;
+                        float lo = INFINITY, hi = -INFINITY;
+                        for (uint32_t d = d0; d < d1; ++d) {
+                            lo = fminf(lo, src[t * row_stride + d]);
+                            hi = fmaxf(hi, src[t * row_stride + d]);
+                        }
+                        const float s = int4_scale(lo, hi);
+                        scales[t * G + g] = s;
+                        mins[t * G + g] = lo;
+                        for (uint32_t d = d0; d < d1; ++d) {
+                            const uint8_t q = quant_int4(src[t * row_stride + d], lo, s);
+                            data[t * rb + d / 2] |= uint8_t(d & 1 ? q << 4 : q);
+                        }
+                    }
+            }
+        }
+    }
+}
+
+// Dequantize row t of K (which == 0) or V (which == 1) of a sub-page to fp32.
+IKV_HD void read_subpage_row(ikv_format f, uint32_t P, uint32_t D, const uint8_t *sub, int which, uint32_t t,
+                             float *out) {
+    const SubpageLayout L = subpage_layout(f, P, D);
+    const uint8_t *data = sub + (which == 0 ? L.k : L.v) + t * row_bytes(f, D);
+    const float *scales = reinterpret_cast<const float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
+    const float *mins = reinterpret_cast<const float *>(sub + (which == 0 ? L.k_min : L.v_min));
+    const uint32_t G = int4_v_groups(D);
+    for (uint32_t d = 0; d < D; ++d) {
+        float x = 0.0f;
+        switch (f) {
+            case IKV_FMT_F16: {
+                uint16_t b;
+                memcpy(&b, data + 2 * d, 2);
+                x = f16_to_f32(b);
+                break;
+            }
+            case IKV_FMT_BF16: {
+                uint16_t b;
+                memcpy(&b, data + 2 * d, 2);
+                x = bf16_to_f32(b);
+                break;
+            }
+            case IKV_FMT_FP8_E4M3: x = e4m3_to_f32(data[d]) * scales[0]; break;
+            case IKV_FMT_INT8: x = float(int8_t(data[d])) * (which == 0 ? scales[d] : scales[t]); break;
+            case IKV_FMT_INT4: {
+                const uint32_t q = d & 1 ? data[d / 2] >> 4 : data[d / 2] & 0xFu;
+                const uint32_t i = which == 0 ? d : t * G + d / kInt4VGroup;
+                x = float(q) * scales[i] + mins[i];
+                break;
+            }
+            default: break;
+        }
+        out[d] = x;
+    }
+}
+
+}  // namespace ikv

@@ -1,0 +1,76 @@
+#include "cpu/dispatch.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/error.hpp"
+
+namespace ikv {
+
+bool isa_supported(Isa isa) {
+    switch (isa) {
+        case Isa::Scalar: return true;
+#if defined(__x86_64__) || defined(_M_X64)
+        case Isa::Avx2:
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        case Isa::Avx512:
+            return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                   __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+#endif
+#if defined(__aarch64__)
+        case Isa::Neon: return true;
+#endif
+        default: return false;
+    }
+}
+
+const char *isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::Scalar: return "scalar";
+        case Isa::Avx2: return "avx2";
+        case Isa::Avx512: return "avx512";
+        case Isa::Neon: return "neon";
+    }
+    return "?";
+}
+
+static Isa choose() {
+    const Isa best_first[] = {Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Scalar};
+    Isa best = Isa::Scalar;
+    for (Isa i : best_first)
+        if (isa_supported(i)) {
+            best = i;
+            break;
+        }
+    const char *env = std::getenv("IKV_CPU_ISA");
+    if (env == nullptr || env[0] == '\0') return best;
+    for (Isa i : best_first)
+        if (std::strcmp(env, isa_name(i)) == 0) {
+            if (isa_supported(i)) return i;
+            log(IKV_LOG_WARN, "IKV_CPU_ISA=%s is not supported on this CPU or build; using %s", env, isa_name(best));
+            return best;
+        }
+    log(IKV_LOG_WARN, "IKV_CPU_ISA=%s is not one of avx512, avx2, neon, scalar; using %s", env, isa_name(best));
+    return best;
+}
+
+Isa active_isa() {
+    static const Isa chosen = choose();  // C++11 guarantees thread-safe one-time init
+    return chosen;
+}
+
+void isa_available(char *buf, std::size_t n) {
+    const Isa order[] = {Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Scalar};
+    std::size_t used = 0;
+    buf[0] = '\0';
+    for (Isa i : order)
+        if (isa_supported(i)) {
+            int w = std::snprintf(buf + used, n - used, "%s%s", used ? "," : "", isa_name(i));
+            if (w < 0 || std::size_t(w) >= n - used) break;
+            used += std::size_t(w);
+        }
+}
+
+}  // namespace ikv

@@ -1,0 +1,42 @@
+// The read-side view of a pool that decode (CPU and CUDA) and query-aware
+// selection need. Implemented by the pool (src/pool/); consumed by
+// src/decode/, src/cpu/ and src/cuda/. This is the only way those folders
+// reach into a pool.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/page_format.hpp"
+#include "intentkv.h"
+
+namespace ikv {
+
+// One logical page of a sequence as decode sees it: the page base address (in
+// host memory for CPU pools, device memory for CUDA pools; the sub-page of
+// (layer, head) is at base + subpage_offset(...)) and its storage format.
+// base == nullptr means the page was evicted (block-table sentinel).
+struct PageRef {
+    const uint8_t *base;
+    ikv_format format;
+};
+
+// A consistent copy of one sequence's block table for one layer.
+// pages[i] covers tokens [i*P, (i+1)*P); tokens at or beyond `length` do not
+// exist yet. `length` is the number of tokens stored in this layer.
+struct SeqSnapshot {
+    uint32_t length = 0;
+    std::vector<PageRef> pages;
+};
+
+const PageShape &pool_shape(const ikv_pool *pool);
+ikv_backend pool_backend(const ikv_pool *pool);
+int pool_device(const ikv_pool *pool);
+
+// Snapshot seq's block table for `layer`, taken under the pool's lock so it is
+// safe while other sequences change. Valid while the caller orders mutation of
+// seq after the use (the header's thread-safety contract).
+// Errors: IKV_E_NOT_FOUND (seq), IKV_E_RANGE (layer); message set via fail().
+ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, SeqSnapshot *out);
+
+}  // namespace ikv

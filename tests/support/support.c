@@ -1,0 +1,117 @@
+#include "support.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+uint64_t ikvt_next(ikvt_rng *r) {
+    uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double ikvt_uniform(ikvt_rng *r) { return (double)(ikvt_next(r) >> 11) * (1.0 / 9007199254740992.0); }
+
+double ikvt_normal(ikvt_rng *r) {
+    double u1 = ikvt_uniform(r), u2 = ikvt_uniform(r);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+void ikvt_fill_normal(ikvt_rng *r, float *x, size_t n, float sigma) {
+    for (size_t i = 0; i < n; ++i) x[i] = (float)(ikvt_normal(r) * sigma);
+}
+
+void ikvt_expect_status_impl(ikv_status got, ikv_status expected, const char *needle, const char *expr,
+                             const char *file, int line) {
+    if (got != expected) {
+        print_error("%s:%d: %s returned %s, expected %s (last error: %s)\n", file, line, expr,
+                    ikv_status_name(got), ikv_status_name(expected), ikv_last_error());
+        _fail(file, line);
+    }
+    if (expected != IKV_OK) {
+        const char *msg = ikv_last_error();
+        if (msg == NULL || msg[0] == '\0') {
+            print_error("%s:%d: %s failed with an empty ikv_last_error()\n", file, line, expr);
+            _fail(file, line);
+        }
+        if (needle != NULL && strstr(msg, needle) == NULL) {
+            print_error("%s:%d: %s: message \"%s\" does not mention \"%s\"\n", file, line, expr, msg, needle);
+            _fail(file, line);
+        }
+    }
+}
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Plain (slow, obviously correct) conversions, independent of the library's. */
+void ikvt_to_f16(const float *in, uint16_t *out, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        float x = in[i];
+        uint16_t sign = (uint16_t)(x < 0 || (x == 0 && signbit(x)) ? 0x8000u : 0u);
+        double a = fabs((double)x);
+        uint16_t h;
+        if (isnan(x)) {
+            h = 0x7E00u;
+        } else if (a >= 65520.0) {
+            h = 0x7BFFu; /* the library saturates */
+        } else if (a < ldexp(1.0, -14)) {
+            h = (uint16_t)nearbyint(a * ldexp(1.0, 24));
+        } else {
+            int e;
+            double m = frexp(a, &e); /* a = m 2^e, m in [0.5,1) */
+            double mant = nearbyint((m * 2.0 - 1.0) * 1024.0);
+            int E = e - 1;
+            if (mant >= 1024.0) {
+                mant = 0;
+                ++E;
+            }
+            h = (uint16_t)(((E + 15) << 10) | (int)mant);
+        }
+        out[i] = (uint16_t)(sign | h);
+    }
+}
+
+void ikvt_to_bf16(const float *in, uint16_t *out, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        uint32_t x = f32_bits(in[i]);
+        x += 0x7FFFu + ((x >> 16) & 1u);
+        out[i] = (uint16_t)(x >> 16);
+    }
+}
+
+float ikvt_f16_to_f32(uint16_t h) {
+    int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    double v = e == 0 ? ldexp((double)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1.0 + m / 1024.0, e - 15);
+    return (float)((h & 0x8000u) ? -v : v);
+}
+
+float ikvt_bf16_to_f32(uint16_t b) { return bits_f32((uint32_t)b << 16); }
+
+double ikvt_rel_l2(const float *a, const double *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; ++i) {
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += b[i] * b[i];
+    }
+    if (isnan(num)) return INFINITY;
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+void ikvt_skip_program(const char *why) {
+    printf("SKIPPED: %s\n", why);
+    fflush(stdout);
+    exit(77);
+}
