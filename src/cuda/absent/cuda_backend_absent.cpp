@@ -1,0 +1,13 @@
+// Stand-in for a build without CUDA.
+#include "common/error.hpp"
+#include "cuda/cuda_backend.hpp"
+
+namespace ikv {
+
+void cuda_decoder_state_destroy(CudaDecoderState *) {}
+
+ikv_status cuda_decode(CudaDecoderState **, ikv_pool *, const ikv_decode_args *, uint64_t *) {
+    return fail(IKV_E_NO_DEVICE, "ikv_decode: this build of intentkv has no CUDA backend");
+}
+
+}  // namespace ikv
