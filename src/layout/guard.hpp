@@ -1,0 +1,22 @@
+// Run the body of a public call so that no exception crosses the C boundary:
+// std::bad_alloc becomes IKV_E_NOMEM, anything else IKV_E_INTERNAL.
+#pragma once
+
+#include <new>
+
+#include "common/error.hpp"
+
+namespace ikv {
+
+template <class Body>
+ikv_status guarded(const char *fn, Body &&body) noexcept {
+    try {
+        return body();
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    } catch (...) {
+        return fail(IKV_E_INTERNAL, "%s: unexpected exception", fn);
+    }
+}
+
+}  // namespace ikv
