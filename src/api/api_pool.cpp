@@ -1,0 +1,278 @@
+// extern "C" boundary of the KV page pool: argument checks that need no pool
+// state, then the core in src/pool/. No exception crosses this file.
+#include <cstring>
+#include <new>
+#include <type_traits>
+
+#include "common/config.hpp"
+#include "common/error.hpp"
+#include "pool/pool.hpp"
+
+namespace {
+
+constexpr uint32_t kMaxLayers = 65536;  // keeps every page size computation far from overflow
+constexpr uint32_t kMaxKvHeads = 65536;
+
+// The integer an enum field holds, read without loading the enum type: a C
+// caller may store any int there, and loading an out-of-range value as a C++
+// enum is undefined behaviour (UBSan flags it).
+template <class E>
+long long enum_value(const E &e) {
+    typename std::underlying_type<E>::type v;
+    std::memcpy(&v, &e, sizeof v);
+    return static_cast<long long>(v);
+}
+
+bool valid_format(const ikv_format &f) { return enum_value(f) >= 0 && enum_value(f) < IKV_FMT_COUNT; }
+bool valid_head_dim(uint32_t d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
+
+ikv_status check_config(const ikv_pool_config &c) {
+    constexpr const char *fn = "ikv_pool_create";
+    if (enum_value(c.backend) != IKV_BACKEND_CPU && enum_value(c.backend) != IKV_BACKEND_CUDA)
+        return ikv::fail(IKV_E_INVALID, "%s: config->backend is %lld; use IKV_BACKEND_CPU or IKV_BACKEND_CUDA", fn,
+                         enum_value(c.backend));
+    if (c.n_layers < 1 || c.n_layers > kMaxLayers)
+        return ikv::fail(IKV_E_INVALID, "%s: config->n_layers is %u; it must be in [1, %u]", fn, c.n_layers,
+                         kMaxLayers);
+    if (c.n_kv_heads < 1 || c.n_kv_heads > kMaxKvHeads)
+        return ikv::fail(IKV_E_INVALID, "%s: config->n_kv_heads is %u; it must be in [1, %u]", fn, c.n_kv_heads,
+                         kMaxKvHeads);
+    if (!valid_head_dim(c.head_dim))
+        return ikv::fail(IKV_E_INVALID, "%s: config->head_dim is %u; supported: 64, 80, 96, 128, 256", fn,
+                         c.head_dim);
+    if (c.page_size < 8 || c.page_size > 128 || (c.page_size & (c.page_size - 1)) != 0)
+        return ikv::fail(IKV_E_INVALID, "%s: config->page_size is %u; it must be a power of two in [8, 128]", fn,
+                         c.page_size);
+    if (c.capacity_bytes == 0)
+        return ikv::fail(IKV_E_INVALID, "%s: config->capacity_bytes is 0; it must be > 0", fn);
+    if (!valid_format(c.default_format) && enum_value(c.default_format) != IKV_FMT_AUTO)
+        return ikv::fail(IKV_E_INVALID, "%s: config->default_format is %lld; use an ikv_format below IKV_FMT_COUNT "
+                         "or IKV_FMT_AUTO", fn, enum_value(c.default_format));
+    const long long dt = enum_value(c.kv_dtype);
+    if (dt != IKV_DTYPE_F32 && dt != IKV_DTYPE_F16 && dt != IKV_DTYPE_BF16)
+        return ikv::fail(IKV_E_INVALID, "%s: config->kv_dtype is %lld; use IKV_DTYPE_F32, F16 or BF16", fn, dt);
+    return IKV_OK;
+}
+
+#define CHECK_POOL(pool, fn) IKV_CHECK_NULL(pool, fn)
+
+ikv_status check_layer(const ikv_pool *pool, uint32_t layer, const char *fn) {
+    if (layer >= pool->shape.n_layers)
+        return ikv::fail(IKV_E_RANGE, "%s: layer %u is out of range; the pool has %u layers", fn, layer,
+                         pool->shape.n_layers);
+    return IKV_OK;
+}
+
+ikv_status check_append(const ikv_pool *pool, const ikv_append &a) {
+    constexpr const char *fn = "ikv_pool_append";
+    const ikv::PageShape &s = pool->shape;
+    if (a.layer != IKV_ALL_LAYERS && a.layer >= s.n_layers)
+        return ikv::fail(IKV_E_RANGE, "%s: args->layer is %u; the pool has %u layers (or pass IKV_ALL_LAYERS)", fn,
+                         a.layer, s.n_layers);
+    if (a.n_tokens == 0) return ikv::fail(IKV_E_INVALID, "%s: args->n_tokens is 0; it must be >= 1", fn);
+    if (a.k == nullptr) return ikv::fail(IKV_E_NULL, "%s: args->k is NULL", fn);
+    if (a.v == nullptr) return ikv::fail(IKV_E_NULL, "%s: args->v is NULL", fn);
+    if (a.src_on_device && pool->config.backend == IKV_BACKEND_CPU)
+        return ikv::fail(IKV_E_INVALID, "%s: args->src_on_device is set but the pool is a CPU pool", fn);
+    const bool all = a.layer == IKV_ALL_LAYERS;
+    const struct {
+        const char *name;
+        int64_t value;
+        bool used;
+    } strides[] = {{"token_stride", a.token_stride, true},
+                   {"head_stride", a.head_stride, true},
+                   {"layer_stride", a.layer_stride, all}};
+    for (const auto &st : strides)
+        if (st.used && st.value < int64_t(s.head_dim))
+            return ikv::fail(IKV_E_INVALID,
+                             "%s: args->%s is %lld; it must be >= head_dim %u (strides are in elements)", fn,
+                             st.name, (long long)st.value, s.head_dim);
+    // The last element read must be addressable.
+    const long double last = (long double)(all ? s.n_layers - 1 : 0) * a.layer_stride +
+                             (long double)(a.n_tokens - 1) * a.token_stride +
+                             (long double)(s.n_kv_heads - 1) * a.head_stride + s.head_dim;
+    if (last > (long double)(INT64_MAX / 4))
+        return ikv::fail(IKV_E_INVALID, "%s: the strides address elements beyond 2^61", fn);
+    return IKV_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+IKV_API ikv_pool_config ikv_pool_default_config(void) {
+    ikv_pool_config c{};
+    c.struct_size = sizeof c;
+    c.backend = IKV_BACKEND_CPU;
+    c.device = 0;
+    c.n_layers = 32;
+    c.n_kv_heads = 8;
+    c.head_dim = 128;
+    c.page_size = 16;
+    c.capacity_bytes = 1ull << 30;
+    c.default_format = IKV_FMT_F16;
+    c.kv_dtype = IKV_DTYPE_F16;
+    return c;
+}
+
+IKV_API ikv_status ikv_pool_create(const ikv_pool_config *config, ikv_pool **out) {
+    constexpr const char *fn = "ikv_pool_create";
+    IKV_CHECK_NULL(config, fn);
+    IKV_CHECK_NULL(out, fn);
+    IKV_CHECK_STRUCT(config, sizeof(ikv_pool_config), fn);
+    const ikv_pool_config c = ikv::read_config(*config, ikv_pool_default_config());
+    ikv_status st = check_config(c);
+    if (st != IKV_OK) return st;
+    try {
+        return ikv::pool_create(c, out);
+    } catch (const std::bad_alloc &) {
+        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    }
+}
+
+IKV_API void ikv_pool_destroy(ikv_pool *pool) {
+    if (pool != nullptr) ikv::pool_destroy(pool);
+}
+
+IKV_API ikv_status ikv_pool_get_config(const ikv_pool *pool, ikv_pool_config *out) {
+    IKV_CHECK_NULL(pool, "ikv_pool_get_config");
+    IKV_CHECK_NULL(out, "ikv_pool_get_config");
+    *out = pool->config;
+    return IKV_OK;
+}
+
+IKV_API uint64_t ikv_pool_page_bytes(const ikv_pool *pool, ikv_format format) {
+    if (pool == nullptr || !valid_format(format)) return 0;
+    return pool->page_bytes[format];
+}
+
+IKV_API ikv_status ikv_pool_get_stats(const ikv_pool *pool, ikv_pool_stats *out) {
+    IKV_CHECK_NULL(pool, "ikv_pool_get_stats");
+    IKV_CHECK_NULL(out, "ikv_pool_get_stats");
+    IKV_CHECK_STRUCT(out, sizeof(ikv_pool_stats), "ikv_pool_get_stats");
+    ikv::pool_stats(pool, out);
+    return IKV_OK;
+}
+
+IKV_API ikv_status ikv_seq_create(ikv_pool *pool, ikv_seq_id *id_out) {
+    IKV_CHECK_NULL(pool, "ikv_seq_create");
+    IKV_CHECK_NULL(id_out, "ikv_seq_create");
+    return ikv::seq_create(pool, id_out);
+}
+
+IKV_API ikv_status ikv_seq_destroy(ikv_pool *pool, ikv_seq_id seq) {
+    IKV_CHECK_NULL(pool, "ikv_seq_destroy");
+    return ikv::seq_destroy(pool, seq);
+}
+
+IKV_API ikv_status ikv_seq_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t *length_out) {
+    IKV_CHECK_NULL(pool, "ikv_seq_length");
+    IKV_CHECK_NULL(length_out, "ikv_seq_length");
+    return ikv::seq_length(pool, seq, length_out);
+}
+
+IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens) {
+    ikv_append a{};
+    a.struct_size = sizeof a;
+    a.layer = 0;
+    a.n_tokens = n_tokens;
+    if (pool != nullptr) {
+        const int64_t row = int64_t(pool->shape.n_kv_heads) * pool->shape.head_dim;
+        a.token_stride = row;
+        a.head_stride = pool->shape.head_dim;
+        a.layer_stride = int64_t(n_tokens) * row;
+    }
+    return a;
+}
+
+IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append *args) {
+    constexpr const char *fn = "ikv_pool_append";
+    IKV_CHECK_NULL(pool, fn);
+    IKV_CHECK_NULL(args, fn);
+    IKV_CHECK_STRUCT(args, sizeof(ikv_append), fn);
+    const ikv_append a = ikv::read_config(*args, ikv_append_default(pool, args->n_tokens));
+    ikv_status st = check_append(pool, a);
+    if (st != IKV_OK) return st;
+    try {
+        return ikv::seq_append(pool, seq, a);
+    } catch (const std::bad_alloc &) {
+        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    }
+}
+
+IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out) {
+    IKV_CHECK_NULL(pool, "ikv_seq_fork");
+    IKV_CHECK_NULL(child_out, "ikv_seq_fork");
+    return ikv::seq_fork(pool, parent, child_out);
+}
+
+IKV_API ikv_status ikv_seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_tokens) {
+    IKV_CHECK_NULL(pool, "ikv_seq_truncate");
+    return ikv::seq_truncate(pool, seq, n_tokens);
+}
+
+IKV_API ikv_status ikv_seq_evict(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end) {
+    IKV_CHECK_NULL(pool, "ikv_seq_evict");
+    return ikv::seq_evict(pool, seq, begin, end);
+}
+
+IKV_API ikv_status ikv_seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint32_t token, int *evicted_out) {
+    IKV_CHECK_NULL(pool, "ikv_seq_is_evicted");
+    IKV_CHECK_NULL(evicted_out, "ikv_seq_is_evicted");
+    return ikv::seq_is_evicted(pool, seq, token, evicted_out);
+}
+
+IKV_API ikv_status ikv_seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format *out) {
+    IKV_CHECK_NULL(pool, "ikv_seq_page_format");
+    IKV_CHECK_NULL(out, "ikv_seq_page_format");
+    return ikv::seq_page_format(pool, seq, page, out);
+}
+
+IKV_API ikv_status ikv_seq_set_page_format(ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format format) {
+    constexpr const char *fn = "ikv_seq_set_page_format";
+    IKV_CHECK_NULL(pool, fn);
+    if (!valid_format(format))
+        return ikv::fail(IKV_E_INVALID, "%s: format is %lld; use an ikv_format below IKV_FMT_COUNT", fn,
+                         enum_value(format));
+    return ikv::seq_set_page_format(pool, seq, page, format);
+}
+
+IKV_API ikv_status ikv_seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id seq, const ikv_plan *plan) {
+    IKV_CHECK_NULL(pool, "ikv_seq_apply_plan_formats");
+    IKV_CHECK_NULL(plan, "ikv_seq_apply_plan_formats");
+    try {
+        return ikv::seq_apply_plan_formats(pool, seq, plan);
+    } catch (const std::bad_alloc &) {
+        return ikv::fail(IKV_E_NOMEM, "ikv_seq_apply_plan_formats: out of host memory");
+    }
+}
+
+IKV_API ikv_status ikv_seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t begin, uint32_t end,
+                                float *k_out, float *v_out) {
+    constexpr const char *fn = "ikv_seq_read";
+    IKV_CHECK_NULL(pool, fn);
+    IKV_CHECK_NULL(k_out, fn);
+    IKV_CHECK_NULL(v_out, fn);
+    ikv_status st = check_layer(pool, layer, fn);
+    if (st != IKV_OK) return st;
+    return ikv::seq_read(pool, seq, layer, begin, end, k_out, v_out);
+}
+
+IKV_API ikv_status ikv_seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t kv_head,
+                                        uint32_t page, float *k_min, float *k_max, float *k_mean,
+                                        uint32_t *n_tokens_out) {
+    constexpr const char *fn = "ikv_seq_page_summary";
+    IKV_CHECK_NULL(pool, fn);
+    ikv_status st = check_layer(pool, layer, fn);
+    if (st != IKV_OK) return st;
+    if (kv_head >= pool->shape.n_kv_heads)
+        return ikv::fail(IKV_E_RANGE, "%s: kv_head %u is out of range; the pool has %u kv-heads", fn, kv_head,
+                         pool->shape.n_kv_heads);
+    try {
+        return ikv::seq_page_summary(pool, seq, layer, kv_head, page, k_min, k_max, k_mean, n_tokens_out);
+    } catch (const std::bad_alloc &) {
+        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    }
+}
+
+}  // extern "C"

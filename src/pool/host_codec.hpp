@@ -1,0 +1,273 @@
+// Faster host paths equivalent to quant.hpp's reference reader and writer:
+// the sub-page layout and the format switch are hoisted out of the element
+// loops. Every value computed is the same expression on the same operands as
+// in read_subpage_row / write_subpage, so results are bit-identical.
+#pragma once
+
+#include <cstring>
+
+#include "common/quant.hpp"
+
+namespace ikv {
+
+// The 256 E4M3 codes decoded once (e4m3_to_f32 is deterministic).
+struct E4m3Table {
+    float v[256];
+    E4m3Table() {
+        for (int c = 0; c < 256; ++c) v[c] = e4m3_to_f32(uint8_t(c));
+    }
+};
+
+inline const E4m3Table &e4m3_table() {
+    static const E4m3Table t;
+    return t;
+}
+
+// A row of D F16 values to fp32, equal to f16_to_f32 per element; branch
+// free (vectorizable) when every value is a normal half.
+inline void decode_row_f16(const uint16_t *h, uint32_t D, float *out) {
+    uint32_t normal = 1;
+    for (uint32_t d = 0; d < D; ++d) {
+        const uint32_t em = h[d] & 0x7FFFu;
+        normal &= uint32_t(em >= 0x0400u) & uint32_t(em < 0x7C00u);
+    }
+    if (!normal) {
+        for (uint32_t d = 0; d < D; ++d) out[d] = f16_to_f32(h[d]);
+        return;
+    }
+    uint32_t bits[256];
+    for (uint32_t d = 0; d < D; ++d)
+        bits[d] = (uint32_t(h[d] & 0x8000u) << 16) | ((uint32_t(h[d] & 0x7FFFu) << 13) + 0x38000000u);
+    std::memcpy(out, bits, 4ull * D);
+}
+
+// Dequantize rows [t0, t0+n) of K (which == 0) or V (which == 1) of a
+// sub-page; row i goes to out + i*stride. Equals read_subpage_row per row.
+inline void dequant_rows(ikv_format f, uint32_t P, uint32_t D, const uint8_t *sub, int which, uint32_t t0,
+                         uint32_t n, float *out, uint64_t stride) {
+    const SubpageLayout L = subpage_layout(f, P, D);
+    const uint64_t rb = row_bytes(f, D);
+    const uint8_t *data = sub + (which == 0 ? L.k : L.v);
+    const float *scales = reinterpret_cast<const float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
+    const float *mins = reinterpret_cast<const float *>(sub + (which == 0 ? L.k_min : L.v_min));
+    const uint32_t G = int4_v_groups(D);
+    for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t t = t0 + i;
+        const uint8_t *row = data + t * rb;
+        float *o = out + i * stride;
+        switch (f) {
+            case IKV_FMT_F16:
+            case IKV_FMT_BF16: {
+                uint16_t b[256];
+                std::memcpy(b, row, 2ull * D);
+                if (f == IKV_FMT_F16)
+                    decode_row_f16(b, D, o);
+                else
+                    for (uint32_t d = 0; d < D; ++d) o[d] = bf16_to_f32(b[d]);
+                break;
+            }
+            case IKV_FMT_FP8_E4M3: {
+                const float *lut = e4m3_table().v;
+                const float s = scales[0];
+                for (uint32_t d = 0; d < D; ++d) o[d] = lut[row[d]] * s;
+                break;
+            }
+            case IKV_FMT_INT8:
+                if (which == 0)
+                    for (uint32_t d = 0; d < D; ++d) o[d] = float(int8_t(row[d])) * scales[d];
+                else
+                    for (uint32_t d = 0; d < D; ++d) o[d] = float(int8_t(row[d])) * scales[t];
+                break;
+            case IKV_FMT_INT4:
+                for (uint32_t d = 0; d < D; ++d) {
+                    const uint32_t q = d & 1 ? row[d / 2] >> 4 : row[d / 2] & 0xFu;
+                    const uint32_t j = which == 0 ? d : t * G + d / kInt4VGroup;
+                    o[d] = float(q) * scales[j] + mins[j];
+                }
+                break;
+            default: break;
+        }
+    }
+}
+
+// One row of D floats to F16 / BF16, equal to f32_to_f16 / f32_to_bf16 per
+// element. F16: when every |x| is a normal half below the saturation bound
+// (the usual case), the reference's rounding arithmetic runs without
+// branches so the loop vectorizes; otherwise the reference runs per element.
+inline void encode_row_f16(const float *x, uint32_t D, uint16_t *out) {
+    uint32_t bits[256];
+    std::memcpy(bits, x, 4ull * D);
+    uint32_t in_range = 1;
+    for (uint32_t d = 0; d < D; ++d) {
+        const uint32_t ax = bits[d] & 0x7FFFFFFFu;
+        in_range &= uint32_t(ax >= 0x38800000u) & uint32_t(ax < 0x477FF000u);
+    }
+    if (!in_range) {
+        for (uint32_t d = 0; d < D; ++d) out[d] = f32_to_f16(x[d]);
+        return;
+    }
+    for (uint32_t d = 0; d < D; ++d) {
+        const uint32_t sign = (bits[d] >> 16) & 0x8000u, ax = bits[d] & 0x7FFFFFFFu;
+        out[d] = uint16_t(sign | ((ax + 0xC8000FFFu + ((ax >> 13) & 1u)) >> 13));
+    }
+}
+
+inline void encode_row_bf16(const float *x, uint32_t D, uint16_t *out) {
+    uint32_t bits[256];
+    std::memcpy(bits, x, 4ull * D);
+    for (uint32_t d = 0; d < D; ++d) {
+        const uint32_t u = bits[d];
+        const uint16_t nan = uint16_t((u >> 16) | 0x40u), rounded = uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        out[d] = (u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded;
+    }
+}
+
+// Write rows [t0, n_valid) of K and V of an F16 or BF16 sub-page from fp32
+// rows (row r at k + r*row_stride) and zero rows [n_valid, P); rows below t0
+// stay as they are. With t0 == 0 this stores exactly what write_subpage does
+// (these formats have no scales and no padding: 2*D*P is a multiple of 16).
+inline void encode_rows_16(ikv_format f, uint32_t P, uint32_t D, const float *k, const float *v, uint64_t row_stride,
+                           uint32_t t0, uint32_t n_valid, uint8_t *sub) {
+    const SubpageLayout L = subpage_layout(f, P, D);
+    const uint64_t rb = row_bytes(f, D);
+    for (int which = 0; which < 2; ++which) {
+        const float *src = which == 0 ? k : v;
+        uint8_t *data = sub + (which == 0 ? L.k : L.v);
+        for (uint32_t t = t0; t < n_valid; ++t) {
+            uint16_t b[256];
+            if (f == IKV_FMT_F16)
+                encode_row_f16(src + t * row_stride, D, b);
+            else
+                encode_row_bf16(src + t * row_stride, D, b);
+            std::memcpy(data + t * rb, b, 2ull * D);
+        }
+        if (n_valid < P) std::memset(data + n_valid * rb, 0, (P - n_valid) * rb);
+    }
+}
+
+// fp32 -> E4M3 code, equal to f32_to_e4m3 for |x| in [2^-6, 448): rounding
+// the mantissa to 3 bits (nearest even) on the float's bits carries into the
+// exponent by itself; codes above 0x7E saturate as in the reference.
+inline uint8_t e4m3_normal_code(uint32_t bits) {
+    const uint32_t a = bits & 0x7FFFFFFFu;
+    uint32_t code = ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+    code = code > 0x7Eu ? 0x7Eu : code;
+    return uint8_t(((bits >> 24) & 0x80u) | code);
+}
+
+// fmaxf(m, |x|) for m >= 0: both operands are non-negative, so a comparison
+// gives the same bits without a libm call (x is finite in the pool).
+inline float max_abs(float m, float x) {
+    const float a = fabsf(x);
+    return a > m ? a : m;
+}
+// fminf / fmaxf where the operands differ; equal operands (signed zeros) and
+// NaN go to the library functions so the result is theirs bit for bit. The
+// calls go through volatile pointers: C leaves the sign of fmin(+0, -0)
+// unspecified, so the compiler may otherwise fold them to either operand.
+inline float libm_fminf(float a, float b) {
+    static float (*volatile fn)(float, float) = fminf;
+    return fn(a, b);
+}
+inline float libm_fmaxf(float a, float b) {
+    static float (*volatile fn)(float, float) = fmaxf;
+    return fn(a, b);
+}
+inline float min_exact(float lo, float x) { return x < lo ? x : (lo < x ? lo : libm_fminf(lo, x)); }
+inline float max_exact(float hi, float x) { return x > hi ? x : (hi > x ? hi : libm_fmaxf(hi, x)); }
+
+// write_subpage for FP8, INT8 and INT4 with the loops in row order (same
+// per-element operations, so the same bytes); F16/BF16 go to encode_rows_16.
+inline void write_subpage_quant(ikv_format f, uint32_t P, uint32_t D, const float *k, const float *v,
+                                uint64_t row_stride, uint32_t n_valid, uint8_t *sub) {
+    const SubpageLayout L = subpage_layout(f, P, D);
+    std::memset(sub, 0, L.bytes);
+    const uint64_t rb = row_bytes(f, D);
+    for (int which = 0; which < 2; ++which) {
+        const float *src = which == 0 ? k : v;
+        uint8_t *data = sub + (which == 0 ? L.k : L.v);
+        float *scales = reinterpret_cast<float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
+        float *mins = reinterpret_cast<float *>(sub + (which == 0 ? L.k_min : L.v_min));
+        if (f == IKV_FMT_FP8_E4M3) {
+            float amax = 0.0f;
+            for (uint32_t t = 0; t < n_valid; ++t)
+                for (uint32_t d = 0; d < D; ++d) amax = max_abs(amax, src[t * row_stride + d]);
+            const float s = fp8_scale(amax);
+            std::memcpy(scales, &s, 4);
+            for (uint32_t t = 0; t < n_valid; ++t) {
+                float y[256];
+                uint32_t bits[256], normal = 1;
+                for (uint32_t d = 0; d < D; ++d) y[d] = src[t * row_stride + d] / s;
+                std::memcpy(bits, y, 4ull * D);
+                for (uint32_t d = 0; d < D; ++d) {
+                    const uint32_t a = bits[d] & 0x7FFFFFFFu;
+                    normal &= uint32_t(a >= 0x3C800000u) & uint32_t(a < 0x43E00000u);  // [2^-6, 448)
+                }
+                uint8_t *row = data + t * rb;
+                if (normal)
+                    for (uint32_t d = 0; d < D; ++d) row[d] = e4m3_normal_code(bits[d]);
+                else
+                    for (uint32_t d = 0; d < D; ++d) row[d] = f32_to_e4m3(y[d]);
+            }
+        } else if (f == IKV_FMT_INT8 && which == 0) {  // K: one scale per channel over the page's tokens
+            for (uint32_t d = 0; d < D; ++d) scales[d] = 0.0f;  // running absmax
+            for (uint32_t t = 0; t < n_valid; ++t)
+                for (uint32_t d = 0; d < D; ++d) scales[d] = max_abs(scales[d], src[t * row_stride + d]);
+            for (uint32_t d = 0; d < D; ++d) scales[d] = int8_scale(scales[d]);
+            for (uint32_t t = 0; t < n_valid; ++t)
+                for (uint32_t d = 0; d < D; ++d)
+                    data[t * rb + d] = uint8_t(quant_int8(src[t * row_stride + d], scales[d]));
+        } else if (f == IKV_FMT_INT8) {  // V: one scale per token
+            for (uint32_t t = 0; t < n_valid; ++t) {
+                float amax = 0.0f;
+                for (uint32_t d = 0; d < D; ++d) amax = max_abs(amax, src[t * row_stride + d]);
+                scales[t] = int8_scale(amax);
+                for (uint32_t d = 0; d < D; ++d)
+                    data[t * rb + d] = uint8_t(quant_int8(src[t * row_stride + d], scales[t]));
+            }
+        } else if (f == IKV_FMT_INT4 && which == 0) {  // K: per channel over the page's tokens
+            float lo[256], hi[256];
+            for (uint32_t d = 0; d < D; ++d) {
+                lo[d] = INFINITY;
+                hi[d] = -INFINITY;
+            }
+            for (uint32_t t = 0; t < n_valid; ++t)
+                for (uint32_t d = 0; d < D; ++d) {
+                    lo[d] = min_exact(lo[d], src[t * row_stride + d]);
+                    hi[d] = max_exact(hi[d], src[t * row_stride + d]);
+                }
+            for (uint32_t d = 0; d < D; ++d) {
+                if (n_valid == 0) lo[d] = hi[d] = 0.0f;
+                scales[d] = int4_scale(lo[d], hi[d]);
+                mins[d] = lo[d];
+            }
+            for (uint32_t t = 0; t < n_valid; ++t)
+                for (uint32_t d = 0; d < D; d += 2) {
+                    const uint8_t q0 = quant_int4(src[t * row_stride + d], lo[d], scales[d]);
+                    const uint8_t q1 = quant_int4(src[t * row_stride + d + 1], lo[d + 1], scales[d + 1]);
+                    data[t * rb + d / 2] = uint8_t(q0 | (q1 << 4));
+                }
+        } else if (f == IKV_FMT_INT4) {  // V: per token, groups of kInt4VGroup channels
+            const uint32_t G = int4_v_groups(D);
+            for (uint32_t t = 0; t < n_valid; ++t)
+                for (uint32_t g = 0; g < G; ++g) {
+                    const uint32_t d0 = g * kInt4VGroup, d1 = d0 + kInt4VGroup < D ? d0 + kInt4VGroup : D;
+                    float lo = INFINITY, hi = -INFINITY;
+                    for (uint32_t d = d0; d < d1; ++d) {
+                        lo = min_exact(lo, src[t * row_stride + d]);
+                        hi = max_exact(hi, src[t * row_stride + d]);
+                    }
+                    const float s = int4_scale(lo, hi);
+                    scales[t * G + g] = s;
+                    mins[t * G + g] = lo;
+                    for (uint32_t d = d0; d < d1; d += 2) {
+                        const uint8_t q0 = quant_int4(src[t * row_stride + d], lo, s);
+                        const uint8_t q1 = quant_int4(src[t * row_stride + d + 1], lo, s);
+                        data[t * rb + d / 2] = uint8_t(q0 | (q1 << 4));
+                    }
+                }
+        }
+    }
+}
+
+}  // namespace ikv

@@ -1,0 +1,146 @@
+// Host page storage: pages come from ~1 MiB slabs (SlabAllocator) allocated
+// with mi_malloc_aligned, 64-byte aligned; the host program's malloc is never
+// touched. Quantize-on-write and reads run on the CPU (host_codec.hpp).
+#include <mimalloc.h>
+
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/quant.hpp"
+#include "pool/host_codec.hpp"
+#include "pool/page_store.hpp"
+#include "pool/slab_allocator.hpp"
+
+namespace ikv {
+namespace {
+
+constexpr std::size_t kSlabAlign = 64;
+constexpr uint64_t kSlabTargetBytes = 1ull << 20;
+
+// Slab memory from mimalloc's own API.
+class MimallocMemory final : public SlabMemory {
+public:
+    ikv_status allocate(uint64_t bytes, uint8_t **out) override {
+        *out = static_cast<uint8_t *>(mi_malloc_aligned(bytes, kSlabAlign));
+        if (*out == nullptr)
+            return fail(IKV_E_NOMEM, "ikv_pool: host allocation of a %llu-byte page slab failed",
+                        (unsigned long long)bytes);
+        return IKV_OK;
+    }
+    void deallocate(uint8_t *base) override { mi_free(base); }
+};
+
+class HostPageStore final : public PageStore {
+public:
+    explicit HostPageStore(const ikv_pool_config &c)
+        : shape_{c.n_layers, c.n_kv_heads, c.head_dim, c.page_size},
+          slabs_(shape_, c.capacity_bytes, kSlabAlign, kSlabTargetBytes, memory_) {}
+
+    ikv_status alloc(ikv_format f, uint8_t **page) override { return slabs_.alloc(f, page); }
+    void release(ikv_format f, uint8_t *page) override { slabs_.release(f, page); }
+
+    ikv_status init(ikv_format f, uint8_t *page) override {
+        const SubpageLayout sl = subpage_layout(f, shape_.page_size, shape_.head_dim);
+        for (uint32_t l = 0; l < shape_.n_layers; ++l)
+            for (uint32_t h = 0; h < shape_.n_kv_heads; ++h)
+                write_subpage(f, shape_.page_size, shape_.head_dim, nullptr, nullptr, shape_.head_dim, 0,
+                              page + subpage_offset(shape_, f, l, h));
+        (void)sl;
+        const uint64_t sum_off = summary_offset(shape_, f, 0, 0);
+        std::memset(page + sum_off, 0, page_bytes(shape_, f) - sum_off);
+        return IKV_OK;
+    }
+
+    ikv_status write_layer(ikv_format f, uint8_t *page, uint32_t layer, const float *k, const float *v,
+                           uint32_t n_valid) override {
+        return write_layer_tail(f, page, layer, k, v, n_valid, 0);
+    }
+
+    ikv_status write_layer_tail(ikv_format f, uint8_t *page, uint32_t layer, const float *k, const float *v,
+                                uint32_t n_valid, uint32_t unchanged) override {
+        const uint32_t P = shape_.page_size, D = shape_.head_dim;
+        // F16/BF16 rows are encoded independently: an append only needs its new rows.
+        const bool half = f == IKV_FMT_F16 || f == IKV_FMT_BF16;
+        const uint32_t first = unchanged <= n_valid ? unchanged : 0;
+        std::vector<float> rows(uint64_t(P) * D);
+        for (uint32_t h = 0; h < shape_.n_kv_heads; ++h) {
+            uint8_t *sub = page + subpage_offset(shape_, f, layer, h);
+            const uint64_t head_off = uint64_t(h) * P * D;
+            if (half)
+                encode_rows_16(f, P, D, k + head_off, v + head_off, D, first, n_valid, sub);
+            else
+                write_subpage_quant(f, P, D, k + head_off, v + head_off, D, n_valid, sub);
+            // Summaries describe the keys as stored, so recompute them from
+            // the dequantized rows rather than from the fp32 input.
+            dequant_rows(f, P, D, sub, 0, 0, n_valid, rows.data(), D);
+            float *rec = reinterpret_cast<float *>(page + summary_offset(shape_, f, layer, h));
+            summarize(rows.data(), n_valid, D, rec);
+        }
+        return IKV_OK;
+    }
+
+    ikv_status read_rows(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t head, uint32_t t0, uint32_t n,
+                         float *k_out, float *v_out, uint64_t out_stride) const override {
+        const uint8_t *sub = page + subpage_offset(shape_, f, layer, head);
+        if (k_out) dequant_rows(f, shape_.page_size, shape_.head_dim, sub, 0, t0, n, k_out, out_stride);
+        if (v_out) dequant_rows(f, shape_.page_size, shape_.head_dim, sub, 1, t0, n, v_out, out_stride);
+        return IKV_OK;
+    }
+
+    ikv_status read_summary(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t head,
+                            float *out) const override {
+        std::memcpy(out, page + summary_offset(shape_, f, layer, head), summary_record_bytes(shape_));
+        return IKV_OK;
+    }
+
+    ikv_status copy(ikv_format f, uint8_t *dst, const uint8_t *src) override {
+        std::memcpy(dst, src, page_bytes(shape_, f));
+        return IKV_OK;
+    }
+
+    uint64_t reserved_bytes() const override { return slabs_.reserved_bytes(); }
+
+private:
+    // k_min, k_max, k_mean per channel of n rows of D floats (zeros for n == 0).
+    static void summarize(const float *rows, uint32_t n, uint32_t D, float *rec) {
+        float *mn = rec, *mx = rec + D, *mean = rec + 2 * D;
+        if (n == 0) {
+            std::memset(rec, 0, 3ull * D * sizeof(float));
+            return;
+        }
+        double sum[256];
+        for (uint32_t d = 0; d < D; ++d) {
+            mn[d] = rows[d];
+            mx[d] = rows[d];
+            sum[d] = rows[d];
+        }
+        for (uint32_t t = 1; t < n; ++t) {  // rows outer: channels vectorize; per-channel order is by token
+            const float *r = rows + uint64_t(t) * D;
+            for (uint32_t d = 0; d < D; ++d) {
+                mn[d] = std::min(mn[d], r[d]);
+                mx[d] = std::max(mx[d], r[d]);
+                sum[d] += r[d];
+            }
+        }
+        for (uint32_t d = 0; d < D; ++d) mean[d] = float(sum[d] / n);
+    }
+
+    PageShape shape_;
+    MimallocMemory memory_;  // declared before slabs_: outlives it
+    SlabAllocator slabs_;
+};
+
+}  // namespace
+
+ikv_status make_host_store(const ikv_pool_config &config, std::unique_ptr<PageStore> *out) {
+    try {
+        out->reset(new HostPageStore(config));
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "ikv_pool_create: out of host memory");
+    }
+    return IKV_OK;
+}
+
+}  // namespace ikv

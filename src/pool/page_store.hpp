@@ -1,0 +1,79 @@
+// Where page bytes live. The pool's core (sequences, block tables,
+// refcounts, staging, accounting) never touches page memory directly: it asks
+// a PageStore to allocate, fill, read and copy pages. The host store
+// (host_page_store.cpp) keeps pages in mimalloc slabs; a CUDA store keeps them
+// in device memory and is created by make_cuda_store() (src/cuda/, or the
+// stand-in in src/cuda/absent/ that fails with IKV_E_NO_DEVICE).
+//
+// Staging buffers handed to write_layer() are host fp32 arrays laid out
+// [n_kv_heads][page_size][head_dim] for K and the same for V.
+//
+// Thread-safety a store must provide: alloc/release/reserved_bytes are called
+// under the pool's accounting mutex (never concurrently with each other);
+// init/write_layer/read_rows/read_summary/copy may run concurrently on
+// different pages.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "common/page_format.hpp"
+#include "intentkv.h"
+
+namespace ikv {
+
+class PageStore {
+public:
+    virtual ~PageStore() = default;
+
+    // A page of format f (page_bytes(shape, f) bytes, 64-byte aligned). On
+    // failure returns IKV_E_NOMEM / IKV_E_DEVICE with the message set.
+    virtual ikv_status alloc(ikv_format f, uint8_t **page) = 0;
+    // Give a page back (it may be reused by a later alloc of the same format).
+    virtual void release(ikv_format f, uint8_t *page) = 0;
+    // Make every sub-page empty (as write_subpage with 0 valid rows) and
+    // every summary record zero.
+    virtual ikv_status init(ikv_format f, uint8_t *page) = 0;
+    // Quantize the first n_valid rows of every kv-head of one layer from
+    // host fp32 staging (k, v: [H][P][D]) into the page, then recompute the
+    // layer's key summaries from the stored (dequantized) keys.
+    virtual ikv_status write_layer(ikv_format f, uint8_t *page, uint32_t layer, const float *k, const float *v,
+                                   uint32_t n_valid) = 0;
+    // As write_layer, with a hint: the previous write of this layer of this
+    // page stored exactly `unchanged` rows, and rows [0, unchanged) of the
+    // staging still hold the values it stored them from (an append to a
+    // partial page). A store may skip re-encoding them where the format has
+    // no shared scales (F16, BF16); the bytes written must equal write_layer's.
+    virtual ikv_status write_layer_tail(ikv_format f, uint8_t *page, uint32_t layer, const float *k, const float *v,
+                                        uint32_t n_valid, uint32_t unchanged) {
+        (void)unchanged;
+        return write_layer(f, page, layer, k, v, n_valid);
+    }
+    // Dequantize rows [t0, t0+n) of (layer, head) into host memory; row i of
+    // K goes to k_out + i*out_stride (same for V). Either output may be null.
+    virtual ikv_status read_rows(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t head, uint32_t t0,
+                                 uint32_t n, float *k_out, float *v_out, uint64_t out_stride) const = 0;
+    // The summary record of (layer, head): k_min[D], k_max[D], k_mean[D] into host memory.
+    virtual ikv_status read_summary(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t head,
+                                    float *out) const = 0;
+    // Copy `bytes` bytes of an engine array in device memory (an append with
+    // src_on_device) to host memory, ordered after work on `stream` (a
+    // cudaStream_t or NULL). Stores without device memory refuse.
+    virtual ikv_status download(void *host_dst, const void *device_src, uint64_t bytes, void *stream) {
+        (void)host_dst, (void)device_src, (void)bytes, (void)stream;
+        return IKV_E_UNSUPPORTED;
+    }
+    // Byte copy of a whole page of format f.
+    virtual ikv_status copy(ikv_format f, uint8_t *dst, const uint8_t *src) = 0;
+    // Memory held for pages (slabs), live or free.
+    virtual uint64_t reserved_bytes() const = 0;
+};
+
+// Host store: pages from mimalloc slabs. Fails only with IKV_E_NOMEM.
+ikv_status make_host_store(const ikv_pool_config &config, std::unique_ptr<PageStore> *out);
+
+// Device store for IKV_BACKEND_CUDA. In a build without CUDA it returns
+// IKV_E_NO_DEVICE with a sentence saying so.
+ikv_status make_cuda_store(const ikv_pool_config &config, std::unique_ptr<PageStore> *out);
+
+}  // namespace ikv

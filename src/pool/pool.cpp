@@ -1,0 +1,172 @@
+// Pool lifetime, sequence lifetime, fork, statistics, and the page
+// accounting helpers every other pool file uses.
+#include <new>
+
+#include "pool/pool_internal.hpp"
+
+namespace ikv {
+
+std::shared_ptr<Seq> find_seq(const ikv_pool *pool, ikv_seq_id id) {
+    std::shared_lock<std::shared_mutex> lock(pool->table_mu);
+    auto it = pool->seqs.find(id);
+    return it == pool->seqs.end() ? nullptr : it->second;
+}
+
+ikv_status check_capacity_locked(const ikv_pool *pool, uint64_t extra, uint64_t freed, const char *fn) {
+    const uint64_t after = pool->used_bytes - freed + extra;
+    if (extra > freed && after > pool->config.capacity_bytes)
+        return fail(IKV_E_NOMEM,
+                    "%s: needs %llu more bytes of page storage but %llu of capacity_bytes %llu are in use",
+                    fn, (unsigned long long)(extra - freed), (unsigned long long)pool->used_bytes,
+                    (unsigned long long)pool->config.capacity_bytes);
+    return IKV_OK;
+}
+
+ikv_status alloc_page_locked(ikv_pool *pool, ikv_format f, PageRec *rec) {
+    const ikv_status st = pool->store->alloc(f, &rec->bytes);
+    if (st != IKV_OK) return st;
+    rec->format = f;
+    rec->refs = 1;
+    pool->used_bytes += pool->page_bytes[f];
+    pool->pages_used += 1;
+    pool->pages_by_format[f] += 1;
+    pool->bytes_by_format[f] += pool->page_bytes[f];
+    return IKV_OK;
+}
+
+void free_page_bytes_locked(ikv_pool *pool, PageRec *rec) {
+    const ikv_format f = rec->format;
+    pool->store->release(f, rec->bytes);
+    rec->bytes = nullptr;
+    pool->used_bytes -= pool->page_bytes[f];
+    pool->pages_used -= 1;
+    pool->pages_by_format[f] -= 1;
+    pool->bytes_by_format[f] -= pool->page_bytes[f];
+}
+
+void unref_page_locked(ikv_pool *pool, PageRec *rec) {
+    if (rec == nullptr) return;
+    if (--rec->refs > 0) return;
+    free_page_bytes_locked(pool, rec);
+    delete rec;
+}
+
+ikv_status restage_from_page(ikv_pool *pool, Seq &seq, uint32_t layer, const PageRec &rec, uint32_t n_valid) {
+    const PageShape &s = pool->shape;
+    StageVec &st = seq.layers[layer].stage;
+    const uint64_t head_floats = uint64_t(s.page_size) * s.head_dim;
+    float *k = st.data(), *v = st.data() + stage_floats(s) / 2;
+    for (uint32_t h = 0; h < s.n_kv_heads; ++h) {
+        const ikv_status r = pool->store->read_rows(rec.format, rec.bytes, layer, h, 0, n_valid, k + h * head_floats,
+                                                    v + h * head_floats, s.head_dim);
+        if (r != IKV_OK) return r;
+    }
+    return IKV_OK;
+}
+
+ikv_status pool_create(const ikv_pool_config &config, ikv_pool **out) {
+    ikv_pool *pool = new (std::nothrow) ikv_pool;
+    if (pool == nullptr) return fail(IKV_E_NOMEM, "ikv_pool_create: out of host memory");
+    pool->config = config;
+    pool->shape = PageShape{config.n_layers, config.n_kv_heads, config.head_dim, config.page_size};
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) pool->page_bytes[f] = page_bytes(pool->shape, ikv_format(f));
+    const ikv_status st = config.backend == IKV_BACKEND_CUDA ? make_cuda_store(config, &pool->store)
+                                                             : make_host_store(config, &pool->store);
+    if (st != IKV_OK) {
+        delete pool;
+        return st;
+    }
+    *out = pool;
+    return IKV_OK;
+}
+
+void pool_destroy(ikv_pool *pool) {
+    {
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        for (auto &kv : pool->seqs)
+            for (PageRec *rec : kv.second->pages) unref_page_locked(pool, rec);
+    }
+    pool->seqs.clear();
+    delete pool;  // the store frees its slabs
+}
+
+void pool_stats(const ikv_pool *pool, ikv_pool_stats *out) {
+    std::shared_lock<std::shared_mutex> table(pool->table_mu);
+    std::lock_guard<std::mutex> lock(pool->state_mu);
+    out->capacity_bytes = pool->config.capacity_bytes;
+    out->used_bytes = pool->used_bytes;
+    out->pages_used = pool->pages_used;
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) {
+        out->pages_by_format[f] = pool->pages_by_format[f];
+        out->bytes_by_format[f] = pool->bytes_by_format[f];
+    }
+    out->reserved_bytes = pool->store->reserved_bytes();
+    out->staging_bytes = pool->staging_bytes;
+    out->n_sequences = uint32_t(pool->seqs.size());
+    out->tokens_total = pool->tokens_total;
+}
+
+ikv_status seq_create(ikv_pool *pool, ikv_seq_id *id_out) {
+    try {
+        auto seq = std::make_shared<Seq>();
+        seq->layers.resize(pool->shape.n_layers);
+        std::unique_lock<std::shared_mutex> lock(pool->table_mu);
+        while (pool->seqs.count(pool->next_id) != 0) ++pool->next_id;  // after 2^32 ids: skip live ones
+        const ikv_seq_id id = pool->next_id;
+        pool->seqs.emplace(id, std::move(seq));
+        ++pool->next_id;
+        *id_out = id;
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "ikv_seq_create: out of host memory");
+    }
+    return IKV_OK;
+}
+
+ikv_status seq_destroy(ikv_pool *pool, ikv_seq_id id) {
+    std::shared_ptr<Seq> seq;
+    {
+        std::unique_lock<std::shared_mutex> lock(pool->table_mu);
+        auto it = pool->seqs.find(id);
+        if (it == pool->seqs.end()) return seq_not_found("ikv_seq_destroy", id);
+        seq = std::move(it->second);
+        pool->seqs.erase(it);
+    }
+    std::lock_guard<std::mutex> lock(pool->state_mu);
+    for (PageRec *rec : seq->pages) unref_page_locked(pool, rec);
+    for (const LayerState &l : seq->layers)
+        if (!l.stage.empty()) pool->staging_bytes -= stage_bytes(pool->shape);
+    pool->tokens_total -= seq->length;
+    return IKV_OK;
+}
+
+ikv_status seq_length(const ikv_pool *pool, ikv_seq_id id, uint32_t *length_out) {
+    auto seq = find_seq(pool, id);
+    if (!seq) return seq_not_found("ikv_seq_length", id);
+    *length_out = seq->length;
+    return IKV_OK;
+}
+
+ikv_status seq_fork(ikv_pool *pool, ikv_seq_id parent_id, ikv_seq_id *child_out) {
+    auto parent = find_seq(pool, parent_id);
+    if (!parent) return seq_not_found("ikv_seq_fork", parent_id);
+    try {
+        auto child = std::make_shared<Seq>(*parent);  // block table, lengths and staging copies
+        std::unique_lock<std::shared_mutex> table(pool->table_mu);
+        while (pool->seqs.count(pool->next_id) != 0) ++pool->next_id;
+        const ikv_seq_id id = pool->next_id;
+        pool->seqs.emplace(id, child);
+        ++pool->next_id;
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        for (PageRec *rec : child->pages)
+            if (rec != nullptr) ++rec->refs;
+        for (const LayerState &l : child->layers)
+            if (!l.stage.empty()) pool->staging_bytes += stage_bytes(pool->shape);
+        pool->tokens_total += child->length;
+        *child_out = id;
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "ikv_seq_fork: out of host memory copying sequence %u", (unsigned)parent_id);
+    }
+    return IKV_OK;
+}
+
+}  // namespace ikv

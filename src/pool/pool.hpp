@@ -1,0 +1,97 @@
+// The KV page pool's core: sequences, block tables, reference counts, fp32
+// staging of partial tail pages and capacity accounting. Page bytes live
+// behind a PageStore (host or device), so nothing here depends on where.
+//
+// Locking (see the thread-safety note in intentkv.h):
+//   table_mu  (shared_mutex) guards the sequence table. Lookups take it shared
+//             and copy out a shared_ptr, so a destroy of another sequence
+//             cannot free a Seq in use. Create/fork/destroy take it exclusive.
+//   state_mu  guards page records' refcounts, the PageStore's allocator and
+//             all accounting. Taken after table_mu, never before.
+// A Seq's own fields (block table, lengths, staging) are changed only by
+// calls on that sequence, which the caller orders; quantization runs outside
+// both locks. A page shared by several sequences is never written in place:
+// writers copy it first (copy-on-write, decided under state_mu).
+#pragma once
+
+#include <mimalloc.h>
+
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "common/page_format.hpp"
+#include "intentkv.h"
+#include "pool/page_store.hpp"
+
+namespace ikv {
+
+struct PageRec {
+    uint8_t *bytes = nullptr;
+    ikv_format format = IKV_FMT_F16;
+    uint32_t refs = 1;  // sequences whose block table holds this page (under state_mu)
+};
+
+using StageVec = std::vector<float, mi_stl_allocator<float>>;
+
+struct LayerState {
+    uint32_t length = 0;  // tokens stored in this layer
+    // fp32 copy of the tail page's tokens while it is partial: K [H][P][D]
+    // followed by V [H][P][D]; empty when length is a multiple of P.
+    StageVec stage;
+};
+
+struct Seq {
+    std::vector<PageRec *> pages;  // block table: page i covers tokens [i*P, (i+1)*P); nullptr = evicted
+    std::vector<LayerState> layers;
+    uint32_t length = 0;  // min over layers
+};
+
+}  // namespace ikv
+
+struct ikv_pool {
+    ikv_pool_config config{};
+    ikv::PageShape shape{};
+    uint64_t page_bytes[IKV_FMT_COUNT] = {};
+    std::unique_ptr<ikv::PageStore> store;
+
+    mutable std::shared_mutex table_mu;
+    std::unordered_map<ikv_seq_id, std::shared_ptr<ikv::Seq>> seqs;
+    ikv_seq_id next_id = 1;
+
+    mutable std::mutex state_mu;
+    uint64_t used_bytes = 0;
+    uint64_t pages_used = 0;
+    uint64_t pages_by_format[IKV_FMT_COUNT] = {};
+    uint64_t bytes_by_format[IKV_FMT_COUNT] = {};
+    uint64_t staging_bytes = 0;
+    uint64_t tokens_total = 0;
+};
+
+namespace ikv {
+
+// Core operations. Arguments that do not depend on pool state were checked
+// by src/api/api_pool.cpp; these check the rest and report through fail().
+ikv_status pool_create(const ikv_pool_config &config, ikv_pool **out);
+void pool_destroy(ikv_pool *pool);
+void pool_stats(const ikv_pool *pool, ikv_pool_stats *out);
+
+ikv_status seq_create(ikv_pool *pool, ikv_seq_id *id_out);
+ikv_status seq_destroy(ikv_pool *pool, ikv_seq_id seq);
+ikv_status seq_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t *length_out);
+ikv_status seq_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append &args);
+ikv_status seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out);
+ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_tokens);
+ikv_status seq_evict(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end);
+ikv_status seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint32_t token, int *evicted_out);
+ikv_status seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format *out);
+ikv_status seq_set_page_format(ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format format);
+ikv_status seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id seq, const ikv_plan *plan);
+ikv_status seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t begin, uint32_t end, float *k_out,
+                    float *v_out);
+ikv_status seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t kv_head, uint32_t page,
+                            float *k_min, float *k_max, float *k_mean, uint32_t *n_tokens_out);
+
+}  // namespace ikv

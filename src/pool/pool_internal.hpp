@@ -1,0 +1,63 @@
+// Helpers shared by the pool's core files: sequence lookup, page
+// allocation and release with accounting, staging buffers, input loading.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+
+#include "common/error.hpp"
+#include "common/quant.hpp"
+#include "pool/host_codec.hpp"
+#include "pool/pool.hpp"
+
+namespace ikv {
+
+// The sequence, or nullptr. Takes table_mu shared for the lookup only.
+std::shared_ptr<Seq> find_seq(const ikv_pool *pool, ikv_seq_id id);
+
+inline ikv_status seq_not_found(const char *fn, ikv_seq_id id) {
+    return fail(IKV_E_NOT_FOUND, "%s: sequence %u does not exist in this pool", fn, (unsigned)id);
+}
+
+// ---- under state_mu ----
+// IKV_E_NOMEM with a sentence when `extra` more bytes of pages would exceed capacity.
+ikv_status check_capacity_locked(const ikv_pool *pool, uint64_t extra, uint64_t freed, const char *fn);
+// Allocate page bytes of format f into rec (refs = 1) and charge them.
+ikv_status alloc_page_locked(ikv_pool *pool, ikv_format f, PageRec *rec);
+// Drop one reference; the last one releases the bytes, uncharges and deletes rec.
+void unref_page_locked(ikv_pool *pool, PageRec *rec);
+// Release a page's bytes and uncharge them (rec itself stays).
+void free_page_bytes_locked(ikv_pool *pool, PageRec *rec);
+
+// Floats in one staging buffer (K and V of a tail page of one layer).
+inline uint64_t stage_floats(const PageShape &s) { return 2ull * s.n_kv_heads * s.page_size * s.head_dim; }
+inline uint64_t stage_bytes(const PageShape &s) { return stage_floats(s) * sizeof(float); }
+
+// Tokens of `layer` inside page p.
+inline uint32_t tokens_in_page(const Seq &seq, const PageShape &s, uint32_t layer, uint32_t p) {
+    const uint64_t start = uint64_t(p) * s.page_size, len = seq.layers[layer].length;
+    if (len <= start) return 0;
+    return uint32_t(len - start < s.page_size ? len - start : s.page_size);
+}
+
+// Refill layer's staging from the stored (dequantized) rows of page rec.
+ikv_status restage_from_page(ikv_pool *pool, Seq &seq, uint32_t layer, const PageRec &rec, uint32_t n_valid);
+
+// The format of the pool's new pages when no plan says otherwise.
+inline ikv_format default_page_format(const ikv_pool *pool) {
+    return pool->config.default_format == IKV_FMT_AUTO ? IKV_FMT_F16 : pool->config.default_format;
+}
+
+// Read D elements of an engine array in dtype dt starting at element index off.
+inline void load_row(const void *base, ikv_dtype dt, int64_t off, uint32_t D, float *out) {
+    if (dt == IKV_DTYPE_F32) {
+        std::memcpy(out, static_cast<const float *>(base) + off, D * sizeof(float));
+    } else if (dt == IKV_DTYPE_F16) {
+        decode_row_f16(static_cast<const uint16_t *>(base) + off, D, out);
+    } else {
+        const uint16_t *p = static_cast<const uint16_t *>(base) + off;
+        for (uint32_t d = 0; d < D; ++d) out[d] = bf16_to_f32(p[d]);
+    }
+}
+
+}  // namespace ikv

@@ -1,0 +1,118 @@
+// Read side of the pool: dequantized reads, key summaries, page queries and
+// the block-table snapshot decode uses (pool_view.hpp).
+#include <algorithm>
+
+#include "pool/pool_internal.hpp"
+#include "pool/pool_view.hpp"
+
+namespace ikv {
+
+ikv_status seq_read(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, uint32_t begin, uint32_t end, float *k_out,
+                    float *v_out) {
+    constexpr const char *fn = "ikv_seq_read";
+    auto seqp = find_seq(pool, id);
+    if (!seqp) return seq_not_found(fn, id);
+    const Seq &seq = *seqp;
+    const PageShape &s = pool->shape;
+    const uint32_t P = s.page_size, len = seq.layers[layer].length;
+    if (begin > end || end > len)
+        return fail(IKV_E_RANGE, "%s: [%u, %u) is not inside [0, %u), the tokens of layer %u of sequence %u", fn,
+                    begin, end, len, layer, (unsigned)id);
+    for (uint32_t p = begin / P; p * P < end; ++p)
+        if (seq.pages[p] == nullptr)
+            return fail(IKV_E_EVICTED, "%s: tokens [%u, %u) of sequence %u were evicted", fn, p * P, (p + 1) * P,
+                        (unsigned)id);
+    const uint64_t row = uint64_t(s.n_kv_heads) * s.head_dim;
+    for (uint32_t t = begin; t < end;) {
+        const uint32_t p = t / P, off = t % P, n = std::min(P - off, end - t);
+        const PageRec *rec = seq.pages[p];
+        for (uint32_t h = 0; h < s.n_kv_heads; ++h) {
+            const uint64_t o = uint64_t(t - begin) * row + uint64_t(h) * s.head_dim;
+            const ikv_status st =
+                pool->store->read_rows(rec->format, rec->bytes, layer, h, off, n, k_out + o, v_out + o, row);
+            if (st != IKV_OK) return st;
+        }
+        t += n;
+    }
+    return IKV_OK;
+}
+
+ikv_status seq_page_summary(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, uint32_t kv_head, uint32_t page,
+                            float *k_min, float *k_max, float *k_mean, uint32_t *n_tokens_out) {
+    constexpr const char *fn = "ikv_seq_page_summary";
+    auto seqp = find_seq(pool, id);
+    if (!seqp) return seq_not_found(fn, id);
+    const Seq &seq = *seqp;
+    const PageShape &s = pool->shape;
+    const uint32_t n = page < seq.pages.size() ? tokens_in_page(seq, s, layer, page) : 0;
+    if (n == 0)
+        return fail(IKV_E_RANGE, "%s: page %u holds no tokens of layer %u in sequence %u (layer length %u)", fn, page,
+                    layer, (unsigned)id, seq.layers[layer].length);
+    const PageRec *rec = seq.pages[page];
+    if (rec == nullptr) return fail(IKV_E_EVICTED, "%s: page %u of sequence %u was evicted", fn, page, (unsigned)id);
+    std::vector<float> rec3(3ull * s.head_dim);
+    const ikv_status st = pool->store->read_summary(rec->format, rec->bytes, layer, kv_head, rec3.data());
+    if (st != IKV_OK) return st;
+    const size_t bytes = s.head_dim * sizeof(float);
+    if (k_min) std::memcpy(k_min, rec3.data(), bytes);
+    if (k_max) std::memcpy(k_max, rec3.data() + s.head_dim, bytes);
+    if (k_mean) std::memcpy(k_mean, rec3.data() + 2 * s.head_dim, bytes);
+    if (n_tokens_out) *n_tokens_out = n;
+    return IKV_OK;
+}
+
+ikv_status seq_is_evicted(const ikv_pool *pool, ikv_seq_id id, uint32_t token, int *evicted_out) {
+    constexpr const char *fn = "ikv_seq_is_evicted";
+    auto seqp = find_seq(pool, id);
+    if (!seqp) return seq_not_found(fn, id);
+    uint32_t stored = 0;
+    for (const LayerState &ls : seqp->layers) stored = std::max(stored, ls.length);
+    if (token >= stored)
+        return fail(IKV_E_RANGE, "%s: token %u is out of range; sequence %u stores %u tokens", fn, token,
+                    (unsigned)id, stored);
+    *evicted_out = seqp->pages[token / pool->shape.page_size] == nullptr ? 1 : 0;
+    return IKV_OK;
+}
+
+ikv_status seq_page_format(const ikv_pool *pool, ikv_seq_id id, uint32_t page, ikv_format *out) {
+    constexpr const char *fn = "ikv_seq_page_format";
+    auto seqp = find_seq(pool, id);
+    if (!seqp) return seq_not_found(fn, id);
+    if (page >= seqp->pages.size())
+        return fail(IKV_E_RANGE, "%s: page %u is out of range; sequence %u has %zu pages", fn, page, (unsigned)id,
+                    seqp->pages.size());
+    const PageRec *rec = seqp->pages[page];
+    if (rec == nullptr) return fail(IKV_E_EVICTED, "%s: page %u of sequence %u was evicted", fn, page, (unsigned)id);
+    *out = rec->format;
+    return IKV_OK;
+}
+
+// ---- pool_view.hpp ----
+
+const PageShape &pool_shape(const ikv_pool *pool) { return pool->shape; }
+ikv_backend pool_backend(const ikv_pool *pool) { return pool->config.backend; }
+int pool_device(const ikv_pool *pool) { return pool->config.device; }
+
+ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, SeqSnapshot *out) {
+    auto seqp = find_seq(pool, id);
+    if (!seqp) return seq_not_found("ikv_decode", id);
+    if (layer >= pool->shape.n_layers)
+        return fail(IKV_E_RANGE, "ikv_decode: layer %u is out of range; the pool has %u layers", layer,
+                    pool->shape.n_layers);
+    const Seq &seq = *seqp;
+    const uint32_t len = seq.layers[layer].length, P = pool->shape.page_size;
+    const uint32_t n_pages = (len + P - 1) / P;
+    try {
+        out->pages.resize(n_pages);
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "ikv_decode: out of host memory");
+    }
+    for (uint32_t p = 0; p < n_pages; ++p) {
+        const PageRec *rec = seq.pages[p];
+        out->pages[p] = rec ? PageRef{rec->bytes, rec->format} : PageRef{nullptr, IKV_FMT_F16};
+    }
+    out->length = len;
+    return IKV_OK;
+}
+
+}  // namespace ikv

@@ -1,0 +1,95 @@
+#include "pool/slab_allocator.hpp"
+
+#include <algorithm>
+#include <new>
+
+#include "common/error.hpp"
+
+namespace ikv {
+
+SlabAllocator::SlabAllocator(const PageShape &shape, uint64_t capacity_bytes, uint64_t align,
+                             uint64_t slab_target_bytes, SlabMemory &memory)
+    : memory_(memory) {
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) {
+        const uint64_t pb = page_bytes(shape, ikv_format(f));
+        stride_[f] = align_up(pb, align);
+        uint64_t n = (slab_target_bytes + stride_[f] - 1) / stride_[f];
+        const uint64_t fit = capacity_bytes / pb;  // never reserve far beyond the capacity
+        n = std::min<uint64_t>(n, std::max<uint64_t>(fit, 1));
+        pages_per_slab_[f] = uint32_t(std::max<uint64_t>(n, 1));
+    }
+}
+
+SlabAllocator::~SlabAllocator() {
+    for (auto &kv : slabs_) {
+        memory_.deallocate(kv.second->base);
+        delete kv.second;
+    }
+}
+
+ikv_status SlabAllocator::alloc(ikv_format f, uint8_t **page) {
+    std::vector<Slab *> &avail = with_free_[f];
+    if (avail.empty()) {
+        const ikv_status st = add_slab(f);
+        if (st != IKV_OK) return st;
+    }
+    Slab *s = avail.back();
+    const uint32_t idx = s->free_pages.back();
+    s->free_pages.pop_back();
+    if (s->free_pages.size() + 1 == s->n_pages) --empty_slabs_[f];  // it was empty
+    if (s->free_pages.empty()) avail.pop_back();
+    *page = s->base + uint64_t(idx) * stride_[f];
+    return IKV_OK;
+}
+
+void SlabAllocator::release(ikv_format f, uint8_t *page) {
+    auto it = slabs_.upper_bound(reinterpret_cast<uintptr_t>(page));
+    --it;  // the slab whose base is the greatest <= page
+    Slab *s = it->second;
+    const uint32_t idx = uint32_t((page - s->base) / stride_[f]);
+    if (s->free_pages.empty()) with_free_[f].push_back(s);
+    s->free_pages.push_back(idx);
+    if (s->free_pages.size() == s->n_pages) {
+        if (empty_slabs_[f] >= 1)
+            drop_slab(s);
+        else
+            ++empty_slabs_[f];
+    }
+}
+
+ikv_status SlabAllocator::add_slab(ikv_format f) {
+    const uint64_t bytes = stride_[f] * pages_per_slab_[f];
+    uint8_t *base = nullptr;
+    const ikv_status st = memory_.allocate(bytes, &base);
+    if (st != IKV_OK) return st;
+    Slab *s = nullptr;
+    try {
+        s = new Slab;
+        s->base = base;
+        s->format = f;
+        s->n_pages = pages_per_slab_[f];
+        s->free_pages.reserve(s->n_pages);
+        for (uint32_t i = s->n_pages; i-- > 0;) s->free_pages.push_back(i);  // lowest index first out
+        with_free_[f].reserve(with_free_[f].size() + 1);
+        slabs_.emplace(reinterpret_cast<uintptr_t>(base), s);
+        with_free_[f].push_back(s);  // cannot throw: reserved above
+    } catch (const std::bad_alloc &) {
+        delete s;
+        memory_.deallocate(base);
+        return fail(IKV_E_NOMEM, "ikv_pool: out of host memory for slab bookkeeping");
+    }
+    ++empty_slabs_[f];
+    reserved_ += bytes;
+    return IKV_OK;
+}
+
+void SlabAllocator::drop_slab(Slab *s) {
+    std::vector<Slab *> &avail = with_free_[s->format];
+    avail.erase(std::find(avail.begin(), avail.end(), s));
+    slabs_.erase(reinterpret_cast<uintptr_t>(s->base));
+    reserved_ -= stride_[s->format] * s->n_pages;
+    memory_.deallocate(s->base);
+    delete s;
+}
+
+}  // namespace ikv

@@ -1,0 +1,61 @@
+// Page slabs, shared by the host and the device page stores. Pages of one
+// format are carved at a fixed stride from slabs of about slab_target bytes
+// (at least one page, never far beyond what the pool's capacity could hold).
+// Freed pages go back to their slab and are reused first; a slab whose pages
+// are all free is given back, except one empty slab per format, kept to avoid
+// thrashing at a slab boundary. Where slab memory comes from (mimalloc,
+// cudaMalloc) is a SlabMemory. Not thread-safe: the pool serializes calls.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "common/page_format.hpp"
+#include "intentkv.h"
+
+namespace ikv {
+
+class SlabMemory {
+public:
+    virtual ~SlabMemory() = default;
+    // Allocate `bytes` aligned to the store's alignment; on failure return
+    // IKV_E_NOMEM (or IKV_E_DEVICE) with the sentence set via fail().
+    virtual ikv_status allocate(uint64_t bytes, uint8_t **out) = 0;
+    virtual void deallocate(uint8_t *base) = 0;
+};
+
+class SlabAllocator {
+public:
+    SlabAllocator(const PageShape &shape, uint64_t capacity_bytes, uint64_t align, uint64_t slab_target_bytes,
+                  SlabMemory &memory);
+    ~SlabAllocator();
+    SlabAllocator(const SlabAllocator &) = delete;
+    SlabAllocator &operator=(const SlabAllocator &) = delete;
+
+    ikv_status alloc(ikv_format f, uint8_t **page);
+    void release(ikv_format f, uint8_t *page);
+    // Slab memory held, live pages or free.
+    uint64_t reserved_bytes() const { return reserved_; }
+
+private:
+    struct Slab {
+        uint8_t *base = nullptr;
+        ikv_format format = IKV_FMT_F16;
+        uint32_t n_pages = 0;
+        std::vector<uint32_t> free_pages;  // indices of free pages in this slab
+    };
+
+    ikv_status add_slab(ikv_format f);
+    void drop_slab(Slab *s);
+
+    SlabMemory &memory_;
+    uint64_t stride_[IKV_FMT_COUNT];
+    uint32_t pages_per_slab_[IKV_FMT_COUNT];
+    uint32_t empty_slabs_[IKV_FMT_COUNT] = {};
+    std::vector<Slab *> with_free_[IKV_FMT_COUNT];
+    std::map<uintptr_t, Slab *> slabs_;  // by base address, to find a page's slab
+    uint64_t reserved_ = 0;
+};
+
+}  // namespace ikv

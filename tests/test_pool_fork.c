@@ -1,0 +1,232 @@
+/* Fork and copy-on-write, truncate (roll back) and eviction, checked value by
+ * value. F16 pages with F32 input: every stored value is exactly the F16
+ * rounding of its input, so expectations are exact. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support.h"
+
+enum { L = 2, H = 2, D = 64, P = 8, ROW = H * D, MAXT = 64 };
+
+static ikv_pool *make_pool(void) {
+    ikv_pool_config c = ikv_pool_default_config();
+    c.n_layers = L;
+    c.n_kv_heads = H;
+    c.head_dim = D;
+    c.page_size = P;
+    c.capacity_bytes = 8u << 20;
+    c.kv_dtype = IKV_DTYPE_F32;
+    ikv_pool *pool = NULL;
+    IKVT_OK(ikv_pool_create(&c, &pool));
+    return pool;
+}
+
+/* What a sequence should hold: per layer, token rows of K and V as F16-rounded floats. */
+typedef struct shadow {
+    uint32_t len;
+    float k[L][MAXT * ROW], v[L][MAXT * ROW];
+} shadow;
+
+static float f16r(float x) {
+    uint16_t h;
+    ikvt_to_f16(&x, &h, 1);
+    return ikvt_f16_to_f32(h);
+}
+
+/* Append n random tokens to every layer of s and to its shadow. */
+static void append(ikv_pool *pool, ikv_seq_id s, shadow *sh, uint32_t n, uint64_t seed) {
+    static float k[L * MAXT * ROW], v[L * MAXT * ROW];
+    ikvt_rng r = {seed};
+    ikvt_fill_normal(&r, k, (size_t)L * n * ROW, 1.0f);
+    ikvt_fill_normal(&r, v, (size_t)L * n * ROW, 1.0f);
+    ikv_append a = ikv_append_default(pool, n);
+    a.layer = IKV_ALL_LAYERS;
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &a));
+    for (uint32_t l = 0; l < L; ++l)
+        for (size_t i = 0; i < (size_t)n * ROW; ++i) {
+            sh->k[l][sh->len * ROW + i] = f16r(k[(size_t)l * n * ROW + i]);
+            sh->v[l][sh->len * ROW + i] = f16r(v[(size_t)l * n * ROW + i]);
+        }
+    sh->len += n;
+}
+
+static void check(const ikv_pool *pool, ikv_seq_id s, const shadow *sh) {
+    static float k[MAXT * ROW], v[MAXT * ROW];
+    uint32_t len;
+    IKVT_OK(ikv_seq_length(pool, s, &len));
+    assert_int_equal(len, sh->len);
+    for (uint32_t l = 0; l < L; ++l)
+        for (uint32_t p = 0; p * P < len; ++p) {
+            int ev;
+            IKVT_OK(ikv_seq_is_evicted(pool, s, p * P, &ev));
+            if (ev) continue;
+            const uint32_t t1 = (p + 1) * P < len ? (p + 1) * P : len;
+            IKVT_OK(ikv_seq_read(pool, s, l, p * P, t1, k, v));
+            assert_memory_equal(k, sh->k[l] + (size_t)p * P * ROW, (size_t)(t1 - p * P) * ROW * sizeof(float));
+            assert_memory_equal(v, sh->v[l] + (size_t)p * P * ROW, (size_t)(t1 - p * P) * ROW * sizeof(float));
+        }
+}
+
+static ikv_pool_stats stats(const ikv_pool *pool) {
+    ikv_pool_stats s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    IKVT_OK(ikv_pool_get_stats(pool, &s));
+    return s;
+}
+
+static shadow g_a, g_b, g_c;
+
+static void test_fork_cow(void **state) {
+    (void)state;
+    ikv_pool *pool = make_pool();
+    const uint64_t pb = ikv_pool_page_bytes(pool, IKV_FMT_F16);
+    ikv_seq_id a, b;
+    memset(&g_a, 0, sizeof g_a);
+    IKVT_OK(ikv_seq_create(pool, &a));
+    append(pool, a, &g_a, 2 * P + 4, 1);
+    IKVT_OK(ikv_seq_fork(pool, a, &b));
+    g_b = g_a;
+    ikv_pool_stats st = stats(pool);
+    assert_true(st.pages_used == 3 && st.used_bytes == 3 * pb); /* nothing copied */
+    assert_true(st.n_sequences == 2 && st.tokens_total == 2 * (2 * P + 4));
+    check(pool, a, &g_a);
+    check(pool, b, &g_b);
+    /* Parent writes into the shared partial page: it gets its own copy. */
+    append(pool, a, &g_a, 2, 2);
+    assert_true(stats(pool).pages_used == 4);
+    check(pool, b, &g_b); /* the child still sees the old tail */
+    check(pool, a, &g_a);
+    /* The child is now the only user of the old tail page: no copy. */
+    append(pool, b, &g_b, 3, 3);
+    assert_true(stats(pool).pages_used == 4);
+    check(pool, a, &g_a);
+    check(pool, b, &g_b);
+    /* Crossing into new pages: each gets its own. */
+    append(pool, b, &g_b, P, 4);
+    assert_true(stats(pool).pages_used == 5);
+    check(pool, a, &g_a);
+    check(pool, b, &g_b);
+    /* Full pages stay shared: format changes are refused, eviction only drops a reference. */
+    IKVT_EXPECT_STATUS(ikv_seq_set_page_format(pool, b, 0, IKV_FMT_INT8), IKV_E_SHARED, "shared");
+    IKVT_OK(ikv_seq_evict(pool, b, 0, P));
+    assert_true(stats(pool).pages_used == 5);
+    int ev;
+    IKVT_OK(ikv_seq_is_evicted(pool, b, 3, &ev));
+    assert_int_equal(ev, 1);
+    IKVT_OK(ikv_seq_is_evicted(pool, a, 3, &ev));
+    assert_int_equal(ev, 0);
+    check(pool, a, &g_a);
+    check(pool, b, &g_b);
+    IKVT_OK(ikv_seq_evict(pool, a, 0, P)); /* last user: freed */
+    assert_true(stats(pool).pages_used == 4);
+    /* Fork of a fork, then destroy the middle one. */
+    ikv_seq_id c;
+    IKVT_OK(ikv_seq_fork(pool, b, &c));
+    g_c = g_b;
+    IKVT_OK(ikv_seq_destroy(pool, b));
+    assert_true(stats(pool).pages_used == 4);
+    check(pool, c, &g_c);
+    /* Page 1 is shared by a and c until a goes. */
+    IKVT_EXPECT_STATUS(ikv_seq_set_page_format(pool, c, 1, IKV_FMT_INT8), IKV_E_SHARED, "shared");
+    IKVT_OK(ikv_seq_destroy(pool, a));
+    IKVT_OK(ikv_seq_set_page_format(pool, c, 1, IKV_FMT_INT8));
+    IKVT_OK(ikv_seq_destroy(pool, c));
+    st = stats(pool);
+    assert_true(st.pages_used == 0 && st.used_bytes == 0 && st.staging_bytes == 0 && st.tokens_total == 0);
+    ikv_pool_destroy(pool);
+}
+
+static void test_truncate(void **state) {
+    (void)state;
+    ikv_pool *pool = make_pool();
+    ikv_seq_id a, b;
+    memset(&g_a, 0, sizeof g_a);
+    IKVT_OK(ikv_seq_create(pool, &a));
+    append(pool, a, &g_a, 3 * P + 2, 10);
+    /* Roll back across a page boundary: the emptied page is released. */
+    IKVT_OK(ikv_seq_truncate(pool, a, 5));
+    g_a.len -= 5;
+    assert_true(stats(pool).pages_used == 3);
+    check(pool, a, &g_a);
+    append(pool, a, &g_a, 7, 11); /* re-fills the re-staged tail */
+    check(pool, a, &g_a);
+    /* Roll back to a page boundary: no partial tail, no staging. */
+    IKVT_OK(ikv_seq_truncate(pool, a, g_a.len - 2 * P));
+    g_a.len = 2 * P;
+    ikv_pool_stats st = stats(pool);
+    assert_true(st.pages_used == 2 && st.staging_bytes == 0 && st.tokens_total == 2 * P);
+    check(pool, a, &g_a);
+    /* Truncating a shared partial tail copies it; the other sequence keeps its tokens. */
+    append(pool, a, &g_a, 5, 12);
+    IKVT_OK(ikv_seq_fork(pool, a, &b));
+    g_b = g_a;
+    IKVT_OK(ikv_seq_truncate(pool, b, 2));
+    g_b.len -= 2;
+    assert_true(stats(pool).pages_used == 4);
+    check(pool, a, &g_a);
+    check(pool, b, &g_b);
+    append(pool, b, &g_b, 4, 13);
+    append(pool, a, &g_a, 1, 14);
+    check(pool, a, &g_a);
+    check(pool, b, &g_b);
+    /* Truncate everything. */
+    IKVT_OK(ikv_seq_truncate(pool, b, g_b.len));
+    g_b.len = 0;
+    check(pool, b, &g_b);
+    append(pool, b, &g_b, 3, 15);
+    check(pool, b, &g_b);
+    check(pool, a, &g_a);
+    IKVT_OK(ikv_seq_destroy(pool, a));
+    IKVT_OK(ikv_seq_destroy(pool, b));
+    st = stats(pool);
+    assert_true(st.pages_used == 0 && st.used_bytes == 0 && st.staging_bytes == 0 && st.tokens_total == 0);
+    ikv_pool_destroy(pool);
+}
+
+/* Evicted tokens keep their positions; survivors and later appends are unaffected. */
+static void test_evict(void **state) {
+    (void)state;
+    ikv_pool *pool = make_pool();
+    ikv_seq_id a;
+    memset(&g_a, 0, sizeof g_a);
+    IKVT_OK(ikv_seq_create(pool, &a));
+    append(pool, a, &g_a, 5 * P + 1, 20);
+    IKVT_OK(ikv_seq_evict(pool, a, P, 3 * P));
+    assert_true(stats(pool).pages_used == 4);
+    check(pool, a, &g_a);
+    for (uint32_t t = 0; t < g_a.len; ++t) {
+        int ev;
+        IKVT_OK(ikv_seq_is_evicted(pool, a, t, &ev));
+        assert_int_equal(ev, t >= P && t < 3 * P);
+    }
+    append(pool, a, &g_a, 2 * P, 21);
+    check(pool, a, &g_a);
+    uint32_t len;
+    IKVT_OK(ikv_seq_length(pool, a, &len));
+    assert_int_equal(len, 7 * P + 1);
+    /* Truncating back over a whole evicted page is fine, cutting inside one is not. */
+    IKVT_OK(ikv_seq_truncate(pool, a, 4 * P + 1)); /* length 3P: pages 1 and 2 still evicted */
+    g_a.len = 3 * P;
+    check(pool, a, &g_a);
+    IKVT_EXPECT_STATUS(ikv_seq_truncate(pool, a, 1), IKV_E_EVICTED, "evicted");
+    IKVT_OK(ikv_seq_truncate(pool, a, P));
+    g_a.len = 2 * P;
+    check(pool, a, &g_a);
+    IKVT_OK(ikv_seq_destroy(pool, a));
+    ikv_pool_stats st = stats(pool);
+    assert_true(st.pages_used == 0 && st.used_bytes == 0);
+    ikv_pool_destroy(pool);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fork_cow),
+        cmocka_unit_test(test_truncate),
+        cmocka_unit_test(test_evict),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,327 @@
+/* Page formats against a float64 reference: every element's reconstruction
+ * error stays within the bound docs/FORMATS.md gives, on random normal data
+ * and on adversarial data; F16/BF16 are exactly round-to-nearest-even;
+ * promotion after demotion; key summaries equal plain recomputation. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support.h"
+
+enum { H = 2, D = 80, P = 16, N = 2 * P + 5 }; /* D = 80: the last INT4 V group is 16 channels */
+
+static ikv_pool *make_pool(ikv_format f) {
+    ikv_pool_config c = ikv_pool_default_config();
+    c.n_layers = 1;
+    c.n_kv_heads = H;
+    c.head_dim = D;
+    c.page_size = P;
+    c.capacity_bytes = 16u << 20;
+    c.kv_dtype = IKV_DTYPE_F32;
+    c.default_format = f;
+    ikv_pool *pool = NULL;
+    IKVT_OK(ikv_pool_create(&c, &pool));
+    return pool;
+}
+
+/* x[t][h][d] */
+#define AT(x, t, h, d) (x)[((size_t)(t) * H + (h)) * D + (d)]
+
+typedef enum data_kind { NORMAL, OUTLIERS, CONSTANT, ZEROS, LARGE, HUGE, KIND_COUNT } data_kind;
+static const char *const kKindNames[] = {"normal", "outliers", "constant", "zeros", "large(1e4)", "huge(1e30)"};
+
+static void make_data(data_kind kind, uint64_t seed, float *x) {
+    ikvt_rng r = {seed};
+    ikvt_fill_normal(&r, x, (size_t)N * H * D, 1.0f);
+    for (uint32_t t = 0; t < N; ++t)
+        for (uint32_t h = 0; h < H; ++h)
+            for (uint32_t d = 0; d < D; ++d) {
+                float *e = &AT(x, t, h, d);
+                switch (kind) {
+                    case OUTLIERS:
+                        if ((t * 7 + d * 13) % 97 == 0) *e *= 300.0f; /* a few channels/tokens 300x larger */
+                        break;
+                    case CONSTANT:
+                        if (d % 3 == 0) *e = 2.5f;      /* constant channels */
+                        if (t % 5 == 0) *e = -1.25f;    /* constant tokens */
+                        break;
+                    case ZEROS: *e = (d % 2 == 0 || t % 4 == 0) ? 0.0f : *e; break;
+                    case LARGE: *e *= 1e4f / 4.0f; break;
+                    case HUGE: *e *= 1e30f / 4.0f; break;
+                    default: break;
+                }
+            }
+    if (kind == ZEROS) memset(&AT(x, 0, 0, 0), 0, sizeof(float) * H * D * 3); /* all-zero tokens */
+}
+
+/* Half step of the group's scale in float64 from the page's input: the
+ * bound of docs/FORMATS.md. page_lo/hi: tokens of the element's page. */
+static double bound(ikv_format f, const float *x, int which, uint32_t t, uint32_t h, uint32_t d) {
+    const uint32_t p0 = t / P * P, p1 = p0 + P < N ? p0 + P : N;
+    const double xv = fabs((double)AT(x, t, h, d));
+    switch (f) {
+        case IKV_FMT_F16: return xv * ldexp(1.0, -11) + ldexp(1.0, -25);
+        case IKV_FMT_BF16: return xv * ldexp(1.0, -8) + 1e-45;
+        case IKV_FMT_FP8_E4M3: {
+            double amax = 0;
+            for (uint32_t tt = p0; tt < p1; ++tt)
+                for (uint32_t dd = 0; dd < D; ++dd) amax = fmax(amax, fabs((double)AT(x, tt, h, dd)));
+            const double s = amax > 0 ? amax / 448.0 : 1.0;
+            return xv * ldexp(1.0, -4) + s * ldexp(1.0, -10) + xv * 1e-6;
+        }
+        case IKV_FMT_INT8: {
+            double amax = 0;
+            if (which == 0)
+                for (uint32_t tt = p0; tt < p1; ++tt) amax = fmax(amax, fabs((double)AT(x, tt, h, d)));
+            else
+                for (uint32_t dd = 0; dd < D; ++dd) amax = fmax(amax, fabs((double)AT(x, t, h, dd)));
+            return 0.5 * (amax / 127.0) * (1 + 1e-5) + amax * 1e-6;
+        }
+        case IKV_FMT_INT4: {
+            double lo = INFINITY, hi = -INFINITY;
+            if (which == 0) {
+                for (uint32_t tt = p0; tt < p1; ++tt) {
+                    lo = fmin(lo, AT(x, tt, h, d));
+                    hi = fmax(hi, AT(x, tt, h, d));
+                }
+            } else {
+                const uint32_t d0 = d / 32 * 32, d1 = d0 + 32 < D ? d0 + 32 : D;
+                for (uint32_t dd = d0; dd < d1; ++dd) {
+                    lo = fmin(lo, AT(x, t, h, dd));
+                    hi = fmax(hi, AT(x, t, h, dd));
+                }
+            }
+            return 0.5 * ((hi - lo) / 15.0) * (1 + 1e-5) + fmax(fabs(lo), fabs(hi)) * 1e-6;
+        }
+        default: return 0;
+    }
+}
+
+static void check_against_reference(ikv_format f, data_kind kind, int token_by_token) {
+    ikv_pool *pool = make_pool(f);
+    const size_t n = (size_t)N * H * D;
+    float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
+    float *rk = malloc(n * sizeof(float)), *rv = malloc(n * sizeof(float));
+    make_data(kind, 1000 + kind * 10 + f, k);
+    make_data(kind, 2000 + kind * 10 + f, v);
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    const uint32_t step = token_by_token ? 1 : N;
+    for (uint32_t t = 0; t < N; t += step) {
+        ikv_append a = ikv_append_default(pool, step);
+        a.k = k + (size_t)t * H * D;
+        a.v = v + (size_t)t * H * D;
+        IKVT_OK(ikv_pool_append(pool, s, &a));
+    }
+    IKVT_OK(ikv_seq_read(pool, s, 0, 0, N, rk, rv));
+    double worst = 0;
+    for (int which = 0; which < 2; ++which) {
+        const float *x = which == 0 ? k : v, *y = which == 0 ? rk : rv;
+        for (uint32_t t = 0; t < N; ++t)
+            for (uint32_t h = 0; h < H; ++h)
+                for (uint32_t d = 0; d < D; ++d) {
+                    const double err = fabs((double)AT(y, t, h, d) - (double)AT(x, t, h, d));
+                    const double b = bound(f, x, which, t, h, d);
+                    if (!(err <= b)) {
+                        print_error("%s on %s data: %s[t=%u,h=%u,d=%u] = %.9g, input %.9g, error %.3g > bound %.3g\n",
+                                    ikv_format_name(f), kKindNames[kind], which ? "v" : "k", t, h, d,
+                                    (double)AT(y, t, h, d), (double)AT(x, t, h, d), err, b);
+                        fail();
+                    }
+                    if (b > 0) worst = fmax(worst, err / b);
+                }
+    }
+    /* zero stays exactly zero in the symmetric formats (INT4 is asymmetric: zero is
+     * exact only where the group's minimum is 0) */
+    if (kind == ZEROS && f != IKV_FMT_INT4)
+        for (size_t i = 0; i < (size_t)3 * H * D; ++i) assert_true(rk[i] == 0.0f && rv[i] == 0.0f);
+    if (f == IKV_FMT_F16 || f == IKV_FMT_BF16) { /* exactly the RNE conversion */
+        uint16_t *c = malloc(n * sizeof(uint16_t));
+        for (int which = 0; which < 2; ++which) {
+            const float *x = which == 0 ? k : v, *y = which == 0 ? rk : rv;
+            if (f == IKV_FMT_F16) {
+                ikvt_to_f16(x, c, n);
+                for (size_t i = 0; i < n; ++i) assert_true(y[i] == ikvt_f16_to_f32(c[i]));
+            } else {
+                ikvt_to_bf16(x, c, n);
+                for (size_t i = 0; i < n; ++i) assert_true(y[i] == ikvt_bf16_to_f32(c[i]));
+            }
+        }
+        free(c);
+    }
+    (void)worst;
+    free(k);
+    free(v);
+    free(rk);
+    free(rv);
+    ikv_pool_destroy(pool);
+}
+
+static void test_error_bounds(void **state) {
+    (void)state;
+    for (int f = 0; f < IKV_FMT_COUNT; ++f)
+        for (int kind = 0; kind < KIND_COUNT; ++kind) {
+            if (f == IKV_FMT_F16 && kind == HUGE) continue; /* beyond F16's range: saturates (tested below) */
+            check_against_reference((ikv_format)f, (data_kind)kind, 0);
+            check_against_reference((ikv_format)f, (data_kind)kind, 1);
+        }
+}
+
+static void test_f16_saturates(void **state) {
+    (void)state;
+    ikv_pool *pool = make_pool(IKV_FMT_F16);
+    float k[H * D], v[H * D], rk[H * D], rv[H * D];
+    for (int i = 0; i < H * D; ++i) {
+        k[i] = (i % 2 ? -1.0f : 1.0f) * (60000.0f + 100.0f * (float)i);
+        v[i] = 1e-9f * (float)i; /* subnormal halves */
+    }
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    ikv_append a = ikv_append_default(pool, 1);
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &a));
+    IKVT_OK(ikv_seq_read(pool, s, 0, 0, 1, rk, rv));
+    uint16_t c[H * D];
+    ikvt_to_f16(k, c, H * D);
+    for (int i = 0; i < H * D; ++i) {
+        assert_true(rk[i] == ikvt_f16_to_f32(c[i]));
+        assert_true(fabsf(rk[i]) <= 65504.0f);
+    }
+    ikvt_to_f16(v, c, H * D);
+    for (int i = 0; i < H * D; ++i) assert_true(rv[i] == ikvt_f16_to_f32(c[i]));
+    ikv_pool_destroy(pool);
+}
+
+/* Demote F16 -> INT4, promote back: storage precision returns (the page is
+ * F16 again, exactly the F16 rounding of the INT4 values), the lost bits do not. */
+static void test_promote_after_demote(void **state) {
+    (void)state;
+    ikv_pool *pool = make_pool(IKV_FMT_F16);
+    const size_t n = (size_t)N * H * D;
+    float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
+    float *dk = malloc(n * sizeof(float)), *dv = malloc(n * sizeof(float));
+    float *pk = malloc(n * sizeof(float)), *pv = malloc(n * sizeof(float));
+    make_data(NORMAL, 77, k);
+    make_data(NORMAL, 78, v);
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    ikv_append a = ikv_append_default(pool, N);
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &a));
+    for (uint32_t p = 0; p < 3; ++p) IKVT_OK(ikv_seq_set_page_format(pool, s, p, IKV_FMT_INT4));
+    ikv_format f;
+    IKVT_OK(ikv_seq_page_format(pool, s, 2, &f));
+    assert_int_equal(f, IKV_FMT_INT4);
+    ikv_pool_stats st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    IKVT_OK(ikv_pool_get_stats(pool, &st));
+    assert_true(st.pages_by_format[IKV_FMT_INT4] == 3 && st.pages_by_format[IKV_FMT_F16] == 0);
+    assert_true(st.used_bytes == 3 * ikv_pool_page_bytes(pool, IKV_FMT_INT4));
+    IKVT_OK(ikv_seq_read(pool, s, 0, 0, N, dk, dv));
+    double err_demoted = 0, err_promoted = 0;
+    for (size_t i = 0; i < n; ++i) err_demoted = fmax(err_demoted, fabs((double)dk[i] - k[i]));
+    for (uint32_t p = 0; p < 3; ++p) IKVT_OK(ikv_seq_set_page_format(pool, s, p, IKV_FMT_F16));
+    IKVT_OK(ikv_pool_get_stats(pool, &st));
+    assert_true(st.pages_by_format[IKV_FMT_F16] == 3 && st.used_bytes == 3 * ikv_pool_page_bytes(pool, IKV_FMT_F16));
+    IKVT_OK(ikv_seq_read(pool, s, 0, 0, N, pk, pv));
+    uint16_t *c = malloc(n * sizeof(uint16_t));
+    ikvt_to_f16(dk, c, n);
+    for (size_t i = 0; i < n; ++i) assert_true(pk[i] == ikvt_f16_to_f32(c[i]));
+    ikvt_to_f16(dv, c, n);
+    for (size_t i = 0; i < n; ++i) assert_true(pv[i] == ikvt_f16_to_f32(c[i]));
+    for (size_t i = 0; i < n; ++i) err_promoted = fmax(err_promoted, fabs((double)pk[i] - k[i]));
+    assert_true(err_demoted > 1e-2);                    /* INT4 lost bits ... */
+    assert_true(err_promoted > 0.5 * err_demoted);      /* ... and promotion does not bring them back */
+    /* An append into the (promoted) partial tail keeps the demoted values of its old tokens. */
+    float one_k[H * D], one_v[H * D];
+    memcpy(one_k, k, sizeof one_k);
+    memcpy(one_v, v, sizeof one_v);
+    ikv_append b = ikv_append_default(pool, 1);
+    b.k = one_k;
+    b.v = one_v;
+    IKVT_OK(ikv_pool_append(pool, s, &b));
+    IKVT_OK(ikv_seq_read(pool, s, 0, 2 * P, N, pk, pv));
+    ikvt_to_f16(dk + (size_t)2 * P * H * D, c, (size_t)(N - 2 * P) * H * D);
+    for (size_t i = 0; i < (size_t)(N - 2 * P) * H * D; ++i) assert_true(pk[i] == ikvt_f16_to_f32(c[i]));
+    free(c);
+    free(k);
+    free(v);
+    free(dk);
+    free(dv);
+    free(pk);
+    free(pv);
+    ikv_pool_destroy(pool);
+}
+
+/* min/max/mean of each page's keys equal a plain recomputation from the values read back. */
+static void check_summaries(ikv_pool *pool, ikv_seq_id s) {
+    uint32_t len;
+    IKVT_OK(ikv_seq_length(pool, s, &len));
+    float *rk = malloc((size_t)len * H * D * sizeof(float) + 4), *rv = malloc((size_t)len * H * D * sizeof(float) + 4);
+    IKVT_OK(ikv_seq_read(pool, s, 0, 0, len, rk, rv));
+    for (uint32_t p = 0; p * P < len; ++p)
+        for (uint32_t h = 0; h < H; ++h) {
+            float mn[D], mx[D], mean[D];
+            uint32_t nt;
+            IKVT_OK(ikv_seq_page_summary(pool, s, 0, h, p, mn, mx, mean, &nt));
+            const uint32_t t0 = p * P, t1 = t0 + P < len ? t0 + P : len;
+            assert_int_equal(nt, t1 - t0);
+            for (uint32_t d = 0; d < D; ++d) {
+                double lo = INFINITY, hi = -INFINITY, sum = 0;
+                for (uint32_t t = t0; t < t1; ++t) {
+                    lo = fmin(lo, AT(rk, t, h, d));
+                    hi = fmax(hi, AT(rk, t, h, d));
+                    sum += AT(rk, t, h, d);
+                }
+                assert_true(mn[d] == (float)lo);
+                assert_true(mx[d] == (float)hi);
+                assert_true(fabs(mean[d] - sum / nt) <= 1e-6 * (fabs(sum / nt) + 1e-30) + 1e-37);
+            }
+        }
+    free(rk);
+    free(rv);
+}
+
+static void test_summaries(void **state) {
+    (void)state;
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) {
+        ikv_pool *pool = make_pool((ikv_format)f);
+        const size_t n = (size_t)N * H * D;
+        float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
+        make_data(OUTLIERS, 300 + f, k);
+        make_data(NORMAL, 400 + f, v);
+        ikv_seq_id s;
+        IKVT_OK(ikv_seq_create(pool, &s));
+        ikv_append a = ikv_append_default(pool, N);
+        a.k = k;
+        a.v = v;
+        IKVT_OK(ikv_pool_append(pool, s, &a));
+        check_summaries(pool, s);
+        IKVT_OK(ikv_seq_truncate(pool, s, 9)); /* tail page 1 keeps 12 tokens */
+        check_summaries(pool, s);
+        IKVT_OK(ikv_seq_set_page_format(pool, s, 0, (ikv_format)((f + 2) % IKV_FMT_COUNT)));
+        IKVT_OK(ikv_seq_set_page_format(pool, s, 1, (ikv_format)((f + 3) % IKV_FMT_COUNT)));
+        check_summaries(pool, s);
+        a = ikv_append_default(pool, 3);
+        a.k = k;
+        a.v = v;
+        IKVT_OK(ikv_pool_append(pool, s, &a));
+        check_summaries(pool, s);
+        free(k);
+        free(v);
+        ikv_pool_destroy(pool);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_bounds),
+        cmocka_unit_test(test_f16_saturates),
+        cmocka_unit_test(test_promote_after_demote),
+        cmocka_unit_test(test_summaries),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

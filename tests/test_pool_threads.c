@@ -1,0 +1,191 @@
+/* Thread-safety as the header states it: calls on different sequences run
+ * concurrently, and reads of a sequence run while others change. Four writer
+ * threads each own a fork of one base sequence (so they copy-on-write the
+ * same shared tail page at the same time), append, truncate, evict, change
+ * formats, and create/fork/destroy scratch sequences; a reader thread keeps
+ * reading the base sequence and checks every value; the main thread polls
+ * stats. F16 pages with F32 input make every expected value exact. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support.h"
+
+enum { L = 2, H = 2, D = 64, P = 8, ROW = H * D, BASE = 3 * P + 5, WRITERS = 4, ROUNDS = 150, MAXT = 512 };
+
+static ikv_pool *g_pool;
+static ikv_seq_id g_base;
+static float g_base_k[L][BASE * ROW], g_base_v[L][BASE * ROW];
+static atomic_int g_done;
+
+static float f16r(float x) {
+    uint16_t h;
+    ikvt_to_f16(&x, &h, 1);
+    return ikvt_f16_to_f32(h);
+}
+
+static float bf16r(float x) {
+    uint16_t h;
+    ikvt_to_bf16(&x, &h, 1);
+    return ikvt_bf16_to_f32(h);
+}
+
+typedef struct writer {
+    ikv_seq_id seq;
+    uint64_t seed;
+    int failures;
+    float k[L][MAXT * ROW], v[L][MAXT * ROW]; /* expected (F16-rounded) */
+    uint32_t len;
+} writer;
+
+static writer g_writers[WRITERS];
+
+static int append(ikv_seq_id s, const float *k, const float *v, uint32_t n) {
+    ikv_append a = ikv_append_default(g_pool, n);
+    a.layer = IKV_ALL_LAYERS;
+    a.k = k;
+    a.v = v;
+    return ikv_pool_append(g_pool, s, &a) == IKV_OK;
+}
+
+static void *writer_main(void *arg) {
+    writer *w = (writer *)arg;
+    ikvt_rng r = {w->seed};
+    static __thread float k[L * 2 * P * ROW], v[L * 2 * P * ROW];
+    for (int round = 0; round < ROUNDS; ++round) {
+        const uint32_t n = 1 + (uint32_t)(ikvt_next(&r) % (2 * P));
+        if (w->len + n > MAXT) break;
+        ikvt_fill_normal(&r, k, (size_t)L * n * ROW, 1.0f);
+        ikvt_fill_normal(&r, v, (size_t)L * n * ROW, 1.0f);
+        if (!append(w->seq, k, v, n)) w->failures++;
+        for (uint32_t l = 0; l < L; ++l)
+            for (size_t i = 0; i < (size_t)n * ROW; ++i) {
+                w->k[l][w->len * ROW + i] = f16r(k[(size_t)l * n * ROW + i]);
+                w->v[l][w->len * ROW + i] = f16r(v[(size_t)l * n * ROW + i]);
+            }
+        w->len += n;
+        const uint64_t what = ikvt_next(&r) % 6;
+        if (what == 0 && w->len > 2) { /* roll back */
+            if (ikv_seq_truncate(g_pool, w->seq, 2) != IKV_OK) w->failures++;
+            w->len -= 2;
+        } else if (what == 1) { /* scratch fork, appended to and destroyed */
+            ikv_seq_id c;
+            if (ikv_seq_fork(g_pool, w->seq, &c) != IKV_OK) {
+                w->failures++;
+                continue;
+            }
+            if (!append(c, k, v, 1)) w->failures++;
+            if (ikv_seq_destroy(g_pool, c) != IKV_OK) w->failures++;
+        } else if (what == 2) { /* scratch sequence */
+            ikv_seq_id c;
+            if (ikv_seq_create(g_pool, &c) != IKV_OK || !append(c, k, v, n) || ikv_seq_destroy(g_pool, c) != IKV_OK)
+                w->failures++;
+        } else if (what == 3 && w->len >= 6 * P) { /* format round trip of an own, full page */
+            const uint32_t p = w->len / P - 1;
+            if (ikv_seq_set_page_format(g_pool, w->seq, p, IKV_FMT_BF16) != IKV_OK ||
+                ikv_seq_set_page_format(g_pool, w->seq, p, IKV_FMT_F16) != IKV_OK)
+                w->failures++;
+            for (uint32_t l = 0; l < L; ++l)
+                for (size_t i = (size_t)p * P * ROW; i < (size_t)(p + 1) * P * ROW; ++i) {
+                    w->k[l][i] = f16r(bf16r(w->k[l][i]));
+                    w->v[l][i] = f16r(bf16r(w->v[l][i]));
+                }
+        }
+    }
+    return NULL;
+}
+
+static void *reader_main(void *arg) {
+    int *failures = (int *)arg;
+    static float k[BASE * ROW], v[BASE * ROW];
+    while (!atomic_load(&g_done)) {
+        for (uint32_t l = 0; l < L; ++l) {
+            if (ikv_seq_read(g_pool, g_base, l, 0, BASE, k, v) != IKV_OK) {
+                (*failures)++;
+                continue;
+            }
+            if (memcmp(k, g_base_k[l], sizeof k) != 0 || memcmp(v, g_base_v[l], sizeof v) != 0) (*failures)++;
+            float mn[D];
+            uint32_t nt = 0;
+            if (ikv_seq_page_summary(g_pool, g_base, l, 1, 3, mn, NULL, NULL, &nt) != IKV_OK || nt != 5)
+                (*failures)++;
+        }
+    }
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    (void)state;
+    ikv_pool_config c = ikv_pool_default_config();
+    c.n_layers = L;
+    c.n_kv_heads = H;
+    c.head_dim = D;
+    c.page_size = P;
+    c.kv_dtype = IKV_DTYPE_F32;
+    c.capacity_bytes = 256u << 20;
+    IKVT_OK(ikv_pool_create(&c, &g_pool));
+    static float k[L * BASE * ROW], v[L * BASE * ROW];
+    ikvt_rng r = {4242};
+    ikvt_fill_normal(&r, k, sizeof k / sizeof *k, 1.0f);
+    ikvt_fill_normal(&r, v, sizeof v / sizeof *v, 1.0f);
+    IKVT_OK(ikv_seq_create(g_pool, &g_base));
+    assert_true(append(g_base, k, v, BASE));
+    for (uint32_t l = 0; l < L; ++l)
+        for (size_t i = 0; i < (size_t)BASE * ROW; ++i) {
+            g_base_k[l][i] = f16r(k[(size_t)l * BASE * ROW + i]);
+            g_base_v[l][i] = f16r(v[(size_t)l * BASE * ROW + i]);
+        }
+    for (int i = 0; i < WRITERS; ++i) {
+        writer *w = &g_writers[i];
+        memset(w, 0, sizeof *w);
+        IKVT_OK(ikv_seq_fork(g_pool, g_base, &w->seq));
+        memcpy(w->k[0], g_base_k[0], sizeof g_base_k[0]);
+        memcpy(w->k[1], g_base_k[1], sizeof g_base_k[1]);
+        memcpy(w->v[0], g_base_v[0], sizeof g_base_v[0]);
+        memcpy(w->v[1], g_base_v[1], sizeof g_base_v[1]);
+        w->len = BASE;
+        w->seed = 1000 + i;
+    }
+    pthread_t th[WRITERS], reader;
+    int reader_failures = 0;
+    atomic_store(&g_done, 0);
+    assert_int_equal(pthread_create(&reader, NULL, reader_main, &reader_failures), 0);
+    for (int i = 0; i < WRITERS; ++i) assert_int_equal(pthread_create(&th[i], NULL, writer_main, &g_writers[i]), 0);
+    ikv_pool_stats st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    for (int i = 0; i < 200; ++i) {
+        IKVT_OK(ikv_pool_get_stats(g_pool, &st));
+        assert_true(st.used_bytes <= st.reserved_bytes && st.used_bytes <= st.capacity_bytes);
+    }
+    for (int i = 0; i < WRITERS; ++i) pthread_join(th[i], NULL);
+    atomic_store(&g_done, 1);
+    pthread_join(reader, NULL);
+    assert_int_equal(reader_failures, 0);
+    static float rk[MAXT * ROW], rv[MAXT * ROW];
+    for (int i = 0; i < WRITERS; ++i) {
+        writer *w = &g_writers[i];
+        assert_int_equal(w->failures, 0);
+        uint32_t len;
+        IKVT_OK(ikv_seq_length(g_pool, w->seq, &len));
+        assert_int_equal(len, w->len);
+        for (uint32_t l = 0; l < L; ++l) {
+            IKVT_OK(ikv_seq_read(g_pool, w->seq, l, 0, len, rk, rv));
+            assert_memory_equal(rk, w->k[l], (size_t)len * ROW * sizeof(float));
+            assert_memory_equal(rv, w->v[l], (size_t)len * ROW * sizeof(float));
+        }
+        IKVT_OK(ikv_seq_destroy(g_pool, w->seq));
+    }
+    IKVT_OK(ikv_seq_destroy(g_pool, g_base));
+    IKVT_OK(ikv_pool_get_stats(g_pool, &st));
+    assert_true(st.pages_used == 0 && st.used_bytes == 0 && st.staging_bytes == 0 && st.n_sequences == 0);
+    ikv_pool_destroy(g_pool);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_threads),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
