@@ -574,9 +574,12 @@ IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
  * from it on every append, so scales always cover the page's true range and a
  * page's error bound is that of one quantization.
  * Atomic: on error nothing was written and no page was allocated.
+ * Strides must be >= head_dim. K and V must be finite: a NaN or inf anywhere
+ * is rejected with IKV_E_INVALID naming its layer, token, head and channel.
  * Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (layer), IKV_E_INVALID
- * (n_tokens, strides), IKV_E_NOMEM (capacity), IKV_E_EVICTED (the page the
- * tokens land in was evicted).
+ * (n_tokens, strides, non-finite values, a plan of another page_size),
+ * IKV_E_NOMEM (capacity), IKV_E_EVICTED (the page the tokens land in was
+ * evicted).
  */
 IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append *args);
 
@@ -613,7 +616,7 @@ IKV_API ikv_status ikv_seq_evict(ikv_pool *pool, ikv_seq_id seq, uint32_t begin,
 /** 1 if token's page was evicted, 0 if live. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE. */
 IKV_API ikv_status ikv_seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint32_t token, int *evicted_out);
 
-/** The storage format of the page holding token. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED. */
+/** The storage format of page `page` (tokens [page*page_size, (page+1)*page_size)). Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED. */
 IKV_API ikv_status ikv_seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format *out);
 
 /**
@@ -693,7 +696,9 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
  * own (their K/V must already be appended). Query head h uses kv-head
  * h / (n_q_heads / n_kv_heads).
  * Keys read: the plan's pages and bounds (plans[b], NULL = dense: every live
- * token), minus evicted tokens, minus tokens after the query's position.
+ * token), minus evicted tokens, minus tokens after the query's position
+ * (plan entries at or beyond L_b are ignored, so a plan routed for a longer
+ * or shorter sequence is clipped, never an error).
  * Output: out[((b * n_query_tokens + t) * n_q_heads + h) * head_dim + d] in
  * out_dtype; lse (optional, fp32, same index without d) receives the natural
  * log of the softmax denominator in the scaled-logit domain, so partial
@@ -715,14 +720,19 @@ typedef struct ikv_decode_args {
     void *out;
     ikv_dtype out_dtype;
     float *lse;                   /**< optional */
-    float scale;                  /**< 0 = 1/sqrt(head_dim) */
-    float softcap;                /**< 0 = off; else logits become softcap*tanh(logit/softcap) */
+    float scale;                  /**< 0 = 1/sqrt(head_dim); finite, >= 0 */
+    float softcap;                /**< 0 = off; else logits become softcap*tanh(logit/softcap); finite, >= 0 */
     /**
      * Query-aware selection: when > 0, for each sequence and kv-head the
      * decoder keeps the plan's mandatory pages and adds the plan's other pages
      * (or, with no plan, all live pages) in descending order of the Quest upper
      * bound sum_d max(q_d*kmin_d, q_d*kmax_d) (max over the group's query heads
      * of the first query token) until topk_token_budget tokens are taken.
+     * Precisely: each plan entry counts its token span (clipped to the stored
+     * length; evicted entries are dropped); mandatory entries count first; the
+     * others are taken in bound order (ties: earlier entry first) while the
+     * total stays <= topk_token_budget, stopping at the first that does not
+     * fit. kmin/kmax are the page's key summary (ikv_seq_page_summary).
      * Runs on the backend of the pool (on the GPU with no host round trip).
      */
     uint32_t topk_token_budget;
@@ -739,7 +749,13 @@ IKV_API ikv_decode_args ikv_decode_args_default(void);
  */
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args);
 
-/** Bytes of K/V storage (scales included) the last ikv_decode on this decoder read. Errors: IKV_E_NULL. */
+/**
+ * Bytes of K/V storage (scales included) the last successful ikv_decode on
+ * this decoder read: for every (sequence, kv-head) and every run of tokens of
+ * one page it read, the K and V rows plus that page's scales (per-channel K
+ * scales of INT8/INT4 count once per run). Key summaries read by top-k
+ * selection are not counted. Errors: IKV_E_NULL.
+ */
 IKV_API ikv_status ikv_decoder_last_bytes_read(const ikv_decoder *decoder, uint64_t *bytes_out);
 
 #ifdef __cplusplus

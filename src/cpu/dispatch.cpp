@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/error.hpp"
+#include "cpu/attn_kernel.hpp"
 
 namespace ikv {
 
@@ -71,6 +72,19 @@ void isa_available(char *buf, std::size_t n) {
             if (w < 0 || std::size_t(w) >= n - used) break;
             used += std::size_t(w);
         }
+}
+
+const CpuKernels &cpu_kernels() {
+    switch (active_isa()) {
+#if defined(__x86_64__) || defined(_M_X64)
+        case Isa::Avx512: return cpu_kernels_avx512();
+        case Isa::Avx2: return cpu_kernels_avx2();
+#endif
+#if defined(__aarch64__)
+        case Isa::Neon: return cpu_kernels_neon();
+#endif
+        default: return cpu_kernels_scalar();
+    }
 }
 
 }  // namespace ikv

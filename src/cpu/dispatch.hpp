@@ -16,4 +16,9 @@ const char *isa_name(Isa isa);
 // Comma-separated list of supported paths, best first.
 void isa_available(char *buf, std::size_t n);
 
+struct CpuKernels;  // cpu/attn_kernel.hpp
+// The kernel table of the active path (the only global state of the CPU
+// backend: the ISA chosen once, never changed).
+const CpuKernels &cpu_kernels();
+
 }  // namespace ikv

@@ -1,0 +1,167 @@
+// extern "C" boundary of the decoder: every argument of ikv_decode is checked
+// here, against the pool's shape, before either backend runs, so a rejected
+// call writes nothing.
+#include <mimalloc.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <type_traits>
+#include <new>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "common/config.hpp"
+#include "common/error.hpp"
+#include "decode/decoder.hpp"
+
+namespace {
+
+constexpr uint32_t kMaxThreads = 1024;
+
+// The integer a caller stored in an enum field, read without loading the enum
+// (a value outside the enum's range is what we are checking for).
+template <class E>
+long raw_enum(const E &e) {
+    typename std::underlying_type<E>::type v;
+    std::memcpy(&v, &e, sizeof v);
+    return static_cast<long>(v);
+}
+
+bool valid_dtype(long dt) { return dt == IKV_DTYPE_F32 || dt == IKV_DTYPE_F16 || dt == IKV_DTYPE_BF16; }
+
+ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, std::vector<ikv::SeqSnapshot> &snaps) {
+    const char *fn = "ikv_decode";
+    const ikv::PageShape &shape = ikv::pool_shape(pool);
+    IKV_CHECK_NULL(a.seqs, fn);
+    IKV_CHECK_NULL(a.q, fn);
+    IKV_CHECK_NULL(a.out, fn);
+    if (a.n_seqs == 0) return ikv::fail(IKV_E_INVALID, "%s: args->n_seqs is 0, expected at least 1", fn);
+    if (a.layer >= shape.n_layers)
+        return ikv::fail(IKV_E_RANGE, "%s: args->layer %u is out of range, the pool has %u layers", fn, a.layer,
+                         shape.n_layers);
+    if (a.n_q_heads == 0 || a.n_q_heads % shape.n_kv_heads != 0)
+        return ikv::fail(IKV_E_INVALID, "%s: args->n_q_heads %u is not a positive multiple of the pool's n_kv_heads %u",
+                         fn, a.n_q_heads, shape.n_kv_heads);
+    if (a.n_query_tokens == 0 || a.n_query_tokens > IKV_MAX_QUERY_TOKENS)
+        return ikv::fail(IKV_E_INVALID, "%s: args->n_query_tokens %u is outside [1, %u]", fn, a.n_query_tokens,
+                         (unsigned)IKV_MAX_QUERY_TOKENS);
+    if (!valid_dtype(raw_enum(a.q_dtype)))
+        return ikv::fail(IKV_E_INVALID, "%s: args->q_dtype %ld is not F32, F16 or BF16", fn, raw_enum(a.q_dtype));
+    if (!valid_dtype(raw_enum(a.out_dtype)))
+        return ikv::fail(IKV_E_INVALID, "%s: args->out_dtype %ld is not F32, F16 or BF16", fn, raw_enum(a.out_dtype));
+    if (!std::isfinite(a.scale) || a.scale < 0.0f)
+        return ikv::fail(IKV_E_INVALID, "%s: args->scale %g must be finite and >= 0 (0 = 1/sqrt(head_dim))", fn,
+                         (double)a.scale);
+    if (!std::isfinite(a.softcap) || a.softcap < 0.0f)
+        return ikv::fail(IKV_E_INVALID, "%s: args->softcap %g must be finite and >= 0 (0 = off)", fn,
+                         (double)a.softcap);
+    if (a.plans != nullptr)
+        for (uint32_t b = 0; b < a.n_seqs; ++b) {
+            if (a.plans[b] == nullptr) continue;
+            ikv_plan_summary sum;
+            if (ikv_plan_get_summary(a.plans[b], &sum) != IKV_OK)
+                return ikv::fail(IKV_E_INVALID, "%s: args->plans[%u] cannot be read", fn, b);
+            if (sum.page_size != shape.page_size)
+                return ikv::fail(IKV_E_INVALID, "%s: args->plans[%u] has page_size %u, the pool's page_size is %u", fn,
+                                 b, sum.page_size, shape.page_size);
+        }
+    snaps.resize(a.n_seqs);
+    for (uint32_t b = 0; b < a.n_seqs; ++b) {
+        const ikv_status st = ikv::pool_snapshot(pool, a.seqs[b], a.layer, &snaps[b]);
+        if (st != IKV_OK) {
+            const std::string why = ikv::last_error();
+            return ikv::fail(st, "%s: args->seqs[%u] = %u: %s", fn, b, a.seqs[b], why.c_str());
+        }
+        if (a.n_query_tokens > snaps[b].length)
+            return ikv::fail(IKV_E_INVALID,
+                             "%s: args->n_query_tokens %u exceeds the %u tokens stored in layer %u of sequence %u", fn,
+                             a.n_query_tokens, snaps[b].length, a.layer, a.seqs[b]);
+    }
+    return IKV_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+IKV_API ikv_decoder_config ikv_decoder_default_config(void) {
+    ikv_decoder_config c{};
+    c.struct_size = sizeof c;
+    c.n_threads = 0;
+    return c;
+}
+
+IKV_API ikv_status ikv_decoder_create(const ikv_decoder_config *config, ikv_decoder **out) {
+    const char *fn = "ikv_decoder_create";
+    IKV_CHECK_NULL(config, fn);
+    IKV_CHECK_NULL(out, fn);
+    IKV_CHECK_STRUCT(config, sizeof(uint32_t) * 2, fn);
+    const ikv_decoder_config c = ikv::read_config(*config, ikv_decoder_default_config());
+    if (c.n_threads > kMaxThreads)
+        return ikv::fail(IKV_E_INVALID, "%s: config->n_threads %u exceeds %u", fn, c.n_threads, kMaxThreads);
+    unsigned n = c.n_threads;
+    if (n == 0) n = std::thread::hardware_concurrency();
+    if (n == 0) n = 1;
+    void *mem = mi_malloc(sizeof(ikv_decoder));
+    if (mem == nullptr) return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    try {
+        *out = new (mem) ikv_decoder(n);
+    } catch (const std::exception &e) {  // bad_alloc or a thread that could not start
+        mi_free(mem);
+        return ikv::fail(IKV_E_NOMEM, "%s: cannot start %u worker threads (%s)", fn, n - 1, e.what());
+    }
+    return IKV_OK;
+}
+
+IKV_API void ikv_decoder_destroy(ikv_decoder *decoder) {
+    if (decoder == nullptr) return;
+    decoder->~ikv_decoder();
+    mi_free(decoder);
+}
+
+IKV_API ikv_decode_args ikv_decode_args_default(void) {
+    ikv_decode_args a{};
+    a.struct_size = sizeof a;
+    a.n_seqs = 1;
+    a.n_query_tokens = 1;
+    a.q_dtype = IKV_DTYPE_F32;
+    a.out_dtype = IKV_DTYPE_F32;
+    return a;
+}
+
+IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args) {
+    const char *fn = "ikv_decode";
+    IKV_CHECK_NULL(decoder, fn);
+    IKV_CHECK_NULL(pool, fn);
+    IKV_CHECK_NULL(args, fn);
+    IKV_CHECK_STRUCT(args, sizeof(ikv_decode_args), fn);
+    const ikv_decode_args a = ikv::read_config(*args, ikv_decode_args_default());
+    try {
+        std::vector<ikv::SeqSnapshot> snaps;
+        ikv_status st = check_args(pool, a, snaps);
+        if (st != IKV_OK) return st;
+        uint64_t bytes = 0;
+        if (ikv::pool_backend(pool) == IKV_BACKEND_CUDA)
+            st = ikv::cuda_decode(&decoder->cuda, pool, &a, &bytes);
+        else
+            st = ikv::cpu_decode(decoder->threads, decoder->scratch, pool, a, snaps, &bytes);
+        if (st == IKV_OK) decoder->last_bytes = bytes;
+        return st;
+    } catch (const std::bad_alloc &) {
+        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    } catch (const std::exception &e) {
+        return ikv::fail(IKV_E_INTERNAL, "%s: %s", fn, e.what());
+    }
+}
+
+IKV_API ikv_status ikv_decoder_last_bytes_read(const ikv_decoder *decoder, uint64_t *bytes_out) {
+    IKV_CHECK_NULL(decoder, "ikv_decoder_last_bytes_read");
+    IKV_CHECK_NULL(bytes_out, "ikv_decoder_last_bytes_read");
+    *bytes_out = decoder->last_bytes;
+    return IKV_OK;
+}
+
+}  // extern "C"

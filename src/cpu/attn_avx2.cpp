@@ -1,0 +1,70 @@
+// AVX2 + FMA + F16C path (this file alone is compiled with those flags).
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu/attn_kernel.hpp"
+
+namespace ikv {
+namespace {
+
+struct O {
+    using V = __m256;
+    static constexpr uint32_t W = 8;
+    static V zero() { return _mm256_setzero_ps(); }
+    static V set1(float a) { return _mm256_set1_ps(a); }
+    static V load(const float *p) { return _mm256_loadu_ps(p); }
+    static void store(float *p, V v) { _mm256_storeu_ps(p, v); }
+    static V add(V a, V b) { return _mm256_add_ps(a, b); }
+    static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
+    static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+    static float hsum(V a) {
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        return _mm_cvtss_f32(s);
+    }
+    static V min(V a, V b) { return _mm256_min_ps(a, b); }
+    static V max(V a, V b) { return _mm256_max_ps(a, b); }
+    static V round(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+    static V pow2(V n) {
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+    }
+    static V zero_below(V x, float lo, V y) { return _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_GE_OQ)); }
+    // GCC 12 drops __builtin_prefetch inside these kernels; the asm stays.
+    static void prefetch(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*static_cast<const char *>(p))); }
+    static V f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
+    static V bf16(const uint8_t *p) {
+        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+    static V e4m3_div256(const uint8_t *p) {
+        // E4M3 s.eeee.mmm -> half s.0eeee.mmm0000000: same value times 2^-8 (normals and subnormals).
+        const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
+        const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
+                                       _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7));
+        return _mm256_cvtph_ps(h);
+    }
+    static V i8(const uint8_t *p) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))));
+    }
+    static V u4(const uint8_t *p) {
+        int32_t w;
+        memcpy(&w, p, 4);
+        const __m128i b = _mm_cvtsi32_si128(w);
+        const __m128i m = _mm_set1_epi8(0x0F);
+        const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)));
+    }
+};
+
+#include "cpu/attn_impl.hpp"
+
+}  // namespace
+
+const CpuKernels &cpu_kernels_avx2() {
+    static const CpuKernels k{"avx2", attend_chunk};
+    return k;
+}
+
+}  // namespace ikv

@@ -1,0 +1,318 @@
+// The attention kernel, written once over a vector-ops type O and a page
+// format, instantiated by each ISA file (attn_scalar.cpp, attn_avx2.cpp,
+// attn_avx512.cpp, attn_neon.cpp). Include it INSIDE an anonymous namespace
+// after defining O, so each ISA's instantiations stay private to its file.
+//
+// O provides: type V, lane count W (4, 8 or 16; divides 16), zero(), set1(),
+// load(), store(), add(), mul(), fma(a, b, c) = a*b + c, hsum(), min(), max(),
+// round() (to nearest), pow2(n) (2^n for integral n in [-126, 127]),
+// zero_below(x, lo, y) (y where x >= lo, else 0), prefetch(p), and the
+// format loaders, each returning W floats from the row bytes at p:
+//   f16(p), bf16(p), i8(p), u4(p) (W/2 packed bytes: channel 2j in the low
+//   nibble of byte j), e4m3_div256(p) (the E4M3 value times 2^-8: the codes
+//   are re-biased into IEEE half bits, which is exact, and the 2^8 is folded
+//   into the page scale). NaN codes (0x7F/0xFF) are never written by the pool.
+//
+// Per span (a run of tokens of one sub-page): every K and V row is
+// dequantized ONCE into the span buffers (one page at most, L1/L2 resident)
+// and used by all R query rows of the group. Logits are computed for blocks
+// of 4 rows x 2 tokens in registers; each row gets one online-softmax update
+// per span (vector exp); V is accumulated for blocks of 4 rows with the
+// accumulators in registers across the span's tokens. Nothing larger than a
+// page is ever expanded to fp32.
+
+// Where one sub-page's K (IsK) or V rows and their scales are. Built once per
+// span so the inner loops do address arithmetic only.
+// INT8 and FP8 scales are folded out of the inner loops: K's into the query
+// (per channel for INT8, the page scale for FP8) once per span, V's into the
+// softmax weights (per token / per page); the rows are then read raw.
+template <uint32_t F>
+constexpr bool kFoldScales = F == IKV_FMT_INT8 || F == IKV_FMT_FP8_E4M3;
+
+template <uint32_t F, bool IsK>
+struct RowSource {
+    const uint8_t *data;  // row 0
+    const float *sc, *mn;
+    uint32_t D, G;
+    RowSource(const uint8_t *sub, const SubpageLayout &L, uint32_t D_)
+        : data(sub + (IsK ? L.k : L.v)),
+          sc(reinterpret_cast<const float *>(sub + (IsK ? L.k_scale : L.v_scale))),
+          mn(reinterpret_cast<const float *>(sub + (IsK ? L.k_min : L.v_min))),
+          D(D_),
+          G((D_ + kInt4VGroup - 1) / kInt4VGroup) {}
+    // W channels [d, d + W) of row t, as fp32.
+    typename O::V chunk(uint32_t t, uint32_t d) const {
+        if (F == IKV_FMT_F16) return O::f16(data + (uint64_t(t) * D + d) * 2);
+        if (F == IKV_FMT_BF16) return O::bf16(data + (uint64_t(t) * D + d) * 2);
+        if (F == IKV_FMT_FP8_E4M3) return O::e4m3_div256(data + uint64_t(t) * D + d);  // scale folded (kFoldScales)
+        if (F == IKV_FMT_INT8) return O::i8(data + uint64_t(t) * D + d);                // scale folded (kFoldScales)
+        // INT4: K per channel; V per token in groups of 32 channels (W divides
+        // 32: a chunk never straddles a group)
+        const typename O::V q = O::u4(data + (uint64_t(t) * D + d) / 2);
+        if (IsK) return O::fma(q, O::load(sc + d), O::load(mn + d));
+        const uint32_t i = t * G + d / kInt4VGroup;
+        return O::fma(q, O::set1(sc[i]), O::set1(mn[i]));
+    }
+};
+
+template <uint32_t F, bool IsK>
+inline void dequant_row(const RowSource<F, IsK> &src, uint32_t t, uint32_t D, float *out) {
+    for (uint32_t d = 0; d < D; d += O::W) O::store(out + d, src.chunk(t, d));
+}
+
+// Two sources of the span's rows for the blocked loops below: straight from
+// the page, dequantizing as it loads (used when all rows fit one register
+// block, so every element is still dequantized once), or from the span
+// buffer a page was dequantized into (more rows than one block).
+template <uint32_t F, bool IsK>
+struct PageRows {
+    RowSource<F, IsK> src;
+    uint32_t begin;
+    typename O::V at(uint32_t i, uint32_t d) const { return src.chunk(begin + i, d); }
+};
+struct BufRows {
+    const float *base;
+    uint32_t D;
+    typename O::V at(uint32_t i, uint32_t d) const { return O::load(base + uint64_t(i) * D + d); }
+};
+
+// e^x lane-wise (Cephes expf: range reduction by ln 2 in two parts and a
+// degree-5 polynomial; ~1 ulp), exactly 0 for x < -87 (-inf: masked tokens).
+inline typename O::V vexp(typename O::V x) {
+    using V = typename O::V;
+    V t = O::min(O::max(x, O::set1(-87.0f)), O::set1(88.0f));
+    const V n = O::round(O::mul(t, O::set1(1.44269504088896341f)));
+    t = O::fma(n, O::set1(-0.693359375f), t);
+    t = O::fma(n, O::set1(2.12194440e-4f), t);
+    V y = O::set1(1.9875691500e-4f);
+    y = O::fma(y, t, O::set1(1.3981999507e-3f));
+    y = O::fma(y, t, O::set1(8.3334519073e-3f));
+    y = O::fma(y, t, O::set1(4.1665795894e-2f));
+    y = O::fma(y, t, O::set1(1.6666665459e-1f));
+    y = O::fma(y, t, O::set1(5.0000001201e-1f));
+    y = O::fma(y, O::mul(t, t), O::add(t, O::set1(1.0f)));
+    return O::zero_below(x, -87.0f, O::mul(y, O::pow2(n)));
+}
+
+// acc[0..D) = acc * alpha (alpha < 1 rescale of an online-softmax row).
+inline void scale_row(float *acc, float alpha, uint32_t D) {
+    const typename O::V a = O::set1(alpha);
+    for (uint32_t d = 0; d < D; d += O::W) O::store(acc + d, O::mul(O::load(acc + d), a));
+}
+
+// Logits of NR query rows (r0..) against the span's n K rows, two tokens at a
+// time so each q chunk load feeds two FMAs.
+template <uint32_t NR, class Rows>
+inline void logits_block(const ChunkTask &T, const float *qbase, const Rows &rows, uint32_t n, uint32_t r0, float *S,
+                         uint32_t SP) {
+    using V = typename O::V;
+    const uint32_t D = T.D;
+    const float *q = qbase + uint64_t(r0) * D;
+    uint32_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+        V a[NR], b[NR];
+        for (uint32_t j = 0; j < NR; ++j) a[j] = b[j] = O::zero();
+        for (uint32_t d = 0; d < D; d += O::W) {
+            const V x0 = rows.at(i, d), x1 = rows.at(i + 1, d);
+            for (uint32_t j = 0; j < NR; ++j) {
+                const V qj = O::load(q + j * D + d);
+                a[j] = O::fma(qj, x0, a[j]);
+                b[j] = O::fma(qj, x1, b[j]);
+            }
+        }
+        for (uint32_t j = 0; j < NR; ++j) {
+            S[(r0 + j) * SP + i] = O::hsum(a[j]);
+            S[(r0 + j) * SP + i + 1] = O::hsum(b[j]);
+        }
+    }
+    if (i < n) {
+        V a[NR];
+        for (uint32_t j = 0; j < NR; ++j) a[j] = O::zero();
+        for (uint32_t d = 0; d < D; d += O::W) {
+            const V x0 = rows.at(i, d);
+            for (uint32_t j = 0; j < NR; ++j) a[j] = O::fma(O::load(q + j * D + d), x0, a[j]);
+        }
+        for (uint32_t j = 0; j < NR; ++j) S[(r0 + j) * SP + i] = O::hsum(a[j]);
+    }
+}
+
+// acc[r0..r0+NR) += sum_i p[r][i] * v_i: accumulators of two D-chunks held in
+// registers across the span's tokens, each weight broadcast once per token.
+template <uint32_t NR, class Rows>
+inline void values_block(const ChunkTask &T, const Rows &rows, uint32_t n, uint32_t r0, const float *S, uint32_t SP) {
+    using V = typename O::V;
+    const uint32_t D = T.D;
+    uint32_t d = 0;
+    for (; d + 2 * O::W <= D; d += 2 * O::W) {
+        V a[NR], b[NR];
+        for (uint32_t j = 0; j < NR; ++j) {
+            a[j] = O::load(T.acc + uint64_t(r0 + j) * D + d);
+            b[j] = O::load(T.acc + uint64_t(r0 + j) * D + d + O::W);
+        }
+        for (uint32_t i = 0; i < n; ++i) {
+            const V v0 = rows.at(i, d), v1 = rows.at(i, d + O::W);
+            for (uint32_t j = 0; j < NR; ++j) {
+                const V p = O::set1(S[(r0 + j) * SP + i]);
+                a[j] = O::fma(p, v0, a[j]);
+                b[j] = O::fma(p, v1, b[j]);
+            }
+        }
+        for (uint32_t j = 0; j < NR; ++j) {
+            O::store(T.acc + uint64_t(r0 + j) * D + d, a[j]);
+            O::store(T.acc + uint64_t(r0 + j) * D + d + O::W, b[j]);
+        }
+    }
+    for (; d < D; d += O::W) {  // an odd chunk count (e.g. D = 80 with 16 lanes)
+        V a[NR];
+        for (uint32_t j = 0; j < NR; ++j) a[j] = O::load(T.acc + uint64_t(r0 + j) * D + d);
+        for (uint32_t i = 0; i < n; ++i) {
+            const V v0 = rows.at(i, d);
+            for (uint32_t j = 0; j < NR; ++j) a[j] = O::fma(O::set1(S[(r0 + j) * SP + i]), v0, a[j]);
+        }
+        for (uint32_t j = 0; j < NR; ++j) O::store(T.acc + uint64_t(r0 + j) * D + d, a[j]);
+    }
+}
+
+constexpr uint32_t kRowBlock = 4;  // query rows per register block
+
+template <class Rows>
+inline void all_logits(const ChunkTask &T, const float *q, const Rows &rows, uint32_t n, float *S, uint32_t SP) {
+    uint32_t r = 0;
+    for (; r + kRowBlock <= T.R; r += kRowBlock) logits_block<kRowBlock>(T, q, rows, n, r, S, SP);
+    switch (T.R - r) {
+        case 3: logits_block<3>(T, q, rows, n, r, S, SP); break;
+        case 2: logits_block<2>(T, q, rows, n, r, S, SP); break;
+        case 1: logits_block<1>(T, q, rows, n, r, S, SP); break;
+        default: break;
+    }
+}
+
+template <class Rows>
+inline void all_values(const ChunkTask &T, const Rows &rows, uint32_t n, const float *S, uint32_t SP) {
+    uint32_t r = 0;
+    for (; r + kRowBlock <= T.R; r += kRowBlock) values_block<kRowBlock>(T, rows, n, r, S, SP);
+    switch (T.R - r) {
+        case 3: values_block<3>(T, rows, n, r, S, SP); break;
+        case 2: values_block<2>(T, rows, n, r, S, SP); break;
+        case 1: values_block<1>(T, rows, n, r, S, SP); break;
+        default: break;
+    }
+}
+
+template <uint32_t F>
+void attend_span(const ChunkTask &T, const SpanRef &s) {
+    const SubpageLayout &L = T.layouts[F];
+    const uint32_t D = T.D, R = T.R, n = s.end - s.begin, SP = logit_stride(T.P);
+    const uint32_t nv = (n + O::W - 1) / O::W * O::W;  // n rounded up to whole vectors (<= SP)
+    const bool one_block = R <= kRowBlock;              // rows fit one register block: dequantize on load
+    float *S = T.logits;                                // S[r * SP + i]
+    // ---- logits: every K row dequantized once for all rows ----
+    const RowSource<F, true> ksrc(s.sub, L, D);
+    const float *q = T.q;
+    if (kFoldScales<F>) {  // q' = q * k_scale: per channel (INT8) or the page's (FP8, times 2^8)
+        for (uint32_t r = 0; r < R; ++r)
+            for (uint32_t d = 0; d < D; d += O::W) {
+                const typename O::V ks = F == IKV_FMT_INT8 ? O::load(ksrc.sc + d) : O::set1(ksrc.sc[0] * 256.0f);
+                O::store(T.qfold + uint64_t(r) * D + d, O::mul(O::load(T.q + uint64_t(r) * D + d), ks));
+            }
+        q = T.qfold;
+    }
+    if (one_block) {
+        all_logits(T, q, PageRows<F, true>{ksrc, s.begin}, n, S, SP);
+    } else {
+        for (uint32_t i = 0; i < n; ++i) dequant_row(ksrc, s.begin + i, D, T.kspan + uint64_t(i) * D);
+        all_logits(T, q, BufRows{T.kspan, D}, n, S, SP);
+    }
+    const float cap = T.softcap;
+    const bool all_past = s.pos0 + s.end - 1 <= T.q_pos0;  // no token of the span is in any query's future
+    for (uint32_t r = 0; r < R; ++r) {
+        float *Sr = S + r * SP;
+        if (cap > 0.0f)
+            for (uint32_t i = 0; i < n; ++i) Sr[i] = cap * tanhf(Sr[i] / cap);
+        if (!all_past) {  // causal: query token t = r / group sees positions <= q_pos0 + t
+            const uint32_t qpos = T.q_pos0 + r / T.group;
+            for (uint32_t i = 0; i < n; ++i)
+                if (s.pos0 + s.begin + i > qpos) Sr[i] = -INFINITY;
+        }
+        for (uint32_t i = n; i < nv; ++i) Sr[i] = -INFINITY;
+    }
+    // ---- one online-softmax update per row; S becomes the weights ----
+    for (uint32_t r = 0; r < R; ++r) {
+        float *Sr = S + r * SP;
+        float mloc = -INFINITY;
+        for (uint32_t i = 0; i < n; ++i) mloc = Sr[i] > mloc ? Sr[i] : mloc;
+        if (mloc == -INFINITY) {  // every token of the span is in this row's future
+            for (uint32_t i = 0; i < n; ++i) Sr[i] = 0.0f;
+            continue;
+        }
+        const float mold = T.m[r];
+        const float mnew = mloc > mold ? mloc : mold;
+        if (mnew > mold && mold != -INFINITY) {
+            const float alpha = expf(mold - mnew);
+            T.l[r] *= alpha;
+            scale_row(T.acc + uint64_t(r) * D, alpha, D);
+        }
+        T.m[r] = mnew;
+        const typename O::V neg_m = O::set1(-mnew);
+        typename O::V sum = O::zero();
+        for (uint32_t i = 0; i < nv; i += O::W) {
+            const typename O::V p = vexp(O::add(O::load(Sr + i), neg_m));
+            O::store(Sr + i, p);
+            sum = O::add(sum, p);
+        }
+        T.l[r] += O::hsum(sum);
+    }
+    // ---- values: every V row dequantized once for all rows ----
+    const RowSource<F, false> vsrc(s.sub, L, D);
+    if (kFoldScales<F>) {  // p' = p * v_scale: per token (INT8) or the page's (FP8, times 2^8)
+        for (uint32_t r = 0; r < R; ++r)
+            for (uint32_t i = 0; i < n; ++i)
+                S[r * SP + i] *= F == IKV_FMT_INT8 ? vsrc.sc[s.begin + i] : vsrc.sc[0] * 256.0f;
+    }
+    if (one_block) {
+        all_values(T, PageRows<F, false>{vsrc, s.begin}, n, S, SP);
+    } else {
+        for (uint32_t i = 0; i < n; ++i) dequant_row(vsrc, s.begin + i, D, T.vspan + uint64_t(i) * D);
+        all_values(T, BufRows{T.vspan, D}, n, S, SP);
+    }
+}
+
+// Pull a span's K and V rows (and scales) toward the cache ahead of use: the
+// sub-pages of consecutive pages lie a whole page apart, so the hardware
+// prefetcher alone restarts on every span.
+inline void prefetch_span(const ChunkTask &T, const SpanRef &s) {
+    const SubpageLayout &L = T.layouts[s.fmt];
+    const uint64_t rb = s.fmt == IKV_FMT_F16 || s.fmt == IKV_FMT_BF16 ? 2ull * T.D
+                      : s.fmt == IKV_FMT_INT4                         ? T.D / 2ull
+                                                                      : 1ull * T.D;
+    const uint8_t *k0 = s.sub + L.k + s.begin * rb, *k1 = s.sub + L.k + s.end * rb;
+    const uint8_t *v0 = s.sub + L.v + s.begin * rb;
+    for (uint64_t o = 0; o < uint64_t(k1 - k0); o += 64) {
+        O::prefetch(k0 + o);
+        O::prefetch(v0 + o);
+    }
+    if (L.bytes > 2 * (L.v - L.k)) O::prefetch(s.sub + 2 * L.v);  // the scales
+}
+
+constexpr uint32_t kPrefetchSpans = 2;  // spans ahead (~ memory latency x bandwidth / span bytes)
+
+void attend_chunk(const ChunkTask &T) {
+    for (uint32_t r = 0; r < T.R; ++r) {
+        T.m[r] = -INFINITY;
+        T.l[r] = 0.0f;
+    }
+    for (uint64_t i = 0; i < uint64_t(T.R) * T.D; ++i) T.acc[i] = 0.0f;
+    for (uint32_t k = 0; k < kPrefetchSpans && k < T.n_spans; ++k) prefetch_span(T, T.spans[k]);
+    for (uint32_t k = 0; k < T.n_spans; ++k) {
+        if (k + kPrefetchSpans < T.n_spans) prefetch_span(T, T.spans[k + kPrefetchSpans]);
+        const SpanRef &s = T.spans[k];
+        switch (s.fmt) {
+            case IKV_FMT_F16: attend_span<IKV_FMT_F16>(T, s); break;
+            case IKV_FMT_BF16: attend_span<IKV_FMT_BF16>(T, s); break;
+            case IKV_FMT_FP8_E4M3: attend_span<IKV_FMT_FP8_E4M3>(T, s); break;
+            case IKV_FMT_INT8: attend_span<IKV_FMT_INT8>(T, s); break;
+            case IKV_FMT_INT4: attend_span<IKV_FMT_INT4>(T, s); break;
+            default: break;  // the decoder never builds spans of other formats
+        }
+    }
+}

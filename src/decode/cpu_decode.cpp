@@ -1,0 +1,179 @@
+// The CPU decode step: queries to fp32, selection to spans, spans to work
+// items (sequence x kv-head x chunk, split-K), the ISA kernel per item, then
+// an exact log-sum-exp merge of each (sequence, kv-head)'s chunks.
+#include <algorithm>
+#include <cmath>
+
+#include "common/quant.hpp"
+#include "cpu/dispatch.hpp"
+#include "decode/decoder.hpp"
+
+namespace ikv {
+namespace {
+
+float load_elem(const void *base, ikv_dtype dt, uint64_t i) {
+    switch (dt) {
+        case IKV_DTYPE_F16: return f16_to_f32(static_cast<const uint16_t *>(base)[i]);
+        case IKV_DTYPE_BF16: return bf16_to_f32(static_cast<const uint16_t *>(base)[i]);
+        default: return static_cast<const float *>(base)[i];
+    }
+}
+
+void store_elem(void *base, ikv_dtype dt, uint64_t i, float x) {
+    switch (dt) {
+        case IKV_DTYPE_F16: static_cast<uint16_t *>(base)[i] = f32_to_f16(x); break;
+        case IKV_DTYPE_BF16: static_cast<uint16_t *>(base)[i] = f32_to_bf16(x); break;
+        default: static_cast<float *>(base)[i] = x; break;
+    }
+}
+
+// Work items are cut at span boundaries once they hold this many tokens:
+// enough items that every thread stays busy (4 per thread), never so small
+// that merging costs more than it saves.
+uint64_t chunk_tokens(uint64_t total_tokens, unsigned n_threads) {
+    if (n_threads <= 1) return UINT64_MAX;
+    const uint64_t per = (total_tokens + 4ull * n_threads - 1) / (4ull * n_threads);
+    return std::max<uint64_t>(per, 512);
+}
+
+}  // namespace
+
+ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *pool, const ikv_decode_args &a,
+                      const std::vector<SeqSnapshot> &snaps, uint64_t *bytes_read) {
+    const PageShape &shape = pool_shape(pool);
+    const uint32_t D = shape.head_dim, P = shape.page_size, H = shape.n_kv_heads;
+    const uint32_t B = a.n_seqs, nq = a.n_q_heads, nqt = a.n_query_tokens;
+    const uint32_t group = nq / H, R = nqt * group, BH = B * H;
+    const float scale = a.scale > 0.0f ? a.scale : 1.0f / std::sqrt(float(D));
+    const uint64_t RD = uint64_t(R) * D;
+
+    SubpageLayout layouts[IKV_FMT_COUNT];
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) layouts[f] = subpage_layout(ikv_format(f), P, D);
+
+    // ---- queries: fp32, scaled, rows of each kv-head's group together ----
+    S.q.resize(uint64_t(BH) * RD);
+    for (uint32_t b = 0; b < B; ++b)
+        for (uint32_t t = 0; t < nqt; ++t)
+            for (uint32_t hq = 0; hq < nq; ++hq) {
+                const uint32_t h = hq / group, r = t * group + hq % group;
+                float *dst = S.q.data() + (uint64_t(b) * H + h) * RD + uint64_t(r) * D;
+                const uint64_t src = ((uint64_t(b) * nqt + t) * nq + hq) * D;
+                for (uint32_t d = 0; d < D; ++d) dst[d] = load_elem(a.q, a.q_dtype, src + d) * scale;
+            }
+
+    // ---- selection -> spans per (b, h) ----
+    S.spans.clear();
+    S.span_lo.assign(1, 0);
+    uint64_t bytes = 0, total_tokens = 0;
+    for (uint32_t b = 0; b < B; ++b) {
+        const SeqSnapshot &snap = snaps[b];
+        collect_entries(snap, a.plans ? a.plans[b] : nullptr, P, S.entries);
+        for (uint32_t h = 0; h < H; ++h) {
+            const dvec<Entry> *use = &S.entries;
+            if (a.topk_token_budget > 0) {
+                select_topk(S.entries, snap, shape, a.layer, h, S.q.data() + (uint64_t(b) * H + h) * RD, group,
+                            a.topk_token_budget, S.picked);
+                use = &S.picked;
+            }
+            for (const Entry &e : *use) {
+                const PageRef &ref = snap.pages[e.page];
+                const uint32_t pos0 = e.page * P;
+                S.spans.push_back(SpanRef{ref.base + (uint64_t(a.layer) * H + h) * layouts[ref.format].bytes,
+                                          uint32_t(ref.format), e.begin - pos0, e.end - pos0, pos0});
+                bytes += subpage_read_bytes(ref.format, P, D, e.end - e.begin);
+                total_tokens += e.end - e.begin;
+            }
+            S.span_lo.push_back(S.spans.size());
+        }
+    }
+
+    // ---- work items: split each (b, h) at span boundaries ----
+    const uint64_t cut = chunk_tokens(total_tokens, threads.size());
+    S.items.clear();
+    S.item_lo.assign(1, 0);
+    for (uint32_t bh = 0; bh < BH; ++bh) {
+        uint64_t lo = S.span_lo[bh], tokens = 0;
+        for (uint64_t i = lo; i < S.span_lo[bh + 1]; ++i) {
+            tokens += S.spans[i].end - S.spans[i].begin;
+            if (tokens >= cut) {
+                S.items.push_back({bh, uint32_t(lo), uint32_t(i + 1)});
+                lo = i + 1;
+                tokens = 0;
+            }
+        }
+        if (lo < S.span_lo[bh + 1] || S.items.size() == S.item_lo.back())  // tail, or an empty selection
+            S.items.push_back({bh, uint32_t(lo), uint32_t(S.span_lo[bh + 1])});
+        S.item_lo.push_back(uint32_t(S.items.size()));
+    }
+    const uint64_t stride = RD + 2ull * R;
+    S.partial.resize(S.items.size() * stride);
+    const uint64_t worker_floats = uint64_t(R) * logit_stride(P) + 2ull * P * D + RD;
+    if (S.worker.size() < threads.size()) S.worker.resize(threads.size());
+    for (auto &w : S.worker)
+        if (w.size() < worker_floats) w.resize(worker_floats);
+
+    // ---- kernels ----
+    const CpuKernels &K = cpu_kernels();
+    auto run_item = [&](std::size_t i, unsigned w) {
+        const DecodeScratch::Item &it = S.items[i];
+        const uint32_t b = it.bh / H;
+        float *part = S.partial.data() + i * stride;
+        float *ws = S.worker[w].data();
+        ChunkTask T;
+        T.spans = S.spans.data() + it.span_begin;
+        T.n_spans = it.span_end - it.span_begin;
+        T.q = S.q.data() + uint64_t(it.bh) * RD;
+        T.R = R;
+        T.group = group;
+        T.D = D;
+        T.P = P;
+        T.q_pos0 = snaps[b].length - nqt;
+        T.softcap = a.softcap;
+        T.layouts = layouts;
+        T.logits = ws;
+        T.kspan = ws + uint64_t(R) * logit_stride(P);
+        T.vspan = T.kspan + uint64_t(P) * D;
+        T.qfold = T.vspan + uint64_t(P) * D;
+        T.m = part;
+        T.l = part + R;
+        T.acc = part + 2 * R;
+        K.attend_chunk(T);
+    };
+    threads.parallel_for(S.items.size(), run_item);
+
+    // ---- exact merge of the chunks of each (b, h), then the output dtype ----
+    auto merge = [&](std::size_t bh, unsigned) {
+        const uint32_t b = uint32_t(bh) / H, h = uint32_t(bh) % H;
+        const uint32_t i0 = S.item_lo[bh], i1 = S.item_lo[bh + 1];
+        for (uint32_t r = 0; r < R; ++r) {
+            float M = -INFINITY;
+            for (uint32_t i = i0; i < i1; ++i) M = std::max(M, S.partial[i * stride + r]);
+            const uint32_t t = r / group, hq = h * group + r % group;
+            const uint64_t row = (uint64_t(b) * nqt + t) * nq + hq;
+            if (M == -INFINITY) {  // empty selection: out 0, lse -inf (documented)
+                for (uint32_t d = 0; d < D; ++d) store_elem(a.out, a.out_dtype, row * D + d, 0.0f);
+                if (a.lse) a.lse[row] = -INFINITY;
+                continue;
+            }
+            float o[256];  // head_dim <= 256
+            std::fill(o, o + D, 0.0f);
+            float L = 0.0f;
+            for (uint32_t i = i0; i < i1; ++i) {
+                const float *part = S.partial.data() + i * stride;
+                if (part[r] == -INFINITY) continue;  // a chunk wholly in this row's future
+                const float w = std::exp(part[r] - M);
+                L += part[R + r] * w;
+                const float *acc = part + 2 * R + uint64_t(r) * D;
+                for (uint32_t d = 0; d < D; ++d) o[d] += acc[d] * w;
+            }
+            const float inv = 1.0f / L;
+            for (uint32_t d = 0; d < D; ++d) store_elem(a.out, a.out_dtype, row * D + d, o[d] * inv);
+            if (a.lse) a.lse[row] = M + std::log(L);
+        }
+    };
+    threads.parallel_for(BH, merge);
+    *bytes_read = bytes;
+    return IKV_OK;
+}
+
+}  // namespace ikv

@@ -1,0 +1,48 @@
+// The decoder handle: a worker pool, reusable scratch, the CUDA state and the
+// bytes the last step read. One caller thread at a time (header contract).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu/attn_kernel.hpp"
+#include "cuda/cuda_backend.hpp"
+#include "decode/selection.hpp"
+#include "decode/thread_pool.hpp"
+#include "intentkv.h"
+#include "pool/pool_view.hpp"
+
+namespace ikv {
+
+// Per-call working memory, kept between calls so a steady decode loop does
+// not allocate.
+struct DecodeScratch {
+    dvec<float> q;          // [B*H][R][D] scaled fp32 queries, grouped by kv-head
+    dvec<Entry> entries, picked;
+    dvec<SpanRef> spans;    // all spans, grouped by (b, h)
+    dvec<uint64_t> span_lo; // [B*H + 1] offsets into spans
+    struct Item {
+        uint32_t bh;
+        uint32_t span_begin, span_end;
+    };
+    dvec<Item> items;
+    dvec<uint32_t> item_lo;  // [B*H + 1] offsets into items
+    dvec<float> partial;     // [items][R*(D+2)]: m, l, acc
+    dvec<dvec<float>> worker;  // per worker: logits, kspan, vspan, qfold
+};
+
+// Run one step on a CPU pool. args were validated by src/api/api_decode.cpp;
+// snaps[b] is sequence b's block table at args.layer.
+ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &scratch, const ikv_pool *pool,
+                      const ikv_decode_args &args, const std::vector<SeqSnapshot> &snaps, uint64_t *bytes_read);
+
+}  // namespace ikv
+
+struct ikv_decoder {
+    explicit ikv_decoder(unsigned n_threads) : threads(n_threads) {}
+    ~ikv_decoder() { ikv::cuda_decoder_state_destroy(cuda); }
+    ikv::ThreadPool threads;
+    ikv::DecodeScratch scratch;
+    ikv::CudaDecoderState *cuda = nullptr;
+    uint64_t last_bytes = 0;
+};

@@ -1,0 +1,43 @@
+// Which tokens a decode step reads, per sequence and kv-head: the plan's
+// entries (or every live page) clipped to the stored length with evicted
+// pages dropped, optionally narrowed by query-aware top-k (Quest bound).
+#pragma once
+
+#include <mimalloc.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "common/page_format.hpp"
+#include "pool/pool_view.hpp"
+
+namespace ikv {
+
+template <class T>
+using dvec = std::vector<T, mi_stl_allocator<T>>;  // decoder memory comes from mimalloc
+
+// A run of tokens of one logical page, absolute positions [begin, end).
+struct Entry {
+    uint32_t page;
+    uint32_t begin;
+    uint32_t end;
+    bool mandatory;
+};
+
+// The entries a sequence reads: plan entries (plan != nullptr) or one per
+// live page, each clipped to [page*P, min((page+1)*P, length)); entries of
+// evicted pages, or that end up empty, are dropped. Order is kept.
+void collect_entries(const SeqSnapshot &snap, const ikv_plan *plan, uint32_t P, dvec<Entry> &out);
+
+// Query-aware top-k for one kv-head. q holds `group` rows of D floats (the
+// group's query heads at the first query token, scaled). Keeps every
+// mandatory entry; ranks the others by the Quest bound
+//   max_g sum_d max(q_gd * kmin_d, q_gd * kmax_d)
+// read from the page's key summary, descending (ties: earlier entry first),
+// and takes them while the tokens taken (mandatory ones included) plus the
+// entry's span stay within budget, stopping at the first that does not fit.
+// The result is in page order.
+void select_topk(const dvec<Entry> &in, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
+                 uint32_t head, const float *q, uint32_t group, uint32_t budget, dvec<Entry> &out);
+
+}  // namespace ikv

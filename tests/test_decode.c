@@ -1,0 +1,957 @@
+/* ikv_decode on CPU pools, checked against the float64 reference
+ * (support/reference.c) computed from the K/V the pool STORED (read back with
+ * ikv_seq_read), so quantization error is excluded and what remains is the
+ * kernel's fp32 arithmetic.
+ *
+ * CTest runs this program once per IKV_CPU_ISA value; a path this CPU lacks
+ * is skipped visibly (exit 77).
+ *
+ * Tolerances (relative L2 over all outputs of a step, vs float64):
+ *   out F32               2e-5   fp32 dot products and online softmax
+ *   out F16               1e-3   + half rounding of the output (2^-11 relative)
+ *   out BF16              8e-3   + bfloat16 rounding of the output (2^-8)
+ *   lse                   abs 2e-4 * max(1, |lse|)
+ * The same bounds hold for every storage format because the reference reads
+ * the stored values; INT4's fused multiply-add of scale and minimum differs
+ * from the reference's two roundings by one ulp per element, far below 2e-5.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "support.h"
+
+static ikv_decoder *g_dec1; /* 1 thread */
+static ikv_decoder *g_dec3; /* 3 threads (more than this machine's cores: exercises split-K) */
+
+/* ---------------------------------------------------------------- fixture */
+
+typedef struct pool_fix {
+    ikv_pool *pool;
+    ikv_seq_id seq;
+    uint32_t L, H, D, P, length;
+} pool_fix;
+
+static ikv_pool *make_pool(uint32_t n_layers, uint32_t H, uint32_t D, uint32_t P, ikv_format fmt, uint64_t cap) {
+    ikv_pool_config c = ikv_pool_default_config();
+    c.n_layers = n_layers;
+    c.n_kv_heads = H;
+    c.head_dim = D;
+    c.page_size = P;
+    c.default_format = fmt;
+    c.kv_dtype = IKV_DTYPE_F32;
+    c.capacity_bytes = cap;
+    ikv_pool *pool = NULL;
+    IKVT_OK(ikv_pool_create(&c, &pool));
+    return pool;
+}
+
+/* Append n random tokens (all layers) to seq; key magnitude of token i may be
+ * scaled per page by page_gain (NULL: 1) so query-aware bounds separate. */
+static void append_random(ikv_pool *pool, ikv_seq_id seq, uint32_t n_layers, uint32_t H, uint32_t D, uint32_t P,
+                          uint32_t first, uint32_t n, ikvt_rng *rng, int page_gain) {
+    const size_t per = (size_t)n * H * D;
+    float *k = malloc(per * n_layers * sizeof *k), *v = malloc(per * n_layers * sizeof *v);
+    assert_non_null(k);
+    assert_non_null(v);
+    ikvt_fill_normal(rng, k, per * n_layers, 1.0f);
+    ikvt_fill_normal(rng, v, per * n_layers, 1.0f);
+    if (page_gain)
+        for (uint32_t l = 0; l < n_layers; ++l)
+            for (uint32_t t = 0; t < n; ++t) {
+                const uint32_t page = (first + t) / P;
+                const float gain = 0.3f + 0.37f * (float)((page * 7u) % 13u);
+                for (size_t j = 0; j < (size_t)H * D; ++j) k[l * per + (size_t)t * H * D + j] *= gain;
+            }
+    ikv_append a = ikv_append_default(pool, n);
+    a.layer = n_layers > 1 ? IKV_ALL_LAYERS : 0;
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append(pool, seq, &a));
+    free(k);
+    free(v);
+}
+
+static void fix_init(pool_fix *f, uint32_t n_layers, uint32_t H, uint32_t D, uint32_t P, ikv_format fmt,
+                     uint32_t length, ikvt_rng *rng, int page_gain) {
+    const uint64_t cap = 64ull << 20;
+    f->pool = make_pool(n_layers, H, D, P, fmt, cap);
+    f->L = n_layers;
+    f->H = H;
+    f->D = D;
+    f->P = P;
+    f->length = length;
+    IKVT_OK(ikv_seq_create(f->pool, &f->seq));
+    for (uint32_t done = 0; done < length;) {  /* several appends: exercises re-quantized partial tails */
+        uint32_t n = length - done < 509 ? length - done : 509;
+        append_random(f->pool, f->seq, n_layers, H, D, P, done, n, rng, page_gain);
+        done += n;
+    }
+}
+
+static void fix_free(pool_fix *f) { ikv_pool_destroy(f->pool); }
+
+/* ------------------------------------------------------------- reference */
+
+/* Stored K/V of one layer, [length][H][D] floats, and a live flag per token. */
+typedef struct stored_kv {
+    float *k, *v;
+    uint8_t *live;
+} stored_kv;
+
+static stored_kv read_stored(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t H, uint32_t D,
+                             uint32_t P, uint32_t length) {
+    stored_kv s;
+    s.k = calloc((size_t)length * H * D + 1, sizeof(float));
+    s.v = calloc((size_t)length * H * D + 1, sizeof(float));
+    s.live = calloc(length + 1, 1);
+    for (uint32_t p0 = 0; p0 < length; p0 += P) {
+        const uint32_t p1 = p0 + P < length ? p0 + P : length;
+        int ev = 0;
+        IKVT_OK(ikv_seq_is_evicted(pool, seq, p0, &ev));
+        if (ev) continue;
+        IKVT_OK(ikv_seq_read(pool, seq, layer, p0, p1, s.k + (size_t)p0 * H * D, s.v + (size_t)p0 * H * D));
+        memset(s.live + p0, 1, p1 - p0);
+    }
+    return s;
+}
+
+static void free_stored(stored_kv *s) {
+    free(s->k);
+    free(s->v);
+    free(s->live);
+}
+
+static float dtype_get(const void *base, ikv_dtype dt, size_t i) {
+    if (dt == IKV_DTYPE_F16) return ikvt_f16_to_f32(((const uint16_t *)base)[i]);
+    if (dt == IKV_DTYPE_BF16) return ikvt_bf16_to_f32(((const uint16_t *)base)[i]);
+    return ((const float *)base)[i];
+}
+
+/* Random queries in dtype dt: buffer of n elements. */
+static void *make_q(ikvt_rng *rng, size_t n, ikv_dtype dt, float sigma) {
+    float *f = malloc(n * sizeof *f);
+    ikvt_fill_normal(rng, f, n, sigma);
+    if (dt == IKV_DTYPE_F32) return f;
+    uint16_t *h = malloc(n * sizeof *h);
+    if (dt == IKV_DTYPE_F16)
+        ikvt_to_f16(f, h, n);
+    else
+        ikvt_to_bf16(f, h, n);
+    free(f);
+    return h;
+}
+
+/* Reference of one step for one sequence: sel[h * length + i] says whether
+ * kv-head h reads token i (before causality). out_ref [nqt][nq][D]. */
+static void reference_step(const stored_kv *s, const uint8_t *sel, uint32_t length, uint32_t H, uint32_t D,
+                           uint32_t nq, uint32_t nqt, const void *q, ikv_dtype q_dtype, double scale, double softcap,
+                           double *out_ref, double *lse_ref) {
+    const uint32_t group = nq / H;
+    double *kk = malloc(((size_t)length * D + 1) * sizeof *kk), *vv = malloc(((size_t)length * D + 1) * sizeof *vv);
+    double *qd = malloc(D * sizeof *qd);
+    for (uint32_t t = 0; t < nqt; ++t)
+        for (uint32_t hq = 0; hq < nq; ++hq) {
+            const uint32_t h = hq / group, qpos = length - nqt + t;
+            size_t n = 0;
+            for (uint32_t i = 0; i <= qpos; ++i) {
+                if (!s->live[i] || !sel[(size_t)h * length + i]) continue;
+                for (uint32_t d = 0; d < D; ++d) {
+                    kk[n * D + d] = s->k[((size_t)i * H + h) * D + d];
+                    vv[n * D + d] = s->v[((size_t)i * H + h) * D + d];
+                }
+                ++n;
+            }
+            for (uint32_t d = 0; d < D; ++d) qd[d] = dtype_get(q, q_dtype, ((size_t)t * nq + hq) * D + d);
+            ikvt_ref_attention(qd, kk, vv, n, D, scale, softcap, out_ref + ((size_t)t * nq + hq) * D,
+                               lse_ref + (size_t)t * nq + hq);
+        }
+    free(kk);
+    free(vv);
+    free(qd);
+}
+
+/* Selection of a plan (or dense), identical for every kv-head. */
+static uint8_t *plan_selection(const ikv_plan *plan, uint32_t length, uint32_t H) {
+    uint8_t *sel = calloc((size_t)H * length + 1, 1);
+    if (plan == NULL) {
+        memset(sel, 1, (size_t)H * length);
+        return sel;
+    }
+    const ikv_plan_page *pages;
+    size_t n;
+    IKVT_OK(ikv_plan_pages(plan, &pages, &n));
+    for (uint32_t h = 0; h < H; ++h)
+        for (size_t i = 0; i < n; ++i)
+            for (uint32_t t = pages[i].token_begin; t < pages[i].token_end && t < length; ++t)
+                sel[(size_t)h * length + t] = 1;
+    return sel;
+}
+
+typedef struct rank_item {
+    double bound;
+    size_t index;
+} rank_item;
+
+static int cmp_rank(const void *a, const void *b) {
+    const rank_item *x = a, *y = b;
+    if (x->bound != y->bound) return x->bound < y->bound ? 1 : -1;
+    return x->index < y->index ? -1 : (x->index > y->index);
+}
+
+/* The documented query-aware selection, recomputed plainly from the pool's
+ * public page summaries: per kv-head, mandatory entries kept, the others by
+ * descending Quest bound (group's heads, first query token) while the tokens
+ * taken stay within budget. */
+static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, const ikv_plan *plan,
+                               const stored_kv *s, uint32_t length, uint32_t H, uint32_t D, uint32_t P, uint32_t nq,
+                               const void *q, ikv_dtype q_dtype, uint32_t budget) {
+    const uint32_t group = nq / H;
+    /* entries: begin, end, mandatory */
+    size_t cap = length / P + 2, n = 0;
+    uint32_t *eb = NULL, *ee = NULL, *ep = NULL;
+    uint8_t *em = NULL;
+    const ikv_plan_page *pages = NULL;
+    size_t np = 0;
+    if (plan) {
+        IKVT_OK(ikv_plan_pages(plan, &pages, &np));
+        cap = np + 1;
+    }
+    eb = malloc(cap * 4);
+    ee = malloc(cap * 4);
+    ep = malloc(cap * 4);
+    em = malloc(cap);
+    const size_t count = plan ? np : (length + P - 1) / P;
+    for (size_t i = 0; i < count; ++i) {
+        uint32_t page = plan ? pages[i].page : (uint32_t)i;
+        uint32_t b = plan ? pages[i].token_begin : page * P, e = plan ? pages[i].token_end : page * P + P;
+        if (e > length) e = length;
+        if (b >= e || !s->live[page * P]) continue;
+        ep[n] = page;
+        eb[n] = b;
+        ee[n] = e;
+        em[n] = plan ? (pages[i].flags & IKV_PAGE_MANDATORY) != 0 : 0;
+        ++n;
+    }
+    uint8_t *sel = calloc((size_t)H * length + 1, 1);
+    rank_item *rk = malloc((n + 1) * sizeof *rk);
+    float *kmin = malloc(D * sizeof *kmin), *kmax = malloc(D * sizeof *kmax);
+    for (uint32_t h = 0; h < H; ++h) {
+        size_t nr = 0;
+        uint64_t taken = 0;
+        for (size_t i = 0; i < n; ++i) {
+            if (em[i]) {
+                taken += ee[i] - eb[i];
+                for (uint32_t t = eb[i]; t < ee[i]; ++t) sel[(size_t)h * length + t] = 1;
+                continue;
+            }
+            IKVT_OK(ikv_seq_page_summary(pool, seq, layer, h, ep[i], kmin, kmax, NULL, NULL));
+            double best = -INFINITY;
+            for (uint32_t g = 0; g < group; ++g) {
+                double sum = 0;
+                for (uint32_t d = 0; d < D; ++d) {
+                    const double qv = dtype_get(q, q_dtype, (size_t)(h * group + g) * D + d);
+                    const double a = qv * kmin[d], b = qv * kmax[d];
+                    sum += a > b ? a : b;
+                }
+                if (sum > best) best = sum;
+            }
+            rk[nr].bound = best;
+            rk[nr].index = i;
+            ++nr;
+        }
+        qsort(rk, nr, sizeof *rk, cmp_rank);
+        for (size_t j = 0; j < nr; ++j) {
+            const size_t i = rk[j].index;
+            if (taken + (ee[i] - eb[i]) > budget) break;
+            taken += ee[i] - eb[i];
+            for (uint32_t t = eb[i]; t < ee[i]; ++t) sel[(size_t)h * length + t] = 1;
+        }
+    }
+    free(rk);
+    free(kmin);
+    free(kmax);
+    free(eb);
+    free(ee);
+    free(ep);
+    free(em);
+    return sel;
+}
+
+/* --------------------------------------------------------- one checked step */
+
+typedef struct step_cfg {
+    uint32_t layers, H, group, D, P, length, nqt;
+    ikv_format fmt;
+    const ikv_token_range *ranges; /* NULL: dense */
+    size_t n_ranges;
+    const ikv_token_range *evict;
+    size_t n_evict;
+    float scale, softcap, q_sigma;
+    ikv_dtype q_dtype, out_dtype;
+    uint32_t topk, layer;
+    uint64_t seed;
+} step_cfg;
+
+static step_cfg base_cfg(void) {
+    step_cfg c;
+    memset(&c, 0, sizeof c);
+    c.layers = 1;
+    c.H = 2;
+    c.group = 4;
+    c.D = 64;
+    c.P = 16;
+    c.length = 300;
+    c.nqt = 1;
+    c.fmt = IKV_FMT_F16;
+    c.q_sigma = 1.0f;
+    c.q_dtype = IKV_DTYPE_F32;
+    c.out_dtype = IKV_DTYPE_F32;
+    c.seed = 1;
+    return c;
+}
+
+static double out_tol(ikv_dtype dt) { return dt == IKV_DTYPE_F32 ? 2e-5 : dt == IKV_DTYPE_F16 ? 1e-3 : 8e-3; }
+
+static void compare(const void *out, ikv_dtype out_dtype, const float *lse, const double *out_ref,
+                    const double *lse_ref, size_t n_rows, uint32_t D, const char *what) {
+    const size_t n = n_rows * D;
+    float *o = malloc(n * sizeof *o);
+    for (size_t i = 0; i < n; ++i) o[i] = dtype_get(out, out_dtype, i);
+    const double rel = ikvt_rel_l2(o, out_ref, n);
+    if (!(rel <= out_tol(out_dtype))) {
+        print_error("%s: rel L2 %.3g > %.3g\n", what, rel, out_tol(out_dtype));
+        fail();
+    }
+    for (size_t r = 0; r < n_rows; ++r) {
+        if (isinf(lse_ref[r])) {
+            if (!(isinf(lse[r]) && lse[r] < 0)) {
+                print_error("%s: row %zu lse %g, expected -inf\n", what, r, (double)lse[r]);
+                fail();
+            }
+            for (uint32_t d = 0; d < D; ++d) assert_true(o[r * D + d] == 0.0f);
+            continue;
+        }
+        const double tol = 2e-4 * (fabs(lse_ref[r]) > 1 ? fabs(lse_ref[r]) : 1);
+        if (!(fabs(lse[r] - lse_ref[r]) <= tol)) {
+            print_error("%s: row %zu lse %.9g vs %.9g\n", what, r, (double)lse[r], lse_ref[r]);
+            fail();
+        }
+    }
+    free(o);
+}
+
+static size_t dtype_size(ikv_dtype dt) { return dt == IKV_DTYPE_F32 ? 4 : 2; }
+
+/* Build the pool of cfg, decode with both decoders, check against the reference. */
+static void run_step(const step_cfg *c) {
+    ikvt_rng rng = {c->seed};
+    pool_fix f;
+    fix_init(&f, c->layers, c->H, c->D, c->P, c->fmt, c->length, &rng, c->topk > 0);
+    for (size_t i = 0; i < c->n_evict; ++i) IKVT_OK(ikv_seq_evict(f.pool, f.seq, c->evict[i].begin, c->evict[i].end));
+    ikv_plan *plan = NULL;
+    if (c->ranges) IKVT_OK(ikv_plan_from_ranges(c->ranges, c->n_ranges, c->length, c->P, c->fmt, &plan));
+    const uint32_t nq = c->H * c->group;
+    const size_t n_rows = (size_t)c->nqt * nq;
+    void *q = make_q(&rng, n_rows * c->D, c->q_dtype, c->q_sigma);
+    stored_kv s = read_stored(f.pool, f.seq, c->layer, c->H, c->D, c->P, c->length);
+    uint8_t *sel = c->topk ? topk_selection(f.pool, f.seq, c->layer, plan, &s, c->length, c->H, c->D, c->P, nq, q,
+                                            c->q_dtype, c->topk)
+                           : plan_selection(plan, c->length, c->H);
+    const double scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->D);
+    double *out_ref = malloc(n_rows * c->D * sizeof *out_ref), *lse_ref = malloc(n_rows * sizeof *lse_ref);
+    reference_step(&s, sel, c->length, c->H, c->D, nq, c->nqt, q, c->q_dtype, scale, c->softcap, out_ref, lse_ref);
+
+    void *out = malloc(n_rows * c->D * dtype_size(c->out_dtype));
+    float *lse = malloc(n_rows * sizeof *lse);
+    ikv_decoder *decs[2] = {g_dec1, g_dec3};
+    for (int di = 0; di < 2; ++di) {
+        memset(out, 0x5A, n_rows * c->D * dtype_size(c->out_dtype));
+        ikv_decode_args a = ikv_decode_args_default();
+        a.layer = c->layer;
+        a.n_seqs = 1;
+        a.seqs = &f.seq;
+        const ikv_plan *plans[1] = {plan};
+        a.plans = plan ? plans : NULL;
+        a.n_query_tokens = c->nqt;
+        a.n_q_heads = nq;
+        a.q = q;
+        a.q_dtype = c->q_dtype;
+        a.out = out;
+        a.out_dtype = c->out_dtype;
+        a.lse = lse;
+        a.scale = c->scale;
+        a.softcap = c->softcap;
+        a.topk_token_budget = c->topk;
+        IKVT_OK(ikv_decode(decs[di], f.pool, &a));
+        char what[160];
+        snprintf(what, sizeof what, "fmt %s D %u H %u group %u P %u len %u nqt %u threads %s", ikv_format_name(c->fmt),
+                 c->D, c->H, c->group, c->P, c->length, c->nqt, di ? "3" : "1");
+        compare(out, c->out_dtype, lse, out_ref, lse_ref, n_rows, c->D, what);
+    }
+    free(out);
+    free(lse);
+    free(out_ref);
+    free(lse_ref);
+    free(sel);
+    free(q);
+    free_stored(&s);
+    ikv_plan_destroy(plan);
+    fix_free(&f);
+}
+
+/* ------------------------------------------------------------------ tests */
+
+static void test_formats_and_head_dims(void **state) {
+    (void)state;
+    const uint32_t dims[] = {64, 128, 256};
+    for (int fmt = 0; fmt < IKV_FMT_COUNT; ++fmt)
+        for (int i = 0; i < 3; ++i) {
+            step_cfg c = base_cfg();
+            c.fmt = (ikv_format)fmt;
+            c.D = dims[i];
+            c.length = 150 + 17 * i;
+            c.seed = 100 + fmt * 10 + i;
+            run_step(&c);
+        }
+    const uint32_t odd_dims[] = {80, 96};
+    const ikv_format odd_fmts[] = {IKV_FMT_F16, IKV_FMT_INT4, IKV_FMT_INT8, IKV_FMT_FP8_E4M3};
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j) {
+            step_cfg c = base_cfg();
+            c.D = odd_dims[i];
+            c.fmt = odd_fmts[j];
+            c.length = 99;
+            c.seed = 200 + i * 4 + j;
+            run_step(&c);
+        }
+}
+
+static void test_gqa_groups_and_page_sizes(void **state) {
+    (void)state;
+    const uint32_t groups[] = {1, 2, 4, 8}, pages[] = {16, 64};
+    static const ikv_token_range ranges[] = {{3, 40}, {77, 78}, {130, 261}, {300, 333}};
+    for (int g = 0; g < 4; ++g)
+        for (int p = 0; p < 2; ++p) {
+            step_cfg c = base_cfg();
+            c.group = groups[g];
+            c.P = pages[p];
+            c.length = 345;
+            c.fmt = (ikv_format)((g + p) % IKV_FMT_COUNT);
+            c.ranges = (g & 1) ? ranges : NULL;
+            c.n_ranges = 4;
+            c.seed = 300 + g * 2 + p;
+            run_step(&c);
+        }
+}
+
+static void test_partial_plans_and_evicted(void **state) {
+    (void)state;
+    static const ikv_token_range ranges[] = {{1, 2}, {5, 31}, {47, 150}, {151, 152}, {200, 397}};
+    static const ikv_token_range evict[] = {{32, 64}, {96, 160}};
+    for (int fmt = 0; fmt < IKV_FMT_COUNT; ++fmt) {
+        step_cfg c = base_cfg();
+        c.fmt = (ikv_format)fmt;
+        c.length = 400;
+        c.ranges = ranges;
+        c.n_ranges = 5;
+        c.evict = evict;
+        c.n_evict = 2;
+        c.seed = 400 + fmt;
+        run_step(&c);
+        c.ranges = NULL;  /* dense over a sequence with holes */
+        run_step(&c);
+    }
+}
+
+static void test_multi_token_causal(void **state) {
+    (void)state;
+    const uint32_t nqts[] = {2, 3, 7, 16};
+    static const ikv_token_range ranges[] = {{0, 16}, {100, 190}, {250, 290}};
+    for (int i = 0; i < 4; ++i) {
+        step_cfg c = base_cfg();
+        c.nqt = nqts[i];
+        c.length = 290;
+        c.fmt = (ikv_format)(i % IKV_FMT_COUNT);
+        c.ranges = (i & 1) ? ranges : NULL;
+        c.n_ranges = 3;
+        c.seed = 500 + i;
+        run_step(&c);
+    }
+}
+
+static void test_softcap_and_scale(void **state) {
+    (void)state;
+    step_cfg c = base_cfg();
+    c.q_sigma = 4.0f; /* large logits so the cap bites */
+    c.softcap = 5.0f;
+    c.seed = 600;
+    run_step(&c);
+    c.softcap = 0.0f;
+    c.scale = 0.05f;
+    c.fmt = IKV_FMT_INT8;
+    run_step(&c);
+    c.softcap = 30.0f;
+    c.scale = 0.4f;
+    c.nqt = 4;
+    c.fmt = IKV_FMT_BF16;
+    run_step(&c);
+}
+
+static void test_q_and_out_dtypes(void **state) {
+    (void)state;
+    for (int qd = 0; qd < 3; ++qd)
+        for (int od = 0; od < 3; ++od) {
+            step_cfg c = base_cfg();
+            c.q_dtype = (ikv_dtype)qd;
+            c.out_dtype = (ikv_dtype)od;
+            c.fmt = (ikv_format)((qd + od) % IKV_FMT_COUNT);
+            c.nqt = 2;
+            c.seed = 700 + qd * 3 + od;
+            run_step(&c);
+        }
+}
+
+static void test_other_layer(void **state) {
+    (void)state;
+    step_cfg c = base_cfg();
+    c.layers = 3;
+    c.layer = 2;
+    c.fmt = IKV_FMT_INT4;
+    c.seed = 800;
+    run_step(&c);
+    c.layer = 1;
+    c.fmt = IKV_FMT_FP8_E4M3;
+    run_step(&c);
+}
+
+static void test_topk_selection(void **state) {
+    (void)state;
+    static const ikv_token_range ranges[] = {{0, 20}, {33, 140}, {150, 380}};
+    const uint32_t budgets[] = {1, 40, 100, 1000};
+    for (int i = 0; i < 4; ++i)
+        for (int with_plan = 0; with_plan < 2; ++with_plan) {
+            step_cfg c = base_cfg();
+            c.length = 390;
+            c.H = 3;
+            c.group = 2 + i;
+            c.topk = budgets[i];
+            c.nqt = 1 + (uint32_t)i;
+            c.fmt = (ikv_format)((i + with_plan) % IKV_FMT_COUNT);
+            c.ranges = with_plan ? ranges : NULL;
+            c.n_ranges = 3;
+            c.seed = 900 + i * 2 + with_plan;
+            run_step(&c);
+        }
+}
+
+/* Out of plan A and plan B (disjoint) with their LSEs, the union's output
+ * follows exactly: out = (e^lseA outA + e^lseB outB) / (e^lseA + e^lseB). */
+static void test_lse_merges_disjoint_plans(void **state) {
+    (void)state;
+    ikvt_rng rng = {1000};
+    const uint32_t H = 2, group = 4, D = 128, P = 16, length = 500, nq = H * group;
+    pool_fix f;
+    fix_init(&f, 1, H, D, P, IKV_FMT_INT8, length, &rng, 0);
+    static const ikv_token_range ra[] = {{0, 37}, {100, 260}}, rb[] = {{37, 99}, {300, 500}},
+                                 ru[] = {{0, 99}, {100, 260}, {300, 500}};
+    ikv_plan *pa, *pb, *pu;
+    IKVT_OK(ikv_plan_from_ranges(ra, 2, length, P, IKV_FMT_INT8, &pa));
+    IKVT_OK(ikv_plan_from_ranges(rb, 2, length, P, IKV_FMT_INT8, &pb));
+    IKVT_OK(ikv_plan_from_ranges(ru, 3, length, P, IKV_FMT_INT8, &pu));
+    float *q = make_q(&rng, (size_t)nq * D, IKV_DTYPE_F32, 1.0f);
+    float out[3][8 * 128], lse[3][8];
+    const ikv_plan *which[3] = {pa, pb, pu};
+    for (int i = 0; i < 3; ++i) {
+        ikv_decode_args a = ikv_decode_args_default();
+        a.seqs = &f.seq;
+        a.plans = &which[i];
+        a.n_q_heads = nq;
+        a.q = q;
+        a.out = out[i];
+        a.lse = lse[i];
+        IKVT_OK(ikv_decode(g_dec3, f.pool, &a));
+    }
+    double merged[8 * 128], lse_m[8];
+    for (uint32_t r = 0; r < nq; ++r) {
+        const double m = lse[0][r] > lse[1][r] ? lse[0][r] : lse[1][r];
+        const double wa = exp(lse[0][r] - m), wb = exp(lse[1][r] - m);
+        for (uint32_t d = 0; d < D; ++d) merged[r * D + d] = (wa * out[0][r * D + d] + wb * out[1][r * D + d]) / (wa + wb);
+        lse_m[r] = m + log(wa + wb);
+    }
+    compare(out[2], IKV_DTYPE_F32, lse[2], merged, lse_m, nq, D, "LSE merge of disjoint plans");
+    free(q);
+    ikv_plan_destroy(pa);
+    ikv_plan_destroy(pb);
+    ikv_plan_destroy(pu);
+    fix_free(&f);
+}
+
+/* Selected-page decode equals dense decode over a pool that holds exactly
+ * the selected tokens (F16 storage: identical stored values in both). */
+static void test_selected_equals_dense_on_those_tokens(void **state) {
+    (void)state;
+    ikvt_rng rng = {1100};
+    const uint32_t H = 2, group = 4, D = 64, P = 16, length = 333, nq = H * group;
+    static const ikv_token_range ranges[] = {{5, 21}, {64, 65}, {90, 200}, {250, 333}};
+    ikv_pool *full = make_pool(1, H, D, P, IKV_FMT_F16, 16u << 20), *part = make_pool(1, H, D, P, IKV_FMT_F16, 16u << 20);
+    ikv_seq_id sf, sp;
+    IKVT_OK(ikv_seq_create(full, &sf));
+    IKVT_OK(ikv_seq_create(part, &sp));
+    float *k = malloc((size_t)length * H * D * 4), *v = malloc((size_t)length * H * D * 4);
+    ikvt_fill_normal(&rng, k, (size_t)length * H * D, 1.0f);
+    ikvt_fill_normal(&rng, v, (size_t)length * H * D, 1.0f);
+    ikv_append a = ikv_append_default(full, length);
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append(full, sf, &a));
+    for (int i = 0; i < 4; ++i) {
+        ikv_append b = ikv_append_default(part, ranges[i].end - ranges[i].begin);
+        b.k = k + (size_t)ranges[i].begin * H * D;
+        b.v = v + (size_t)ranges[i].begin * H * D;
+        IKVT_OK(ikv_pool_append(part, sp, &b));
+    }
+    ikv_plan *plan;
+    IKVT_OK(ikv_plan_from_ranges(ranges, 4, length, P, IKV_FMT_F16, &plan));
+    float *q = make_q(&rng, (size_t)nq * D, IKV_DTYPE_F32, 1.0f);
+    float o1[8 * 64], o2[8 * 64], l1[8], l2[8];
+    ikv_decode_args d = ikv_decode_args_default();
+    d.n_q_heads = nq;
+    d.q = q;
+    d.seqs = &sf;
+    const ikv_plan *plans[1] = {plan};
+    d.plans = plans;
+    d.out = o1;
+    d.lse = l1;
+    IKVT_OK(ikv_decode(g_dec3, full, &d));
+    d.seqs = &sp;
+    d.plans = NULL;
+    d.out = o2;
+    d.lse = l2;
+    IKVT_OK(ikv_decode(g_dec1, part, &d));
+    double ref[8 * 64], lref[8];
+    for (size_t i = 0; i < nq * D; ++i) ref[i] = o2[i];
+    for (size_t i = 0; i < nq; ++i) lref[i] = l2[i];
+    compare(o1, IKV_DTYPE_F32, l1, ref, lref, nq, D, "selected vs dense over the selected tokens");
+    free(k);
+    free(v);
+    free(q);
+    ikv_plan_destroy(plan);
+    ikv_pool_destroy(full);
+    ikv_pool_destroy(part);
+}
+
+static void test_empty_selection(void **state) {
+    (void)state;
+    ikvt_rng rng = {1200};
+    const uint32_t H = 2, group = 2, D = 64, P = 16, length = 100, nq = H * group;
+    pool_fix f;
+    fix_init(&f, 1, H, D, P, IKV_FMT_F16, length, &rng, 0);
+    IKVT_OK(ikv_seq_evict(f.pool, f.seq, 16, 64));
+    static const ikv_token_range r[] = {{20, 60}}; /* only evicted tokens */
+    ikv_plan *plan;
+    IKVT_OK(ikv_plan_from_ranges(r, 1, length, P, IKV_FMT_F16, &plan));
+    float *q = make_q(&rng, (size_t)2 * nq * D, IKV_DTYPE_F32, 1.0f);
+    float out[2 * 4 * 64], lse[8];
+    memset(out, 0x7F, sizeof out);
+    ikv_decode_args a = ikv_decode_args_default();
+    a.seqs = &f.seq;
+    const ikv_plan *plans[1] = {plan};
+    a.plans = plans;
+    a.n_q_heads = nq;
+    a.n_query_tokens = 2;
+    a.q = q;
+    a.out = out;
+    a.lse = lse;
+    IKVT_OK(ikv_decode(g_dec3, f.pool, &a));
+    for (size_t i = 0; i < sizeof out / sizeof *out; ++i) assert_true(out[i] == 0.0f);
+    for (int i = 0; i < 8; ++i) assert_true(isinf(lse[i]) && lse[i] < 0);
+    uint64_t bytes = 1;
+    IKVT_OK(ikv_decoder_last_bytes_read(g_dec3, &bytes));
+    assert_int_equal(bytes, 0);
+    free(q);
+    ikv_plan_destroy(plan);
+    fix_free(&f);
+}
+
+/* Several sequences of different lengths, plans and formats in one call. */
+static void test_batch(void **state) {
+    (void)state;
+    ikvt_rng rng = {1300};
+    const uint32_t H = 2, group = 4, D = 96, P = 16, nq = H * group, nqt = 3, B = 3;
+    const uint32_t lens[3] = {70, 333, 1000};
+    ikv_pool *pool = make_pool(1, H, D, P, IKV_FMT_INT8, 64u << 20);
+    ikv_seq_id seqs[3];
+    for (uint32_t b = 0; b < B; ++b) {
+        IKVT_OK(ikv_seq_create(pool, &seqs[b]));
+        append_random(pool, seqs[b], 1, H, D, P, 0, lens[b], &rng, 0);
+    }
+    static const ikv_token_range r1[] = {{10, 200}, {300, 333}};
+    static const ikv_token_range r2[] = {{0, 1}, {500, 999}};
+    ikv_plan *p1, *p2;
+    IKVT_OK(ikv_plan_from_ranges(r1, 2, lens[1], P, IKV_FMT_INT8, &p1));
+    IKVT_OK(ikv_plan_from_ranges(r2, 2, lens[2], P, IKV_FMT_INT8, &p2));
+    const ikv_plan *plans[3] = {NULL, p1, p2};
+    const size_t rows = (size_t)nqt * nq;
+    float *q = make_q(&rng, B * rows * D, IKV_DTYPE_F32, 1.0f);
+    float *out = malloc(B * rows * D * 4), *lse = malloc(B * rows * 4);
+    ikv_decode_args a = ikv_decode_args_default();
+    a.n_seqs = B;
+    a.seqs = seqs;
+    a.plans = plans;
+    a.n_q_heads = nq;
+    a.n_query_tokens = nqt;
+    a.q = q;
+    a.out = out;
+    a.lse = lse;
+    for (int di = 0; di < 2; ++di) {
+        IKVT_OK(ikv_decode(di ? g_dec3 : g_dec1, pool, &a));
+        for (uint32_t b = 0; b < B; ++b) {
+            stored_kv s = read_stored(pool, seqs[b], 0, H, D, P, lens[b]);
+            uint8_t *sel = plan_selection(plans[b], lens[b], H);
+            double *oref = malloc(rows * D * 8), *lref = malloc(rows * 8);
+            reference_step(&s, sel, lens[b], H, D, nq, nqt, q + b * rows * D, IKV_DTYPE_F32, 1.0 / sqrt(D), 0, oref,
+                           lref);
+            compare(out + b * rows * D, IKV_DTYPE_F32, lse + b * rows, oref, lref, rows, D, "batch");
+            free(oref);
+            free(lref);
+            free(sel);
+            free_stored(&s);
+        }
+    }
+    free(q);
+    free(out);
+    free(lse);
+    ikv_plan_destroy(p1);
+    ikv_plan_destroy(p2);
+    ikv_pool_destroy(pool);
+}
+
+/* A 128K-token context (small head count so it stays fast). */
+static void test_long_context_128k(void **state) {
+    (void)state;
+    ikvt_rng rng = {1400};
+    const uint32_t H = 1, group = 2, D = 64, P = 64, length = 131072, nq = H * group;
+    ikv_pool *pool = make_pool(1, H, D, P, IKV_FMT_INT8, 256u << 20);
+    ikv_seq_id seq;
+    IKVT_OK(ikv_seq_create(pool, &seq));
+    for (uint32_t done = 0; done < length; done += 8192) append_random(pool, seq, 1, H, D, P, done, 8192, &rng, 0);
+    float *q = make_q(&rng, (size_t)nq * D, IKV_DTYPE_F32, 2.0f);
+    stored_kv s = read_stored(pool, seq, 0, H, D, P, length);
+    uint8_t *sel = plan_selection(NULL, length, H);
+    double oref[2 * 64], lref[2];
+    reference_step(&s, sel, length, H, D, nq, 1, q, IKV_DTYPE_F32, 1.0 / 8.0, 0, oref, lref);
+    float out[2 * 64], lse[2];
+    ikv_decode_args a = ikv_decode_args_default();
+    a.seqs = &seq;
+    a.n_q_heads = nq;
+    a.q = q;
+    a.out = out;
+    a.lse = lse;
+    IKVT_OK(ikv_decode(g_dec3, pool, &a));
+    compare(out, IKV_DTYPE_F32, lse, oref, lref, nq, D, "128K dense, 3 threads");
+    IKVT_OK(ikv_decode(g_dec1, pool, &a));
+    compare(out, IKV_DTYPE_F32, lse, oref, lref, nq, D, "128K dense, 1 thread");
+    uint64_t bytes = 0;
+    IKVT_OK(ikv_decoder_last_bytes_read(g_dec1, &bytes));
+    /* INT8: per page K+V rows, K scales per channel, V scales per token */
+    const uint64_t pages = length / P;
+    assert_int_equal(bytes, pages * (2ull * D * P + 4ull * D + 4ull * P));
+    free(q);
+    free(sel);
+    free_stored(&s);
+    ikv_pool_destroy(pool);
+}
+
+static void test_bytes_read_dense_f16(void **state) {
+    (void)state;
+    ikvt_rng rng = {1500};
+    pool_fix f;
+    fix_init(&f, 1, 2, 64, 16, IKV_FMT_F16, 77, &rng, 0);
+    float *q = make_q(&rng, 8 * 64, IKV_DTYPE_F32, 1.0f);
+    float out[8 * 64];
+    ikv_decode_args a = ikv_decode_args_default();
+    a.seqs = &f.seq;
+    a.n_q_heads = 8;
+    a.q = q;
+    a.out = out;
+    IKVT_OK(ikv_decode(g_dec3, f.pool, &a));
+    uint64_t bytes = 0;
+    IKVT_OK(ikv_decoder_last_bytes_read(g_dec3, &bytes));
+    assert_int_equal(bytes, 2ull /*heads*/ * 77 * 2 /*K,V*/ * 64 * 2 /*bytes*/);
+    IKVT_EXPECT_STATUS(ikv_decoder_last_bytes_read(NULL, &bytes), IKV_E_NULL, "decoder");
+    IKVT_EXPECT_STATUS(ikv_decoder_last_bytes_read(g_dec3, NULL), IKV_E_NULL, "bytes_out");
+    free(q);
+    fix_free(&f);
+}
+
+/* Every rejected call names the argument and writes nothing. */
+static void test_bad_inputs(void **state) {
+    (void)state;
+    ikvt_rng rng = {1600};
+    pool_fix f;
+    fix_init(&f, 2, 2, 64, 16, IKV_FMT_F16, 40, &rng, 0);
+    float q[16 * 8 * 64];
+    ikvt_fill_normal(&rng, q, sizeof q / sizeof *q, 1.0f);
+    static float out[16 * 8 * 64], lse[16 * 8];
+    static unsigned char poison_out[sizeof out], poison_lse[sizeof lse];
+    memset(poison_out, 0xAB, sizeof poison_out);
+    memset(poison_lse, 0xCD, sizeof poison_lse);
+    ikv_plan *plan32;
+    static const ikv_token_range r[] = {{0, 10}};
+    IKVT_OK(ikv_plan_from_ranges(r, 1, 40, 32, IKV_FMT_F16, &plan32));
+    const ikv_plan *bad_plans[1] = {plan32};
+    ikv_seq_id unknown = f.seq + 1000;
+
+#define RESET_ARGS()                          \
+    a = ikv_decode_args_default();            \
+    a.seqs = &f.seq;                          \
+    a.n_q_heads = 8;                          \
+    a.q = q;                                  \
+    a.out = out;                              \
+    a.lse = lse;                              \
+    memcpy(out, poison_out, sizeof out);      \
+    memcpy(lse, poison_lse, sizeof lse)
+#define EXPECT_UNTOUCHED()                                      \
+    assert_memory_equal(out, poison_out, sizeof out);           \
+    assert_memory_equal(lse, poison_lse, sizeof lse)
+
+    ikv_decode_args a;
+    RESET_ARGS();
+    IKVT_EXPECT_STATUS(ikv_decode(NULL, f.pool, &a), IKV_E_NULL, "decoder");
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, NULL, &a), IKV_E_NULL, "pool");
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, NULL), IKV_E_NULL, "args");
+    EXPECT_UNTOUCHED();
+    RESET_ARGS();
+    a.seqs = NULL;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_NULL, "seqs");
+    RESET_ARGS();
+    a.q = NULL;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_NULL, "q");
+    RESET_ARGS();
+    a.out = NULL;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_NULL, "out");
+    RESET_ARGS();
+    a.struct_size = 4;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "struct_size");
+    EXPECT_UNTOUCHED();
+    RESET_ARGS();
+    a.seqs = &unknown;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_NOT_FOUND, "seqs[0]");
+    EXPECT_UNTOUCHED();
+    RESET_ARGS();
+    a.layer = 2;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_RANGE, "layer");
+    EXPECT_UNTOUCHED();
+    RESET_ARGS();
+    a.n_q_heads = 7;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "n_q_heads");
+    EXPECT_UNTOUCHED();
+    RESET_ARGS();
+    a.n_q_heads = 0;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "n_q_heads");
+    RESET_ARGS();
+    a.n_query_tokens = 0;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "n_query_tokens");
+    RESET_ARGS();
+    a.n_query_tokens = 17;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "n_query_tokens");
+    EXPECT_UNTOUCHED();
+    { /* more query tokens than stored tokens */
+        ikv_seq_id tiny;
+        IKVT_OK(ikv_seq_create(f.pool, &tiny));
+        append_random(f.pool, tiny, 2, 2, 64, 16, 0, 3, &rng, 0);
+        RESET_ARGS();
+        a.seqs = &tiny;
+        a.n_query_tokens = 4;
+        IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "n_query_tokens");
+        EXPECT_UNTOUCHED();
+    }
+    RESET_ARGS();
+    a.q_dtype = (ikv_dtype)7;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "q_dtype");
+    RESET_ARGS();
+    a.out_dtype = (ikv_dtype)-1;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "out_dtype");
+    EXPECT_UNTOUCHED();
+    RESET_ARGS();
+    a.scale = -1.0f;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "scale");
+    RESET_ARGS();
+    a.softcap = NAN;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "softcap");
+    RESET_ARGS();
+    a.n_seqs = 0;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "n_seqs");
+    RESET_ARGS();
+    a.plans = bad_plans;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "page_size");
+    EXPECT_UNTOUCHED();
+
+    /* decoder creation */
+    ikv_decoder *d = NULL;
+    ikv_decoder_config c = ikv_decoder_default_config();
+    IKVT_EXPECT_STATUS(ikv_decoder_create(NULL, &d), IKV_E_NULL, "config");
+    IKVT_EXPECT_STATUS(ikv_decoder_create(&c, NULL), IKV_E_NULL, "out");
+    c.n_threads = 100000;
+    IKVT_EXPECT_STATUS(ikv_decoder_create(&c, &d), IKV_E_INVALID, "n_threads");
+    assert_null(d);
+    c = ikv_decoder_default_config();
+    c.struct_size = 2;
+    IKVT_EXPECT_STATUS(ikv_decoder_create(&c, &d), IKV_E_INVALID, "struct_size");
+    ikv_decoder_destroy(NULL); /* no-op */
+    ikv_plan_destroy(plan32);
+    fix_free(&f);
+#undef RESET_ARGS
+#undef EXPECT_UNTOUCHED
+}
+
+static int setup(void **state) {
+    (void)state;
+    ikv_decoder_config c = ikv_decoder_default_config();
+    c.n_threads = 1;
+    if (ikv_decoder_create(&c, &g_dec1) != IKV_OK) return -1;
+    c.n_threads = 3;
+    if (ikv_decoder_create(&c, &g_dec3) != IKV_OK) return -1;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    ikv_decoder_destroy(g_dec1);
+    ikv_decoder_destroy(g_dec3);
+    return 0;
+}
+
+int main(void) {
+    ikv_runtime_info info;
+    info.struct_size = sizeof info;
+    if (ikv_runtime_info_get(&info) != IKV_OK) return 1;
+    const char *want = getenv("IKV_CPU_ISA");
+    if (want != NULL && want[0] != '\0' && strcmp(want, info.cpu_isa) != 0) {
+        char why[160];
+        snprintf(why, sizeof why, "IKV_CPU_ISA=%s is not available on this CPU/build (available: %s)", want,
+                 info.cpu_isa_available);
+        ikvt_skip_program(why);
+    }
+    printf("decode tests on the %s path\n", info.cpu_isa);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_formats_and_head_dims),
+        cmocka_unit_test(test_gqa_groups_and_page_sizes),
+        cmocka_unit_test(test_partial_plans_and_evicted),
+        cmocka_unit_test(test_multi_token_causal),
+        cmocka_unit_test(test_softcap_and_scale),
+        cmocka_unit_test(test_q_and_out_dtypes),
+        cmocka_unit_test(test_other_layer),
+        cmocka_unit_test(test_topk_selection),
+        cmocka_unit_test(test_lse_merges_disjoint_plans),
+        cmocka_unit_test(test_selected_equals_dense_on_those_tokens),
+        cmocka_unit_test(test_empty_selection),
+        cmocka_unit_test(test_batch),
+        cmocka_unit_test(test_long_context_128k),
+        cmocka_unit_test(test_bytes_read_dense_f16),
+        cmocka_unit_test(test_bad_inputs),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
