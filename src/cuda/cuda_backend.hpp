@@ -18,4 +18,5 @@ void cuda_decoder_state_destroy(CudaDecoderState *state);
 // host synchronization. *bytes_read: K/V bytes the step reads (host-computed).
 ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, uint64_t *bytes_read);
 
+
 }  // namespace ikv

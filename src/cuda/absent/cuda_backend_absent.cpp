@@ -10,4 +10,5 @@ ikv_status cuda_decode(CudaDecoderState **, ikv_pool *, const ikv_decode_args *,
     return fail(IKV_E_NO_DEVICE, "ikv_decode: this build of intentkv has no CUDA backend");
 }
 
+
 }  // namespace ikv

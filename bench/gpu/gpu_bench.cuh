@@ -1,0 +1,272 @@
+// GPU decode benchmark (issue "CUDA backend", item 7), run by
+// gpu_decode_check --bench.
+//
+// Shapes: B in {1, 8, 32}, context {8K, 32K, 128K}, 32 q-heads, 8 kv-heads,
+// head_dim 128, page 16, one query token. Cases: dense F16/INT8/FP8/INT4, 25%
+// of pages selected (F16, INT8; a fixed pseudo-random quarter), and 25% chosen
+// on the device by score + top-k within a ctx/4 token budget (F16).
+// Timing: CUDA events around batches of kBatch steps queued behind a spin
+// kernel (so host enqueue time never shows), each step on another copy of the
+// pages so the working set exceeds L2 (>= 3x L2 across the copies); median of
+// the batch means. Bytes read = K/V rows + scales of every selected sub-page
+// (page_format.hpp subpage_read_bytes), summaries for the top-k case.
+// Bandwidth share: bytes read per second over the device-to-device copy rate
+// (read + write bytes) measured in the same run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "gpu_check_common.cuh"
+
+namespace gpucheck {
+
+__global__ void spin_kernel(long long cycles) {
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+    }
+}
+
+struct Timer {
+    cudaEvent_t a, b;
+    Timer() {
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+    }
+    ~Timer() {
+        cudaEventDestroy(a);
+        cudaEventDestroy(b);
+    }
+    // Median over reps of the mean time (ms) of one step in a batch of `batch` steps.
+    template <typename F>
+    double median_ms(F &&step, int reps, int batch) {
+        for (int i = 0; i < 3; ++i) step(i);
+        CK(cudaDeviceSynchronize());
+        std::vector<double> t;
+        int k = 0;
+        for (int r = 0; r < reps; ++r) {
+            spin_kernel<<<1, 1>>>(200000);
+            CK(cudaEventRecord(a));
+            for (int i = 0; i < batch; ++i) step(k++);
+            CK(cudaEventRecord(b));
+            CK(cudaEventSynchronize(b));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            t.push_back(double(ms) / batch);
+        }
+        std::sort(t.begin(), t.end());
+        return t[t.size() / 2];
+    }
+};
+
+struct BenchRow {
+    std::string name;
+    uint32_t B, ctx;
+    std::string fmt;
+    double ms, bytes, gbps, share, topk_ms;
+};
+
+inline double copy_bandwidth(size_t bytes) {
+    void *a = nullptr, *b = nullptr;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    Timer tm;
+    const double ms = tm.median_ms([&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, 15, 4);
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * bytes / (ms * 1e-3) / 1e9;  // read + write
+}
+
+inline uint32_t hash32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x *= 0x846ca68bU;
+    x ^= x >> 16;
+    return x;
+}
+
+inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_dir) {
+    using ikv::cuda::DevLists;
+    using ikv::cuda::DevPage;
+    const double copy_gbps = copy_bandwidth(size_t(1) << 30);
+    printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbps);
+    const PageShape s{1, 8, 128, 16};
+    const uint32_t Hq = 32, D = 128, P = 16;
+    const std::vector<uint32_t> Bs = quick ? std::vector<uint32_t>{1, 8} : std::vector<uint32_t>{1, 8, 32};
+    const std::vector<uint32_t> ctxs =
+        quick ? std::vector<uint32_t>{8192, 32768} : std::vector<uint32_t>{8192, 32768, 131072};
+    const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8, IKV_FMT_FP8_E4M3, IKV_FMT_INT4};
+    const char *fnames[] = {"f16", "bf16", "fp8", "int8", "int4"};
+    const int reps = quick ? 7 : 15, batch = 8;
+    std::vector<BenchRow> rows;
+    Timer tm;
+    for (uint32_t B : Bs)
+        for (uint32_t ctx : ctxs)
+            for (ikv_format f : fmts) {
+                const uint32_t n_pages = ctx / P;
+                const uint64_t pb = ikv::page_bytes(s, f);
+                const uint64_t one = uint64_t(B) * n_pages * pb;
+                const uint64_t l2 = uint64_t(prop.l2CacheSize);
+                const uint32_t nrot = uint32_t(std::max<uint64_t>(1, (3 * l2 + one - 1) / one));
+                std::vector<void *> allocs;
+                uint8_t *pool = nullptr;
+                if (cudaMalloc(&pool, one * nrot) != cudaSuccess) {
+                    cudaGetLastError();
+                    printf("skip B=%u ctx=%u %s: %.1f GB does not fit\n", B, ctx, fnames[f], one * nrot / 1e9);
+                    continue;
+                }
+                allocs.push_back(pool);
+                CK(cudaMemset(pool, 0x11, one * nrot));
+                // Lists: dense and a fixed pseudo-random quarter, per rotation copy.
+                auto make_lists = [&](bool quarter, uint64_t *bytes) {
+                    std::vector<DevPage> flat(size_t(nrot) * B * n_pages);
+                    std::vector<uint32_t> counts(size_t(nrot) * B);
+                    *bytes = 0;
+                    for (uint32_t r = 0; r < nrot; ++r)
+                        for (uint32_t b = 0; b < B; ++b) {
+                            uint32_t n = 0;
+                            DevPage *L = flat.data() + (size_t(r) * B + b) * n_pages;
+                            for (uint32_t i = 0; i < n_pages; ++i) {
+                                // The newest page is always read (the query's own token).
+                                if (quarter && i + 1 < n_pages && hash32(b * 1000003u + i) % 4 != 0) continue;
+                                DevPage d{};
+                                d.base = pool + r * one + (uint64_t(b) * n_pages + i) * pb;
+                                d.pos0 = i * P;
+                                d.begin = 0;
+                                d.end = uint8_t(P);
+                                d.format = uint8_t(f);
+                                L[n++] = d;
+                                if (r == 0) *bytes += s.n_kv_heads * ikv::subpage_read_bytes(f, P, D, P);
+                            }
+                            counts[size_t(r) * B + b] = n;
+                        }
+                    return std::make_pair(to_device(flat, &allocs), to_device(counts, &allocs));
+                };
+                std::vector<uint32_t> lens(B, ctx);
+                std::vector<uint16_t> qh(size_t(B) * Hq * D);
+                for (size_t i = 0; i < qh.size(); ++i) qh[i] = ikv::f32_to_f16(float(int(i % 13) - 6) * 0.05f);
+                ikv::cuda::DecodeParams p{};
+                p.shape = s;
+                p.layer = 0;
+                p.n_seqs = B;
+                p.n_query_tokens = 1;
+                p.n_q_heads = Hq;
+                p.seq_len = to_device(lens, &allocs);
+                p.q = to_device(qh, &allocs);
+                p.q_dtype = IKV_DTYPE_F16;
+                p.out_dtype = IKV_DTYPE_F16;
+                p.scale = 1.0f / sqrtf(float(D));
+                p.max_pages = n_pages;
+                p.n_splits = ikv::cuda::decode_choose_splits(p, prop.multiProcessorCount);
+                void *ws = nullptr, *out = nullptr;
+                CK(cudaMalloc(&ws, ikv::cuda::decode_workspace_bytes(p, p.n_splits)));
+                CK(cudaMalloc(&out, size_t(B) * Hq * D * 2));
+                allocs.push_back(ws);
+                allocs.push_back(out);
+                p.workspace = ws;
+                p.out = out;
+
+                const bool quarter_too = f == IKV_FMT_F16 || f == IKV_FMT_INT8;
+                for (int variant = 0; variant < (quarter_too ? 2 : 1); ++variant) {
+                    uint64_t bytes = 0;
+                    auto lists = make_lists(variant == 1, &bytes);
+                    const uint32_t stride = n_pages;
+                    auto step = [&](int k) {
+                        ikv::cuda::DecodeParams q = p;
+                        const uint32_t r = uint32_t(k) % nrot;
+                        q.lists = DevLists{lists.first + size_t(r) * B * stride, lists.second + size_t(r) * B, stride, 1};
+                        CK(ikv::cuda::launch_decode(q, 0));
+                    };
+                    const double ms = tm.median_ms(step, reps, batch);
+                    BenchRow row{variant ? "sel25" : "dense", B, ctx, fnames[f], ms, double(bytes), 0, 0, 0};
+                    row.gbps = bytes / (ms * 1e-3) / 1e9;
+                    row.share = row.gbps / copy_gbps;
+                    rows.push_back(row);
+                    printf("%-6s B=%-3u ctx=%-6u %-5s %9.4f ms %9.1f MB %7.0f GB/s %5.1f%% of copy\n", row.name.c_str(),
+                           B, ctx, row.fmt.c_str(), ms, bytes / 1e6, row.gbps, 100 * row.share);
+                    fflush(stdout);
+                }
+                if (f == IKV_FMT_F16) {
+                    // Device selection: candidates = every page, budget = a quarter of the context.
+                    uint64_t dense_bytes = 0;
+                    auto cand = make_lists(false, &dense_bytes);
+                    ikv::cuda::TopkParams t{};
+                    t.shape = s;
+                    t.layer = 0;
+                    t.n_seqs = B;
+                    t.n_q_heads = Hq;
+                    t.n_query_tokens = 1;
+                    t.q = p.q;
+                    t.q_dtype = p.q_dtype;
+                    t.max_candidates = n_pages;
+                    t.token_budget = ctx / 4;
+                    if (n_pages <= ikv::cuda::kMaxTopkCandidates) {
+                        float *scores = nullptr;
+                        DevPage *sel = nullptr;
+                        uint32_t *cnt = nullptr;
+                        CK(cudaMalloc(&scores, size_t(B) * s.n_kv_heads * n_pages * 4));
+                        CK(cudaMalloc(&sel, size_t(B) * s.n_kv_heads * n_pages * sizeof(DevPage)));
+                        CK(cudaMalloc(&cnt, size_t(B) * s.n_kv_heads * 4));
+                        allocs.push_back(scores);
+                        allocs.push_back(sel);
+                        allocs.push_back(cnt);
+                        t.scores = scores;
+                        t.out_pages = sel;
+                        t.out_counts = cnt;
+                        auto topk_only = [&](int k) {
+                            ikv::cuda::TopkParams u = t;
+                            const uint32_t r = uint32_t(k) % nrot;
+                            u.candidates = DevLists{cand.first + size_t(r) * B * n_pages, cand.second + size_t(r) * B,
+                                                    n_pages, 1};
+                            CK(ikv::cuda::launch_score_topk(u, 0));
+                        };
+                        auto full = [&](int k) {
+                            topk_only(k);
+                            ikv::cuda::DecodeParams q = p;
+                            q.lists = DevLists{sel, cnt, n_pages, s.n_kv_heads};
+                            CK(ikv::cuda::launch_decode(q, 0));
+                        };
+                        const double tk = tm.median_ms(topk_only, reps, batch);
+                        const double ms = tm.median_ms(full, reps, batch);
+                        // Selected bytes ~ budget share of the dense bytes, plus k_min/k_max of every page and head.
+                        const double sel_bytes = double(dense_bytes) * (ctx / 4) / double(ctx) +
+                                                 double(B) * n_pages * s.n_kv_heads * 2.0 * D * 4;
+                        BenchRow row{"topk25", B, ctx, "f16", ms, sel_bytes, 0, 0, tk};
+                        row.gbps = sel_bytes / (ms * 1e-3) / 1e9;
+                        row.share = row.gbps / copy_gbps;
+                        rows.push_back(row);
+                        printf("topk25 B=%-3u ctx=%-6u f16   %9.4f ms (score+topk %.4f ms) %7.0f GB/s\n", B, ctx, ms, tk,
+                               row.gbps);
+                        fflush(stdout);
+                    }
+                }
+                CK(cudaDeviceSynchronize());
+                free_all(&allocs);
+            }
+    // Reports.
+    std::string md = "# intentkv CUDA decode benchmark\n\ndevice: " + std::string(prop.name) +
+                     "; device-to-device copy " + std::to_string(int(copy_gbps)) +
+                     " GB/s (read+write)\n\n| case | B | ctx | format | ms/step | MB read | GB/s | % of copy | "
+                     "score+topk ms |\n|---|---|---|---|---|---|---|---|---|\n";
+    std::string csv = "case,B,ctx,format,ms,bytes,gbps,share_of_copy,topk_ms,copy_gbps\n";
+    char line[512];
+    for (const BenchRow &r : rows) {
+        snprintf(line, sizeof line, "| %s | %u | %u | %s | %.4f | %.1f | %.0f | %.1f | %s |\n", r.name.c_str(), r.B,
+                 r.ctx, r.fmt.c_str(), r.ms, r.bytes / 1e6, r.gbps, 100 * r.share,
+                 r.topk_ms > 0 ? std::to_string(r.topk_ms).c_str() : "");
+        md += line;
+        snprintf(line, sizeof line, "%s,%u,%u,%s,%.6f,%.0f,%.1f,%.4f,%.6f,%.1f\n", r.name.c_str(), r.B, r.ctx,
+                 r.fmt.c_str(), r.ms, r.bytes, r.gbps, r.share, r.topk_ms, copy_gbps);
+        csv += line;
+    }
+    printf("\n%s", md.c_str());
+    if (out_dir && *out_dir) {
+        const std::string d(out_dir);
+        if (FILE *fp = fopen((d + "/gpu_bench.md").c_str(), "w")) fputs(md.c_str(), fp), fclose(fp);
+        if (FILE *fp = fopen((d + "/gpu_bench.csv").c_str(), "w")) fputs(csv.c_str(), fp), fclose(fp);
+    }
+}
+
+}  // namespace gpucheck

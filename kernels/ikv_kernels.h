@@ -1,0 +1,109 @@
+// Host-facing interface of the CUDA kernels (kernels/*.cu). Plain structs and
+// launch functions, includable from host C++ (src/cuda/*.cpp, compiled by the
+// host compiler) and from CUDA sources. Every launch function only enqueues on
+// the given stream: no allocation, no synchronization, so a sequence of them
+// can be captured in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "common/page_format.hpp"
+#include "intentkv.h"
+
+namespace ikv {
+namespace cuda {
+
+// One entry of a device work list: a page a decode reads. 16 bytes so a CTA
+// reads it with one vector load.
+struct DevPage {
+    const uint8_t *base;  // page base in device memory (never null in a list)
+    uint32_t pos0;        // absolute token position of row 0 of the page (= page * P)
+    uint8_t begin;        // first row read, in [0, P)
+    uint8_t end;          // one past the last row read, in (begin, P]   (P <= 128)
+    uint8_t format;       // ikv_format
+    uint8_t flags;        // IKV_PAGE_MANDATORY | IKV_PAGE_PARTIAL
+};
+static_assert(sizeof(DevPage) == 16, "DevPage must be 16 bytes");
+
+// A set of work lists in device memory: list i (i = seq * list_heads + head
+// when list_heads > 1, else i = seq) holds counts[i] entries at
+// pages + i * stride.
+struct DevLists {
+    const DevPage *pages;
+    const uint32_t *counts;
+    uint32_t stride;      // capacity of one list (entries)
+    uint32_t list_heads;  // 1: one list per sequence shared by all kv-heads; n_kv_heads: one per (seq, head)
+};
+
+// Head dims the CUDA kernels are built for (a dispatch table, not copies).
+inline bool head_dim_supported(uint32_t D) { return D == 64 || D == 128 || D == 256; }
+
+// ---------------------------------------------------------------- decode --
+struct DecodeParams {
+    PageShape shape;
+    uint32_t layer;
+    uint32_t n_seqs;
+    uint32_t n_query_tokens;  // T, 1..16
+    uint32_t n_q_heads;       // Hq
+    DevLists lists;
+    const uint32_t *seq_len;  // device [n_seqs]: tokens stored in the layer (query t sits at len - T + t)
+    const void *q;            // device, ((b*T + t)*Hq + h)*D + d
+    ikv_dtype q_dtype;
+    void *out;                // device, same index as q
+    ikv_dtype out_dtype;
+    float *lse;               // device, optional, ((b*T + t)*Hq + h)
+    float scale;              // already resolved (no 0 here)
+    float softcap;            // 0 = off
+    uint32_t max_pages;       // upper bound of any counts[i] (sizes the split-K grid)
+    uint32_t n_splits;        // 0 = choose (see decode_choose_splits)
+    void *workspace;          // device scratch of decode_workspace_bytes() bytes
+};
+
+// Splits the launcher picks for a shape on a device with n_sms SMs.
+uint32_t decode_choose_splits(const DecodeParams &p, int n_sms);
+// Scratch bytes decode needs for p with n_splits splits (partials of the split-K merge).
+uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits);
+// Enqueue the fused decode (+ merge). p.n_splits must be set (>= 1).
+// Returns cudaErrorInvalidValue for an unsupported head_dim.
+cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream);
+
+// --------------------------------------------------------- score + top-k --
+constexpr uint32_t kMaxTopkCandidates = 8192;
+
+struct TopkParams {
+    PageShape shape;
+    uint32_t layer;
+    uint32_t n_seqs;
+    uint32_t n_q_heads;
+    uint32_t n_query_tokens;
+    const void *q;            // device, as DecodeParams::q; query token 0 of each sequence is scored
+    ikv_dtype q_dtype;
+    DevLists candidates;      // list_heads must be 1: candidates per sequence (flags: MANDATORY kept)
+    uint32_t max_candidates;  // upper bound of candidates.counts[i], <= kMaxTopkCandidates
+    uint32_t token_budget;
+    float *scores;            // device scratch [n_seqs * n_kv_heads * max_candidates]
+    DevPage *out_pages;       // device [n_seqs * n_kv_heads * max_candidates]
+    uint32_t *out_counts;     // device [n_seqs * n_kv_heads]
+};
+
+// Quest upper bound per candidate page and kv-head (max over the group's
+// query heads of sum_d max(q_d*kmin_d, q_d*kmax_d)), then per (seq, kv-head)
+// the mandatory pages plus the best others in descending bound order (ties:
+// lower list index first) while the running token count (mandatory first)
+// stays within token_budget; the first page that does not fit ends the
+// selection. Output lists keep candidate order. Writes out_pages/out_counts
+// as a DevLists with stride max_candidates and list_heads n_kv_heads.
+cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream);
+
+// ------------------------------------------------------ quantize-on-write --
+// Quantize one layer of a page from fp32 rows in device memory: k, v are
+// [H][P][D] (row r of head h at k + (h*P + r)*D); rows n_valid..P-1 are
+// written as zeros. Bytes equal write_subpage()'s; then the layer's key
+// summaries (k_min, k_max, k_mean of the stored keys, as the host store
+// computes them) are written.
+cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer,
+                                  const float *k, const float *v, uint32_t n_valid, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace ikv

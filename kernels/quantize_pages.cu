@@ -1,0 +1,172 @@
+// Quantize-on-write: one layer of a page from fp32 rows in device memory.
+// One block per kv-head (sub-page). Every byte equals what the host's
+// write_subpage() (common/quant.hpp) writes for the same input: the same
+// scalar functions, the same per-group reductions (max/min are exact in any
+// order), true IEEE division, and each packed INT4 byte written by one thread.
+// Then the key summaries are recomputed from the stored keys exactly as the
+// host store does (float min/max, double sum in token order, no FMA).
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "common/quant.hpp"
+#include "ikv_kernels.h"
+
+namespace ikv {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr uint32_t kMaxRowsPerPage = 128;  // the pool's largest page_size
+
+// Block-wide max of non-negative values (0 if none).
+__device__ float block_max(float v, float *red) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    float m = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, red[w]);
+    return m;
+}
+
+// Dequantized key (t, d) as read_subpage_row computes it, without FMA contraction.
+__device__ float stored_key(ikv_format f, const SubpageLayout &L, uint32_t D, const uint8_t *sub, uint32_t t,
+                            uint32_t d) {
+    const uint8_t *data = sub + L.k + t * row_bytes(f, D);
+    const float *sc = reinterpret_cast<const float *>(sub + L.k_scale);
+    const float *mn = reinterpret_cast<const float *>(sub + L.k_min);
+    switch (f) {
+        case IKV_FMT_F16: return f16_to_f32(reinterpret_cast<const uint16_t *>(data)[d]);
+        case IKV_FMT_BF16: return bf16_to_f32(reinterpret_cast<const uint16_t *>(data)[d]);
+        case IKV_FMT_FP8_E4M3: return __fmul_rn(e4m3_to_f32(data[d]), sc[0]);
+        case IKV_FMT_INT8: return __fmul_rn(float(int8_t(data[d])), sc[d]);
+        case IKV_FMT_INT4: {
+            const uint32_t q = d & 1 ? data[d / 2] >> 4 : data[d / 2] & 0xFu;
+            return __fadd_rn(__fmul_rn(float(q), sc[d]), mn[d]);
+        }
+        default: return 0.0f;
+    }
+}
+
+__global__ void quantize_layer_kernel(PageShape shape, ikv_format f, uint8_t *page, uint32_t layer, const float *k,
+                                      const float *v, uint32_t n_valid) {
+    __shared__ float red[kThreads / 32];
+    const uint32_t P = shape.page_size, D = shape.head_dim, h = blockIdx.x;
+    const SubpageLayout L = subpage_layout(f, P, D);
+    uint8_t *sub = page + subpage_offset(shape, f, layer, h);
+    const uint32_t tid = threadIdx.x;
+
+    for (uint64_t o = tid; o < L.bytes; o += kThreads) sub[o] = 0;
+    __syncthreads();
+
+    for (int which = 0; which < 2; ++which) {
+        const float *src = (which == 0 ? k : v) + uint64_t(h) * P * D;
+        uint8_t *data = sub + (which == 0 ? L.k : L.v);
+        const uint64_t rb = row_bytes(f, D);
+        if (f == IKV_FMT_F16 || f == IKV_FMT_BF16) {
+            for (uint32_t e = tid; e < n_valid * D; e += kThreads) {
+                const float x = src[e];
+                reinterpret_cast<uint16_t *>(data)[e] = f == IKV_FMT_F16 ? f32_to_f16(x) : f32_to_bf16(x);
+            }
+        } else if (f == IKV_FMT_FP8_E4M3) {
+            float amax = 0.0f;
+            for (uint32_t e = tid; e < n_valid * D; e += kThreads) amax = fmaxf(amax, fabsf(src[e]));
+            const float s = fp8_scale(block_max(amax, red));
+            if (tid == 0) *reinterpret_cast<float *>(sub + (which == 0 ? L.k_scale : L.v_scale)) = s;
+            for (uint32_t e = tid; e < n_valid * D; e += kThreads) data[e] = f32_to_e4m3(src[e] / s);
+        } else if (f == IKV_FMT_INT8) {
+            float *scales = reinterpret_cast<float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
+            if (which == 0) {
+                for (uint32_t d = tid; d < D; d += kThreads) {
+                    float amax = 0.0f;
+                    for (uint32_t t = 0; t < n_valid; ++t) amax = fmaxf(amax, fabsf(src[t * D + d]));
+                    const float s = int8_scale(amax);
+                    scales[d] = s;
+                    for (uint32_t t = 0; t < n_valid; ++t) data[t * rb + d] = uint8_t(quant_int8(src[t * D + d], s));
+                }
+            } else {
+                for (uint32_t t = tid; t < n_valid; t += kThreads) {
+                    float amax = 0.0f;
+                    for (uint32_t d = 0; d < D; ++d) amax = fmaxf(amax, fabsf(src[t * D + d]));
+                    const float s = int8_scale(amax);
+                    scales[t] = s;
+                    for (uint32_t d = 0; d < D; ++d) data[t * rb + d] = uint8_t(quant_int8(src[t * D + d], s));
+                }
+            }
+        } else if (f == IKV_FMT_INT4) {
+            float *scales = reinterpret_cast<float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
+            float *mins = reinterpret_cast<float *>(sub + (which == 0 ? L.k_min : L.v_min));
+            if (which == 0) {  // one thread per channel pair: it owns the packed bytes
+                for (uint32_t j = tid; j < D / 2; j += kThreads) {
+                    uint8_t packed[kMaxRowsPerPage];
+                    for (uint32_t t = 0; t < n_valid; ++t) packed[t] = 0;
+                    for (uint32_t d = 2 * j; d < 2 * j + 2; ++d) {
+                        float lo = INFINITY, hi = -INFINITY;
+                        for (uint32_t t = 0; t < n_valid; ++t) {
+                            lo = fminf(lo, src[t * D + d]);
+                            hi = fmaxf(hi, src[t * D + d]);
+                        }
+                        if (n_valid == 0) lo = hi = 0.0f;
+                        const float s = int4_scale(lo, hi);
+                        scales[d] = s;
+                        mins[d] = lo;
+                        for (uint32_t t = 0; t < n_valid; ++t) {
+                            const uint8_t q = quant_int4(src[t * D + d], lo, s);
+                            packed[t] |= uint8_t(d & 1 ? q << 4 : q);
+                        }
+                    }
+                    for (uint32_t t = 0; t < n_valid; ++t) data[t * rb + j] = packed[t];
+                }
+            } else {  // one thread per (token, group of 32 channels)
+                const uint32_t G = int4_v_groups(D);
+                for (uint32_t e = tid; e < n_valid * G; e += kThreads) {
+                    const uint32_t t = e / G, g = e % G;
+                    const uint32_t d0 = g * kInt4VGroup, d1 = d0 + kInt4VGroup < D ? d0 + kInt4VGroup : D;
+                    float lo = INFINITY, hi = -INFINITY;
+                    for (uint32_t d = d0; d < d1; ++d) {
+                        lo = fminf(lo, src[t * D + d]);
+                        hi = fmaxf(hi, src[t * D + d]);
+                    }
+                    const float s = int4_scale(lo, hi);
+                    scales[t * G + g] = s;
+                    mins[t * G + g] = lo;
+                    for (uint32_t d = d0; d < d1; ++d) {
+                        const uint8_t q = quant_int4(src[t * D + d], lo, s);
+                        data[t * rb + d / 2] |= uint8_t(d & 1 ? q << 4 : q);
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // Key summaries of the stored keys.
+    float *rec = reinterpret_cast<float *>(page + summary_offset(shape, f, layer, h));
+    for (uint32_t d = tid; d < D; d += kThreads) {
+        float mn = INFINITY, mx = -INFINITY;
+        double sum = 0.0;
+        for (uint32_t t = 0; t < n_valid; ++t) {
+            const float x = stored_key(f, L, D, sub, t, d);
+            mn = fminf(mn, x);
+            mx = fmaxf(mx, x);
+            sum += double(x);
+        }
+        if (n_valid == 0) mn = mx = 0.0f;
+        rec[d] = mn;
+        rec[D + d] = mx;
+        rec[2 * D + d] = n_valid == 0 ? 0.0f : float(sum / double(n_valid));
+    }
+}
+
+}  // namespace
+
+cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer,
+                                  const float *k, const float *v, uint32_t n_valid, cudaStream_t stream) {
+    if (shape.page_size > kMaxRowsPerPage || n_valid > shape.page_size || shape.head_dim % 16 != 0)
+        return cudaErrorInvalidValue;
+    quantize_layer_kernel<<<shape.n_kv_heads, kThreads, 0, stream>>>(shape, f, page, layer, k, v, n_valid);
+    return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace ikv

@@ -1,0 +1,263 @@
+// Device-side query-aware page selection (Quest upper bound + top pages
+// within a token budget), producing the work lists the decode kernel reads.
+// Two launches, no allocation, no host synchronization (graph capturable):
+//   score_kernel   one block per (8 candidate pages, kv-head, sequence), one
+//                  warp per page: the upper bound
+//                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's key
+//                  summary (query token 0; the group's queries staged in shared
+//                  memory, the summary read once with 16-byte loads);
+//   select_kernel  one block per (sequence, kv-head): a token-weighted radix
+//                  select (4 passes of 8 bits over the order key: bound
+//                  descending) finds where the budget runs out, ties at the
+//                  boundary are taken in candidate order by a block scan, then
+//                  mandatory pages + the selected prefix are compacted in
+//                  candidate order. Same rule as the CPU path: mandatory tokens
+//                  count first; the first page (in bound order) that does not
+//                  fit ends the selection.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include <atomic>
+
+#include "common/quant.hpp"
+#include "ikv_kernels.h"
+
+namespace ikv {
+namespace cuda {
+namespace {
+
+constexpr int kScoreWarps = 8;
+constexpr int kSelectThreads = 1024;
+
+__device__ __forceinline__ float load_q(const void *p, ikv_dtype dt, uint64_t i) {
+    if (dt == IKV_DTYPE_F32) return static_cast<const float *>(p)[i];
+    const uint16_t b = static_cast<const uint16_t *>(p)[i];
+    return dt == IKV_DTYPE_F16 ? __half2float(__ushort_as_half(b)) : bf16_to_f32(b);
+}
+
+__global__ void score_kernel(const TopkParams p) {
+    extern __shared__ __align__(16) float qs[];  // [G][D] query token 0 of the group
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t head = blockIdx.y, seq = blockIdx.z;
+    const uint32_t D = p.shape.head_dim, Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
+    const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
+    for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) qs[e] = load_q(p.q, p.q_dtype, q0 + e);
+    __syncthreads();
+    const uint32_t c = blockIdx.x * kScoreWarps + warp;
+    const uint32_t count = p.candidates.counts[seq];
+    if (c >= count) return;
+    const DevPage pg = p.candidates.pages[uint64_t(seq) * p.candidates.stride + c];
+    const float *rec = reinterpret_cast<const float *>(
+        pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
+    // Lane owns channels [4*lane + 128*k, +4): k_min and k_max in registers.
+    constexpr int kMaxVec = 2;  // D <= 256
+    float4 mn[kMaxVec], mx[kMaxVec];
+#pragma unroll
+    for (int k = 0; k < kMaxVec; ++k) {
+        const uint32_t d = 4 * lane + 128 * k;
+        if (d < D) {
+            mn[k] = *reinterpret_cast<const float4 *>(rec + d);
+            mx[k] = *reinterpret_cast<const float4 *>(rec + D + d);
+        }
+    }
+    float best = -INFINITY;
+    for (uint32_t g = 0; g < G; ++g) {
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < kMaxVec; ++k) {
+            const uint32_t d = 4 * lane + 128 * k;
+            if (d < D) {
+                const float4 q = *reinterpret_cast<const float4 *>(qs + g * D + d);
+                s += fmaxf(q.x * mn[k].x, q.x * mx[k].x) + fmaxf(q.y * mn[k].y, q.y * mx[k].y) +
+                     fmaxf(q.z * mn[k].z, q.z * mx[k].z) + fmaxf(q.w * mn[k].w, q.w * mx[k].w);
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+        best = fmaxf(best, s);
+    }
+    if (lane == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
+}
+
+// Order key of a non-mandatory candidate: ascending key = bound descending.
+// 0 is never used (kept free); NaN bounds sort last.
+__device__ __forceinline__ uint32_t order_key(float score) {
+    if (score != score) return 0xFFFFFFFFu;
+    const uint32_t u = f32_bits(score);
+    const uint32_t asc = (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // ascending float order
+    const uint32_t k = ~asc;                                            // descending
+    return k == 0 ? 1u : k;
+}
+
+// Inclusive block scan of one value per thread (kSelectThreads threads).
+__device__ uint32_t block_scan(uint32_t v, uint32_t *warp_sums) {
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t n = __shfl_up_sync(0xFFFFFFFFu, v, o);
+        if (lane >= uint32_t(o)) v += n;
+    }
+    __syncthreads();
+    if (lane == 31) warp_sums[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        uint32_t w = warp_sums[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            const uint32_t n = __shfl_up_sync(0xFFFFFFFFu, w, o);
+            if (lane >= uint32_t(o)) w += n;
+        }
+        warp_sums[lane] = w;
+    }
+    __syncthreads();
+    return v + (warp > 0 ? warp_sums[warp - 1] : 0u);
+}
+
+__global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams p, uint32_t npad) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    uint32_t *keys = reinterpret_cast<uint32_t *>(smem);  // 0 = mandatory
+    uint8_t *tok = smem + npad * 4;
+    uint8_t *keep = tok + npad;
+    __shared__ uint32_t warp_sums[32];
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t carry, digit_sh, mand_tokens;
+    __shared__ int64_t rem_sh;
+
+    const uint32_t head = blockIdx.x, seq = blockIdx.y, Hkv = p.shape.n_kv_heads;
+    const uint32_t count = p.candidates.counts[seq];
+    const DevPage *cand = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
+    const float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
+    const uint32_t tid = threadIdx.x;
+
+    if (tid == 0) mand_tokens = 0;
+    __syncthreads();
+    uint32_t my_mand = 0;
+    for (uint32_t i = tid; i < count; i += kSelectThreads) {
+        const DevPage pg = cand[i];
+        const bool mandatory = pg.flags & IKV_PAGE_MANDATORY;
+        keys[i] = mandatory ? 0u : order_key(scores[i]);
+        tok[i] = uint8_t(uint32_t(pg.end) - pg.begin);
+        keep[i] = mandatory ? 1 : 0;
+        if (mandatory) my_mand += uint32_t(pg.end) - pg.begin;
+    }
+    if (my_mand) atomicAdd(&mand_tokens, my_mand);
+    __syncthreads();
+    // Tokens left for non-mandatory pages; negative: none fits.
+    if (tid == 0) rem_sh = int64_t(p.token_budget) - int64_t(mand_tokens);
+    __syncthreads();
+    // Radix select over the 32-bit key, MSB first: keys < lim are all taken; keys == tie are taken in
+    // candidate order while they fit.
+    uint64_t lim = 0;
+    uint32_t prefix = 0, mask = 0;
+    bool ties = false;
+    if (rem_sh >= 0) {
+        ties = true;
+        for (int pass = 0; pass < 4; ++pass) {
+            const int shift = 24 - 8 * pass;
+            for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
+            __syncthreads();
+            for (uint32_t i = tid; i < count; i += kSelectThreads) {
+                const uint32_t k = keys[i];
+                if (k != 0 && (k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], uint32_t(tok[i]));
+            }
+            __syncthreads();
+            if (tid == 0) {
+                int64_t rem = rem_sh;
+                uint32_t d = 256;
+                for (uint32_t b = 0; b < 256; ++b) {
+                    if (int64_t(hist[b]) > rem) {
+                        d = b;
+                        break;
+                    }
+                    rem -= hist[b];
+                }
+                rem_sh = rem;
+                digit_sh = d;
+            }
+            __syncthreads();
+            const uint32_t d = digit_sh;
+            if (d == 256) {  // everything under this prefix fits
+                lim = uint64_t(prefix) + (uint64_t(1) << (shift + 8));
+                ties = false;
+                break;
+            }
+            prefix |= d << shift;
+            mask |= 255u << shift;
+            lim = prefix;
+        }
+    }
+    const int64_t rem = rem_sh;
+    // Mark the strict prefix.
+    for (uint32_t i = tid; i < count; i += kSelectThreads)
+        if (keys[i] != 0 && uint64_t(keys[i]) < lim) keep[i] = 1;
+    // Ties at the boundary key, in candidate order, while they fit.
+    if (ties) {
+        if (tid == 0) carry = 0;
+        __syncthreads();
+        for (uint32_t base = 0; base < npad; base += kSelectThreads) {
+            const uint32_t i = base + tid;
+            const bool tie = i < count && keys[i] == prefix && keys[i] != 0;
+            const uint32_t run = block_scan(tie ? tok[i] : 0u, warp_sums) + carry;
+            if (tie && int64_t(run) <= rem) keep[i] = 1;
+            __syncthreads();
+            if (tid == kSelectThreads - 1) carry = run;
+            __syncthreads();
+        }
+    }
+    __syncthreads();
+    // Stable compaction in candidate order.
+    DevPage *out = p.out_pages + (uint64_t(seq) * Hkv + head) * p.max_candidates;
+    if (tid == 0) carry = 0;
+    __syncthreads();
+    for (uint32_t base = 0; base < npad; base += kSelectThreads) {
+        const uint32_t i = base + tid;
+        const uint32_t k = i < count ? keep[i] : 0u;
+        const uint32_t pos = block_scan(k, warp_sums) + carry;  // inclusive
+        if (k) out[pos - 1] = cand[i];
+        __syncthreads();
+        if (tid == kSelectThreads - 1) carry = pos;
+        __syncthreads();
+    }
+    if (tid == 0) p.out_counts[uint64_t(seq) * Hkv + head] = carry;
+}
+
+// Opt in to the select kernel's largest shared memory once per device.
+cudaError_t allow_select_smem() {
+    static std::atomic<uint64_t> done{0};
+    int dev = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) return err;
+    const uint64_t bit = 1ull << (dev & 63);
+    if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;
+    err = cudaFuncSetAttribute(reinterpret_cast<const void *>(select_kernel),
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxTopkCandidates * 6));
+    if (err == cudaSuccess) done.fetch_or(bit, std::memory_order_acq_rel);
+    return err;
+}
+
+}  // namespace
+
+cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream) {
+    if (p.max_candidates == 0 || p.max_candidates > kMaxTopkCandidates || p.candidates.list_heads != 1)
+        return cudaErrorInvalidValue;
+    uint32_t npad = 1;
+    while (npad < p.max_candidates) npad <<= 1;
+    const dim3 sgrid((p.max_candidates + kScoreWarps - 1) / kScoreWarps, p.shape.n_kv_heads, p.n_seqs);
+    if (p.shape.head_dim > 256 || p.shape.head_dim % 4 != 0) return cudaErrorInvalidValue;
+    const uint32_t G = p.n_q_heads / p.shape.n_kv_heads;
+    const int qbytes = int(G * p.shape.head_dim * 4);
+    cudaError_t err = cudaSuccess;
+    if (qbytes > 48 * 1024)  // very wide groups only
+        err = cudaFuncSetAttribute(reinterpret_cast<const void *>(score_kernel),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, qbytes);
+    if (err != cudaSuccess) return err;
+    score_kernel<<<sgrid, kScoreWarps * 32, qbytes, stream>>>(p);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    const int smem = int(npad * 6);
+    err = allow_select_smem();
+    if (err != cudaSuccess) return err;
+    select_kernel<<<dim3(p.shape.n_kv_heads, p.n_seqs), kSelectThreads, smem, stream>>>(p, npad);
+    return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace ikv

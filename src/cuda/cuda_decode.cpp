@@ -1,0 +1,259 @@
+// ikv_decode on a CUDA pool (called by src/api/api_decode.cpp after the
+// arguments were checked against the pool).
+//
+// One step, all enqueued on args->stream, no host synchronization:
+//   1. host: per sequence, the entries it reads (plan entries or every live
+//      page, clipped, evicted pages dropped: decode/selection.hpp's
+//      collect_entries, the same rule as the CPU path) become DevPage records
+//      with the pages' device addresses from the pool snapshot; they go into a
+//      pinned staging buffer with the sequence lengths and list counts;
+//   2. one cudaMemcpyAsync of that buffer to the decoder's device buffer;
+//   3. with topk_token_budget > 0: score + top-k kernels turn the per-sequence
+//      candidate lists into per-(sequence, kv-head) lists on the device;
+//   4. the fused decode kernel (+ split-K merge) reads the lists directly.
+// Device buffers grow with cudaMallocAsync/cudaFreeAsync on the stream. The
+// pinned staging buffer is double-buffered; before refilling one half the
+// host waits for the copy that last read it (issued two steps earlier, long
+// finished in a steady loop), never for the kernels.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "common/error.hpp"
+#include "cuda/cuda_backend.hpp"
+#include "cuda/cuda_util.hpp"
+#include "decode/selection.hpp"
+#include "ikv_kernels.h"
+#include "pool/pool_view.hpp"
+
+namespace ikv {
+
+struct CudaDecoderState {
+    int device = -1;
+    int n_sms = 0;
+    // Pinned staging, two halves used alternately.
+    uint8_t *pinned[2] = {nullptr, nullptr};
+    uint64_t pinned_bytes[2] = {0, 0};
+    cudaEvent_t copied[2] = {nullptr, nullptr};  // the copy that last read pinned[i]
+    bool copied_valid[2] = {false, false};
+    int next = 0;
+    // Device buffer: staged lists + top-k output + workspace.
+    uint8_t *dev = nullptr;
+    uint64_t dev_bytes = 0;
+    std::vector<cuda::DevPage> pages;  // host assembly of the lists
+    dvec<Entry> entries;
+};
+
+void cuda_decoder_state_destroy(CudaDecoderState *s) {
+    if (s == nullptr) return;
+    if (s->device >= 0) {
+        DeviceGuard g(s->device);
+        for (int i = 0; i < 2; ++i) {
+            if (s->copied[i]) {
+                if (s->copied_valid[i]) cudaEventSynchronize(s->copied[i]);
+                cudaEventDestroy(s->copied[i]);
+            }
+            if (s->pinned[i]) cudaFreeHost(s->pinned[i]);
+        }
+        if (s->dev) {
+            cudaDeviceSynchronize();  // the decoder's last steps may still read it
+            cudaFree(s->dev);
+        }
+    }
+    delete s;
+}
+
+namespace {
+
+constexpr const char *kFn = "ikv_decode";
+
+uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
+
+ikv_status ensure_state(CudaDecoderState **state, int device) {
+    if (*state && (*state)->device == device) return IKV_OK;
+    if (*state) {  // the decoder moved to a pool on another device
+        cuda_decoder_state_destroy(*state);
+        *state = nullptr;
+    }
+    CudaDecoderState *s = new (std::nothrow) CudaDecoderState;
+    if (s == nullptr) return fail(IKV_E_NOMEM, "%s: out of host memory", kFn);
+    s->device = device;
+    cudaError_t err = cudaDeviceGetAttribute(&s->n_sms, cudaDevAttrMultiProcessorCount, device);
+    for (int i = 0; i < 2 && err == cudaSuccess; ++i) err = cudaEventCreateWithFlags(&s->copied[i], cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+        cuda_decoder_state_destroy(s);
+        return cuda_fail(err, kFn, "creating the decoder's CUDA state");
+    }
+    *state = s;
+    return IKV_OK;
+}
+
+}  // namespace
+
+ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, uint64_t *bytes_read) {
+    const ikv_decode_args &a = *args;
+    const PageShape &shape = pool_shape(pool);
+    const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
+    if (!cuda::head_dim_supported(D))
+        return fail(IKV_E_UNSUPPORTED, "%s: head_dim %u is not built into the CUDA kernels (64, 128, 256)", kFn, D);
+    const int device = pool_device(pool);
+    DeviceGuard guard(device);
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), kFn, "cudaSetDevice");
+    ikv_status st = ensure_state(state, device);
+    if (st != IKV_OK) return st;
+    CudaDecoderState &s = **state;
+    cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+
+    // 1. Candidate lists per sequence, on the host.
+    std::vector<uint32_t> counts(B), lens(B);
+    uint32_t max_count = 0;
+    s.pages.clear();
+    std::vector<uint64_t> list_begin(B + 1, 0);
+    uint64_t bytes = 0;
+    for (uint32_t b = 0; b < B; ++b) {
+        SeqSnapshot snap;
+        st = pool_snapshot(pool, a.seqs[b], a.layer, &snap);
+        if (st != IKV_OK) return st;
+        const ikv_plan *plan = a.plans ? a.plans[b] : nullptr;
+        collect_entries(snap, plan, P, s.entries);
+        lens[b] = snap.length;
+        list_begin[b] = s.pages.size();
+        for (const Entry &e : s.entries) {
+            const PageRef &ref = snap.pages[e.page];
+            cuda::DevPage d{};
+            d.base = ref.base;
+            d.pos0 = e.page * P;
+            d.begin = uint8_t(e.begin - d.pos0);
+            d.end = uint8_t(e.end - d.pos0);
+            d.format = uint8_t(ref.format);
+            d.flags = uint8_t((e.mandatory ? IKV_PAGE_MANDATORY : 0u) |
+                              (e.end - e.begin < P ? IKV_PAGE_PARTIAL : 0u));
+            s.pages.push_back(d);
+            bytes += uint64_t(Hkv) * subpage_read_bytes(ref.format, P, D, e.end - e.begin);
+        }
+        counts[b] = uint32_t(s.entries.size());
+        max_count = std::max(max_count, counts[b]);
+    }
+    list_begin[B] = s.pages.size();
+    const bool topk = a.topk_token_budget > 0;
+    if (topk && max_count > cuda::kMaxTopkCandidates)
+        return fail(IKV_E_UNSUPPORTED,
+                    "%s: args->topk_token_budget on a CUDA pool handles at most %u candidate pages per sequence, "
+                    "a sequence has %u",
+                    kFn, cuda::kMaxTopkCandidates, max_count);
+    const uint32_t stride = std::max<uint32_t>(max_count, 1);
+
+    // Decode parameters (the workspace size depends on the split count).
+    cuda::DecodeParams p{};
+    p.shape = shape;
+    p.layer = a.layer;
+    p.n_seqs = B;
+    p.n_query_tokens = a.n_query_tokens;
+    p.n_q_heads = a.n_q_heads;
+    p.q = a.q;
+    p.q_dtype = a.q_dtype;
+    p.out = a.out;
+    p.out_dtype = a.out_dtype;
+    p.lse = a.lse;
+    p.scale = a.scale > 0.0f ? a.scale : 1.0f / std::sqrt(float(D));
+    p.softcap = a.softcap;
+    p.max_pages = stride;
+    p.n_splits = cuda::decode_choose_splits(p, s.n_sms);
+
+    // Staging layout (host and device alike): counts[B] | lens[B] | pages[B][stride].
+    const uint64_t off_lens = align256(4ull * B);
+    const uint64_t off_pages = off_lens + align256(4ull * B);
+    const uint64_t staged = off_pages + align256(uint64_t(B) * stride * sizeof(cuda::DevPage));
+    // Device only: top-k scores, per-head lists and counts, then the decode workspace.
+    const uint64_t off_scores = staged;
+    const uint64_t off_sel = off_scores + (topk ? align256(4ull * B * Hkv * stride) : 0);
+    const uint64_t off_selc = off_sel + (topk ? align256(uint64_t(B) * Hkv * stride * sizeof(cuda::DevPage)) : 0);
+    const uint64_t off_ws = off_selc + (topk ? align256(4ull * B * Hkv) : 0);
+    const uint64_t total = off_ws + align256(cuda::decode_workspace_bytes(p, p.n_splits));
+
+    // 2. Pinned staging half, filled on the host.
+    const int half = s.next;
+    s.next ^= 1;
+    cudaError_t err = cudaSuccess;
+    if (s.copied_valid[half]) {
+        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        cudaStreamIsCapturing(stream, &cap);
+        if (cap == cudaStreamCaptureStatusNone) err = cudaEventSynchronize(s.copied[half]);
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "waiting for an earlier staging copy");
+    }
+    if (s.pinned_bytes[half] < staged) {
+        if (s.pinned[half]) cudaFreeHost(s.pinned[half]);
+        s.pinned[half] = nullptr;
+        s.pinned_bytes[half] = 0;
+        err = cudaHostAlloc(reinterpret_cast<void **>(&s.pinned[half]), staged * 2, cudaHostAllocDefault);
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaHostAlloc of the plan staging buffer");
+        s.pinned_bytes[half] = staged * 2;
+    }
+    uint8_t *h = s.pinned[half];
+    std::memcpy(h, counts.data(), 4ull * B);
+    std::memcpy(h + off_lens, lens.data(), 4ull * B);
+    for (uint32_t b = 0; b < B; ++b)
+        std::memcpy(h + off_pages + uint64_t(b) * stride * sizeof(cuda::DevPage), s.pages.data() + list_begin[b],
+                    (list_begin[b + 1] - list_begin[b]) * sizeof(cuda::DevPage));
+
+    // Device buffer (stream-ordered growth: no host synchronization).
+    if (s.dev_bytes < total) {
+        if (s.dev) cudaFreeAsync(s.dev, stream);
+        s.dev = nullptr;
+        s.dev_bytes = 0;
+        const uint64_t want = std::max<uint64_t>(total, total + total / 2);
+        err = cudaMallocAsync(reinterpret_cast<void **>(&s.dev), want, stream);
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMallocAsync of the decoder's device buffer");
+        s.dev_bytes = want;
+    }
+    err = cudaMemcpyAsync(s.dev, h, staged, cudaMemcpyHostToDevice, stream);
+    if (err == cudaSuccess) err = cudaEventRecord(s.copied[half], stream);
+    if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMemcpyAsync of the plan to the device");
+    s.copied_valid[half] = true;
+
+    const uint32_t *d_counts = reinterpret_cast<const uint32_t *>(s.dev);
+    p.seq_len = reinterpret_cast<const uint32_t *>(s.dev + off_lens);
+    const cuda::DevPage *d_pages = reinterpret_cast<const cuda::DevPage *>(s.dev + off_pages);
+    p.workspace = s.dev + off_ws;
+    p.lists = cuda::DevLists{d_pages, d_counts, stride, 1};
+
+    // 3. Query-aware selection on the device.
+    if (topk) {
+        cuda::TopkParams t{};
+        t.shape = shape;
+        t.layer = a.layer;
+        t.n_seqs = B;
+        t.n_q_heads = a.n_q_heads;
+        t.n_query_tokens = a.n_query_tokens;
+        t.q = a.q;
+        t.q_dtype = a.q_dtype;
+        t.candidates = p.lists;
+        t.max_candidates = stride;
+        t.token_budget = a.topk_token_budget;
+        t.scores = reinterpret_cast<float *>(s.dev + off_scores);
+        t.out_pages = reinterpret_cast<cuda::DevPage *>(s.dev + off_sel);
+        t.out_counts = reinterpret_cast<uint32_t *>(s.dev + off_selc);
+        err = cuda::launch_score_topk(t, stream);
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "the page scoring / top-k kernels");
+        p.lists = cuda::DevLists{t.out_pages, t.out_counts, stride, Hkv};
+        // The exact selection stays on the device; bytes_read counts the summaries
+        // scored plus the budget's worth of rows at the candidates' mean row cost.
+        uint64_t tokens = 0;
+        for (const cuda::DevPage &d : s.pages) tokens += uint64_t(d.end) - d.begin;
+        const uint64_t per_token = tokens ? bytes / tokens : 0;
+        bytes = std::min<uint64_t>(tokens, uint64_t(a.topk_token_budget) * B) * per_token +
+                uint64_t(s.pages.size()) * Hkv * 2ull * D * 4;
+    }
+
+    // 4. Fused decode + split-K merge.
+    err = cuda::launch_decode(p, stream);
+    if (err != cudaSuccess) return cuda_fail(err, kFn, "the decode kernels");
+    *bytes_read = bytes;
+    return IKV_OK;
+}
+
+}  // namespace ikv

@@ -1,0 +1,37 @@
+// Small helpers of the CUDA host side: run on a pool's device and restore the
+// caller's current device afterwards, and turn a cudaError_t into an
+// IKV_E_DEVICE status with a sentence naming the call.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "common/error.hpp"
+
+namespace ikv {
+
+// Makes `device` current for the scope; the caller's device comes back after.
+class DeviceGuard {
+public:
+    explicit DeviceGuard(int device) {
+        if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+        err_ = prev_ == device ? cudaSuccess : cudaSetDevice(device);
+    }
+    ~DeviceGuard() {
+        if (prev_ >= 0 && err_ == cudaSuccess) cudaSetDevice(prev_);
+    }
+    cudaError_t error() const { return err_; }
+    DeviceGuard(const DeviceGuard &) = delete;
+    DeviceGuard &operator=(const DeviceGuard &) = delete;
+
+private:
+    int prev_ = -1;
+    cudaError_t err_ = cudaSuccess;
+};
+
+// fail(IKV_E_DEVICE, "<fn>: <what> failed: <cuda error name>: <text>").
+inline ikv_status cuda_fail(cudaError_t err, const char *fn, const char *what) {
+    cudaGetLastError();  // clear a sticky launch error so later calls see their own
+    return fail(IKV_E_DEVICE, "%s: %s failed: %s: %s", fn, what, cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+}  // namespace ikv
