@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install the library from build dir $1 into a temporary prefix, then compile
+# and run an outside C program against it using only pkg-config, and again
+# through CMake's find_package(intentkv). Also checks that the shared library
+# exports only ikv_* symbols.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+PREFIX=$(mktemp -d /tmp/intentkv-prefix.XXXXXX)
+WORK=$(mktemp -d /tmp/intentkv-consumer.XXXXXX)
+trap 'rm -rf "$PREFIX" "$WORK"' EXIT
+cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null
+LIBDIR=$(dirname "$(find "$PREFIX" -name 'libintentkv.so' | head -1)")
+
+bad=$(nm -D --defined-only "$LIBDIR/libintentkv.so" | awk '$2 ~ /[TDBR]/ {print $3}' | grep -v '^ikv_' || true)
+if [ -n "$bad" ]; then
+  echo "check_install: the shared library exports symbols outside ikv_*:"; echo "$bad" | head -20; exit 1
+fi
+echo "check_install: exported symbols are all ikv_* ($(nm -D --defined-only "$LIBDIR/libintentkv.so" | grep -c ' ikv_'))"
+readelf -d "$LIBDIR/libintentkv.so" | grep -q 'SONAME.*libintentkv.so.0' && echo "check_install: SONAME libintentkv.so.0"
+
+export PKG_CONFIG_PATH="$LIBDIR/pkgconfig"
+cc -std=c11 -Wall -Wextra -Werror -pedantic tests/install/consumer.c -o "$WORK/consumer" \
+  $(pkg-config --cflags --libs intentkv)
+LD_LIBRARY_PATH="$LIBDIR" "$WORK/consumer"
+echo "check_install: pkg-config consumer OK"
+
+mkdir -p "$WORK/cm"
+cmake -S tests/install -B "$WORK/cm" -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null
+cmake --build "$WORK/cm" >/dev/null
+LD_LIBRARY_PATH="$LIBDIR" "$WORK/cm/consumer"
+echo "check_install: find_package consumer OK"
