@@ -15,22 +15,14 @@
 
 #include "common/config.hpp"
 #include "common/error.hpp"
+#include "common/raw_enum.hpp"
 #include "decode/decoder.hpp"
 
 namespace {
 
 constexpr uint32_t kMaxThreads = 1024;
 
-// The integer a caller stored in an enum field, read without loading the enum
-// (a value outside the enum's range is what we are checking for).
-template <class E>
-long raw_enum(const E &e) {
-    typename std::underlying_type<E>::type v;
-    std::memcpy(&v, &e, sizeof v);
-    return static_cast<long>(v);
-}
-
-bool valid_dtype(long dt) { return dt == IKV_DTYPE_F32 || dt == IKV_DTYPE_F16 || dt == IKV_DTYPE_BF16; }
+bool valid_dtype(int dt) { return dt == IKV_DTYPE_F32 || dt == IKV_DTYPE_F16 || dt == IKV_DTYPE_BF16; }
 
 ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, std::vector<ikv::SeqSnapshot> &snaps) {
     const char *fn = "ikv_decode";
@@ -48,10 +40,10 @@ ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, std::vecto
     if (a.n_query_tokens == 0 || a.n_query_tokens > IKV_MAX_QUERY_TOKENS)
         return ikv::fail(IKV_E_INVALID, "%s: args->n_query_tokens %u is outside [1, %u]", fn, a.n_query_tokens,
                          (unsigned)IKV_MAX_QUERY_TOKENS);
-    if (!valid_dtype(raw_enum(a.q_dtype)))
-        return ikv::fail(IKV_E_INVALID, "%s: args->q_dtype %ld is not F32, F16 or BF16", fn, raw_enum(a.q_dtype));
-    if (!valid_dtype(raw_enum(a.out_dtype)))
-        return ikv::fail(IKV_E_INVALID, "%s: args->out_dtype %ld is not F32, F16 or BF16", fn, raw_enum(a.out_dtype));
+    if (!valid_dtype(ikv::raw_enum(a.q_dtype)))
+        return ikv::fail(IKV_E_INVALID, "%s: args->q_dtype %d is not F32, F16 or BF16", fn, ikv::raw_enum(a.q_dtype));
+    if (!valid_dtype(ikv::raw_enum(a.out_dtype)))
+        return ikv::fail(IKV_E_INVALID, "%s: args->out_dtype %d is not F32, F16 or BF16", fn, ikv::raw_enum(a.out_dtype));
     if (!std::isfinite(a.scale) || a.scale < 0.0f)
         return ikv::fail(IKV_E_INVALID, "%s: args->scale %g must be finite and >= 0 (0 = 1/sqrt(head_dim))", fn,
                          (double)a.scale);

@@ -4,7 +4,7 @@
 
 #include "common/config.hpp"
 #include "common/error.hpp"
-#include "layout/guard.hpp"
+#include "common/guard.hpp"
 #include "layout/layout.hpp"
 
 namespace {

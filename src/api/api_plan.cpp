@@ -1,6 +1,6 @@
 // extern "C" boundary of plans: immutable, every accessor O(1).
 #include "common/error.hpp"
-#include "layout/guard.hpp"
+#include "common/guard.hpp"
 #include "plan/plan.hpp"
 #include "plan/plan_build.hpp"
 

@@ -6,6 +6,7 @@
 
 #include "common/config.hpp"
 #include "common/error.hpp"
+#include "common/raw_enum.hpp"
 #include "pool/pool.hpp"
 
 namespace {
@@ -13,24 +14,14 @@ namespace {
 constexpr uint32_t kMaxLayers = 65536;  // keeps every page size computation far from overflow
 constexpr uint32_t kMaxKvHeads = 65536;
 
-// The integer an enum field holds, read without loading the enum type: a C
-// caller may store any int there, and loading an out-of-range value as a C++
-// enum is undefined behaviour (UBSan flags it).
-template <class E>
-long long enum_value(const E &e) {
-    typename std::underlying_type<E>::type v;
-    std::memcpy(&v, &e, sizeof v);
-    return static_cast<long long>(v);
-}
-
-bool valid_format(const ikv_format &f) { return enum_value(f) >= 0 && enum_value(f) < IKV_FMT_COUNT; }
+bool valid_format(const ikv_format &f) { return ikv::raw_enum(f) >= 0 && ikv::raw_enum(f) < IKV_FMT_COUNT; }
 bool valid_head_dim(uint32_t d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
 
 ikv_status check_config(const ikv_pool_config &c) {
     constexpr const char *fn = "ikv_pool_create";
-    if (enum_value(c.backend) != IKV_BACKEND_CPU && enum_value(c.backend) != IKV_BACKEND_CUDA)
-        return ikv::fail(IKV_E_INVALID, "%s: config->backend is %lld; use IKV_BACKEND_CPU or IKV_BACKEND_CUDA", fn,
-                         enum_value(c.backend));
+    if (ikv::raw_enum(c.backend) != IKV_BACKEND_CPU && ikv::raw_enum(c.backend) != IKV_BACKEND_CUDA)
+        return ikv::fail(IKV_E_INVALID, "%s: config->backend is %d; use IKV_BACKEND_CPU or IKV_BACKEND_CUDA", fn,
+                         ikv::raw_enum(c.backend));
     if (c.n_layers < 1 || c.n_layers > kMaxLayers)
         return ikv::fail(IKV_E_INVALID, "%s: config->n_layers is %u; it must be in [1, %u]", fn, c.n_layers,
                          kMaxLayers);
@@ -45,12 +36,12 @@ ikv_status check_config(const ikv_pool_config &c) {
                          c.page_size);
     if (c.capacity_bytes == 0)
         return ikv::fail(IKV_E_INVALID, "%s: config->capacity_bytes is 0; it must be > 0", fn);
-    if (!valid_format(c.default_format) && enum_value(c.default_format) != IKV_FMT_AUTO)
-        return ikv::fail(IKV_E_INVALID, "%s: config->default_format is %lld; use an ikv_format below IKV_FMT_COUNT "
-                         "or IKV_FMT_AUTO", fn, enum_value(c.default_format));
-    const long long dt = enum_value(c.kv_dtype);
+    if (!valid_format(c.default_format) && ikv::raw_enum(c.default_format) != IKV_FMT_AUTO)
+        return ikv::fail(IKV_E_INVALID, "%s: config->default_format is %d; use an ikv_format below IKV_FMT_COUNT "
+                         "or IKV_FMT_AUTO", fn, ikv::raw_enum(c.default_format));
+    const int dt = ikv::raw_enum(c.kv_dtype);
     if (dt != IKV_DTYPE_F32 && dt != IKV_DTYPE_F16 && dt != IKV_DTYPE_BF16)
-        return ikv::fail(IKV_E_INVALID, "%s: config->kv_dtype is %lld; use IKV_DTYPE_F32, F16 or BF16", fn, dt);
+        return ikv::fail(IKV_E_INVALID, "%s: config->kv_dtype is %d; use IKV_DTYPE_F32, F16 or BF16", fn, dt);
     return IKV_OK;
 }
 
@@ -85,7 +76,7 @@ ikv_status check_append(const ikv_pool *pool, const ikv_append &a) {
     for (const auto &st : strides)
         if (st.used && st.value < int64_t(s.head_dim))
             return ikv::fail(IKV_E_INVALID,
-                             "%s: args->%s is %lld; it must be >= head_dim %u (strides are in elements)", fn,
+                             "%s: args->%s is %d; it must be >= head_dim %u (strides are in elements)", fn,
                              st.name, (long long)st.value, s.head_dim);
     // The last element read must be addressable.
     const long double last = (long double)(all ? s.n_layers - 1 : 0) * a.layer_stride +
@@ -232,8 +223,8 @@ IKV_API ikv_status ikv_seq_set_page_format(ikv_pool *pool, ikv_seq_id seq, uint3
     constexpr const char *fn = "ikv_seq_set_page_format";
     IKV_CHECK_NULL(pool, fn);
     if (!valid_format(format))
-        return ikv::fail(IKV_E_INVALID, "%s: format is %lld; use an ikv_format below IKV_FMT_COUNT", fn,
-                         enum_value(format));
+        return ikv::fail(IKV_E_INVALID, "%s: format is %d; use an ikv_format below IKV_FMT_COUNT", fn,
+                         ikv::raw_enum(format));
     return ikv::seq_set_page_format(pool, seq, page, format);
 }
 

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "common/error.hpp"
-#include "layout/raw_enum.hpp"
+#include "common/raw_enum.hpp"
 
 namespace ikv {
 namespace {

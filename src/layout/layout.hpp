@@ -9,7 +9,7 @@
 #include <unordered_map>
 
 #include "intentkv.h"
-#include "layout/host_memory.hpp"
+#include "common/host_memory.hpp"
 
 struct ikv_layout {
     using IdMap = std::unordered_map<uint32_t, uint32_t, std::hash<uint32_t>, std::equal_to<uint32_t>,

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "intentkv.h"
-#include "layout/host_memory.hpp"
+#include "common/host_memory.hpp"
 
 struct ikv_plan {
     ikv_plan_summary summary{};

@@ -2,7 +2,7 @@
 #include <new>
 
 #include "common/error.hpp"
-#include "layout/raw_enum.hpp"
+#include "common/raw_enum.hpp"
 #include "plan/plan.hpp"
 #include "plan/plan_build.hpp"
 

@@ -1,5 +1,5 @@
 #include "common/error.hpp"
-#include "layout/raw_enum.hpp"
+#include "common/raw_enum.hpp"
 #include "router/router.hpp"
 
 namespace ikv {

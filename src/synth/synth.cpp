@@ -11,7 +11,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "layout/host_memory.hpp"
+#include "common/host_memory.hpp"
 #include "layout/layout.hpp"
 
 namespace ikv {
