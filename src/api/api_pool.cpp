@@ -76,7 +76,7 @@ ikv_status check_append(const ikv_pool *pool, const ikv_append &a) {
     for (const auto &st : strides)
         if (st.used && st.value < int64_t(s.head_dim))
             return ikv::fail(IKV_E_INVALID,
-                             "%s: args->%s is %d; it must be >= head_dim %u (strides are in elements)", fn,
+                             "%s: args->%s is %lld; it must be >= head_dim %u (strides are in elements)", fn,
                              st.name, (long long)st.value, s.head_dim);
     // The last element read must be addressable.
     const long double last = (long double)(all ? s.n_layers - 1 : 0) * a.layer_stride +
