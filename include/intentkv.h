@@ -353,7 +353,12 @@ IKV_API ikv_router_config ikv_router_default_config(void);
 /** Create a router (validates and copies config). Errors: IKV_E_NULL, IKV_E_INVALID (names the field), IKV_E_NOMEM. */
 IKV_API ikv_status ikv_router_create(const ikv_router_config *config, ikv_router **out);
 IKV_API void ikv_router_destroy(ikv_router *router);
-/** Copy of the router's config. Errors: IKV_E_NULL. */
+/**
+ * Copy of the router's config into *out. Set out->struct_size to
+ * sizeof(ikv_router_config) first (as for every struct the library fills).
+ * Errors: IKV_E_NULL, IKV_E_INVALID (struct_size smaller than the first
+ * published version of the struct).
+ */
 IKV_API ikv_status ikv_router_get_config(const ikv_router *router, ikv_router_config *out);
 /** Change the memory pressure (the knob an engine turns most). Errors: IKV_E_NULL, IKV_E_INVALID. */
 IKV_API ikv_status ikv_router_set_pressure(ikv_router *router, float memory_pressure);
@@ -511,6 +516,7 @@ IKV_API ikv_pool_config ikv_pool_default_config(void);
 IKV_API ikv_status ikv_pool_create(const ikv_pool_config *config, ikv_pool **out);
 /** Free the pool and every sequence in it. No call on the pool may be in flight. */
 IKV_API void ikv_pool_destroy(ikv_pool *pool);
+/** Copy of the pool's config; set out->struct_size first. Errors: IKV_E_NULL, IKV_E_INVALID (struct_size). */
 IKV_API ikv_status ikv_pool_get_config(const ikv_pool *pool, ikv_pool_config *out);
 
 /** Bytes one page occupies in a format (all layers and kv-heads, scales included). 0 on bad input. */

@@ -44,6 +44,10 @@ static void test_default_config(void **state) {
     assert_int_equal(c.kv_dtype, IKV_DTYPE_F16);
     ikv_pool *pool = make_pool(small_config());
     ikv_pool_config got;
+    memset(&got, 0, sizeof got);
+    IKVT_EXPECT_STATUS(ikv_pool_get_config(pool, &got), IKV_E_INVALID, "struct_size");
+    assert_int_equal(got.n_layers, 0); /* unchanged */
+    got.struct_size = sizeof got;
     IKVT_OK(ikv_pool_get_config(pool, &got));
     assert_int_equal(got.n_layers, 2);
     assert_int_equal(got.page_size, 8);

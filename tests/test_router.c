@@ -535,6 +535,7 @@ static void test_pressure_and_hints(void **state) {
     for (int i = 0; i < 3; ++i) {
         IKVT_OK(ikv_router_set_pressure(r, pressures[i]));
         ikv_router_config got;
+        got.struct_size = sizeof got;
         IKVT_OK(ikv_router_get_config(r, &got));
         assert_true(got.memory_pressure == pressures[i]);
         ikv_plan *plan = NULL;
@@ -642,6 +643,10 @@ static void test_router_config_errors(void **state) {
     IKVT_EXPECT_STATUS(ikv_router_set_pressure(r, 1.01f), IKV_E_INVALID, "memory_pressure");
     IKVT_EXPECT_STATUS(ikv_router_set_pressure(NULL, 0.5f), IKV_E_NULL, "router");
     ikv_router_config got;
+    memset(&got, 0, sizeof got);
+    IKVT_EXPECT_STATUS(ikv_router_get_config(r, &got), IKV_E_INVALID, "struct_size");
+    assert_int_equal(got.page_size, 0); /* unchanged */
+    got.struct_size = sizeof got;
     IKVT_OK(ikv_router_get_config(r, &got));
     assert_memory_equal(&got, &def, sizeof def);
     IKVT_EXPECT_STATUS(ikv_router_get_config(NULL, &got), IKV_E_NULL, "router");

@@ -128,7 +128,8 @@ IKV_API void ikv_pool_destroy(ikv_pool *pool) {
 IKV_API ikv_status ikv_pool_get_config(const ikv_pool *pool, ikv_pool_config *out) {
     IKV_CHECK_NULL(pool, "ikv_pool_get_config");
     IKV_CHECK_NULL(out, "ikv_pool_get_config");
-    *out = pool->config;
+    IKV_CHECK_STRUCT(out, sizeof(ikv_pool_config), "ikv_pool_get_config");
+    ikv::write_versioned(out, pool->config);
     return IKV_OK;
 }
 

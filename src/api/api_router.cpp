@@ -55,7 +55,8 @@ IKV_API void ikv_router_destroy(ikv_router *router) { ikv::delete_handle(router)
 IKV_API ikv_status ikv_router_get_config(const ikv_router *router, ikv_router_config *out) {
     IKV_CHECK_NULL(router, "ikv_router_get_config");
     IKV_CHECK_NULL(out, "ikv_router_get_config");
-    *out = router->snapshot();
+    IKV_CHECK_STRUCT(out, sizeof(ikv_router_config), "ikv_router_get_config");
+    ikv::write_versioned(out, router->snapshot());
     return IKV_OK;
 }
 

@@ -17,4 +17,15 @@ T read_config(const T &given, const T &defaults) {
     return out;
 }
 
+// Write `value` into a caller's versioned struct: only the first
+// out->struct_size bytes, which the caller set to the size it was built with,
+// so a program built against an older header gets the fields it knows.
+template <class T>
+void write_versioned(T *out, const T &value) {
+    const std::size_t n = out->struct_size < sizeof(T) ? out->struct_size : sizeof(T);
+    const auto size = out->struct_size;
+    std::memcpy(static_cast<void *>(out), &value, n);
+    out->struct_size = size < sizeof(T) ? size : static_cast<decltype(out->struct_size)>(sizeof(T));
+}
+
 }  // namespace ikv
