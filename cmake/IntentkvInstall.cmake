@@ -21,5 +21,9 @@ set(IKV_PC_LIBS_PRIVATE "-lmimalloc -lstdc++ -lpthread -lm")
 if(IKV_HAVE_CUDA)
   string(APPEND IKV_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcublasLt -lcudart_static -ldl -lrt")
 endif()
+# The .pc file finds the prefix from its own location, so an installed tree
+# can be moved (or installed with `cmake --install --prefix`).
+file(RELATIVE_PATH IKV_PC_TO_PREFIX "/prefix/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/prefix")
+string(REGEX REPLACE "/$" "" IKV_PC_TO_PREFIX "${IKV_PC_TO_PREFIX}")
 configure_file(${PROJECT_SOURCE_DIR}/pkgconfig/intentkv.pc.in ${PROJECT_BINARY_DIR}/intentkv.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/intentkv.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -1,28 +1,29 @@
 // Fused selected-page mixed-precision decode (flash-decoding with split-K).
 //
-// Grid: x = split (a contiguous slice of the work list), y = kv-head x row
-// chunk, z = sequence. 128 threads. A CTA streams its pages through a
-// kStages-deep cp.async pipeline. A stage holds kStageTokens = 4096/D token
-// rows (so ~16 KB of F16 K+V whatever D is) as kSlots slots of 16 rows; a
-// slot is 16 rows of one page (pages of 8 fill half a slot, pages of 64/128
-// several slots), copied raw with 16-byte cp.async (only the rows inside the
-// page's bounds) together with the scales its format needs.
+// Grid: x = split (a contiguous slice of the work list, sized from the list's
+// own count), y = kv-head x row chunk, z = sequence. 4 warps per CTA; each
+// WARP owns a contiguous part of the CTA's slice, in chunks of 16 rows (a page
+// of 16, half-used by pages of 8, a piece of larger pages), and streams it
+// through its own kStages-deep ring of shared-memory slots with 16-byte
+// cp.async copies (only rows inside the page bounds and before the last query
+// position; the others are zero-filled without a read) plus the scales its
+// format needs. The main loop has no CTA-wide barrier: cp.async.wait_group +
+// __syncwarp only; the next work-list entry is loaded one chunk ahead.
 //
-// Per stage:
-//   scores   each token row is read from shared memory by 128/kStageTokens
-//            threads, dequantized in registers (format per slot, switched at
-//            run time: a list mixes formats; warp-uniform) and dotted with all
-//            R query rows of the GQA group at once (each K byte read once);
-//            causal + bounds masking by position;
-//   softmax  one warp per query row: block max, rescale factor, exp;
-//   P.V      thread (8-channel chunk, token group) dequantizes its V pieces
-//            in registers and accumulates R x 8 fp32 outputs.
-// The token groups' accumulators are reduced once at the end; each CTA writes
-// (m, l, acc) for its split and the merge kernel does the exact log-sum-exp
-// merge, writing out (F32/F16/BF16) and lse.
+// Lane mapping (format independent): D/8 lanes per token row, 8 channels each,
+// 32/(D/8) rows per warp step. A lane keeps the R query rows' 8-channel slices
+// in registers (pre-scaled by scale*log2(e); per-channel K scales folded in per
+// chunk when R <= 4), dequantizes its 8 channels of K per format (templated,
+// switched once per chunk), reduces the dot over the row's lanes by shuffles,
+// and keeps an online softmax in base 2 per query row (max warp-uniform, one
+// rescale check per batch of rows), accumulating P.V into R x 8 fp32 registers.
+// At the end the warp's row slots are summed by shuffles, the 4 warps are
+// merged through shared memory (one barrier), and the CTA writes its split's
+// (m, l, acc); the merge kernel does the exact log-sum-exp merge over splits
+// and writes out (F32/F16/BF16) and lse.
 //
-// Templated on head_dim and the row-chunk size R (query rows = tokens x group
-// heads per CTA); one dispatch table.
+// Templated on head_dim, the row-chunk size R (query rows = tokens x group
+// heads per CTA) and the page format; one dispatch table.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -32,198 +33,40 @@
 #include <atomic>
 
 #include "common/quant.hpp"
+#include "decode_formats.cuh"
 #include "ikv_kernels.h"
 
 namespace ikv {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 128;
-constexpr int kSlotRows = 16;
+using dec::kChunkRows;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
 constexpr int kStages = 3;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 template <int D>
 struct Cfg {
-    static constexpr int kStageTokens = 4096 / D;            // 64, 32, 16
-    static constexpr int kSlots = kStageTokens / kSlotRows;  // 4, 2, 1
-    static constexpr int kTpt = kThreads / kStageTokens;     // threads per token in the score phase: 2, 4, 8
-    static constexpr int kPieces = D / 8 / kTpt;             // 8-channel pieces per thread and token: 4
-    static constexpr int kChunks = D / 8;                    // 8-channel chunks of a row (P.V phase)
-    static constexpr int kGroups = kThreads / kChunks;       // token groups in the P.V phase: 16, 8, 4
-    static constexpr int kTpg = kStageTokens / kGroups;      // tokens per group and stage: 4
-    // One slot: K rows, V rows (widest format), scales.
-    static constexpr int kG = D / 32;  // INT4 V groups
-    static constexpr int kSlotK = 0;
-    static constexpr int kSlotV = kSlotRows * 2 * D;
-    static constexpr int kSlotS = 2 * kSlotRows * 2 * D;
-    static constexpr int kSlotBytes = kSlotS + 8 * D + 2 * kSlotRows * kG * 4;
-    static constexpr int kStageBytes = kSlots * kSlotBytes;
-    static_assert(kSlotBytes % 16 == 0, "slots keep 16-byte alignment");
-    static_assert(kPieces * kTpt * 8 == D, "score mapping covers the row");
-    static_assert(kTpg * kGroups == kStageTokens, "P.V mapping covers the stage");
+    static constexpr int kLanesPerRow = D / 8;                 // 8, 16, 32
+    static constexpr int kRowsPerStep = 32 / kLanesPerRow;     // 4, 2, 1
+    static constexpr int kSteps = kChunkRows / kRowsPerStep;   // 4, 8, 16
+    static constexpr int kSlotBytes = kChunkRows * 2 * 2 * D;  // K + V at 2 bytes per value (widest format)
+    static constexpr int kRingBytes = kStages * kSlotBytes;    // one warp's ring
 };
 
-struct SlotInfo {
-    int r0, r1;        // rows [r0, r1) of the slot are read
+// What the compute side needs to know about the chunk in a slot.
+struct ChunkMeta {
+    int r0, r1;    // chunk rows [r0, r1) hold data (r1 <= r0: nothing was copied)
     int format;
-    uint32_t pos;      // position of slot row 0
+    uint32_t pos;  // absolute position of chunk row 0
 };
-
-template <int D, int R>
-struct Smem {
-    using C = Cfg<D>;
-    static constexpr int kQOff = kStages * C::kStageBytes;
-    static constexpr int kSOff = kQOff + R * D * 4;
-    static constexpr int kPOff = kSOff + R * C::kStageTokens * 4;
-    static constexpr int kInfoOff = kPOff + R * C::kStageTokens * 4;
-    static constexpr int kStatOff = kInfoOff + kStages * C::kSlots * int(sizeof(SlotInfo));
-    static constexpr int kBytes = kStatOff + 4 * R * 4;
-    static_assert(C::kGroups * R * D * 4 <= kQOff, "the final reduction reuses the stage buffers");
-};
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-#else
-    *reinterpret_cast<uint4 *>(smem) = *reinterpret_cast<const uint4 *>(gmem);
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
-__device__ __forceinline__ void copy16(uint8_t *dst, const uint8_t *src, int bytes, int tid) {
-    for (int o = tid * 16; o < bytes; o += kThreads * 16) cp_async16(dst + o, src + o);
-}
-
-// Chunk i of the CTA's slice: 16 rows (fewer for 8-row pages) of one page.
-struct ChunkInfo {
-    const uint8_t *sub;
-    uint32_t pos0;
-    int c0, lo, hi, format;
-};
-
-__device__ __forceinline__ ChunkInfo chunk_info(const DecodeParams &p, const DevPage *list, uint32_t first, int cpp,
-                                                int i, uint32_t head, uint32_t max_pos) {
-    ChunkInfo c;
-    const DevPage pg = list[first + i / cpp];
-    const int P = int(p.shape.page_size);
-    c.c0 = (i % cpp) * kSlotRows;
-    c.lo = max(int(pg.begin), c.c0);
-    c.hi = min(int(pg.end), min(c.c0 + kSlotRows, P));
-    const int64_t lim = int64_t(max_pos) + 1 - int64_t(pg.pos0);  // rows after the last query are never read
-    if (lim < c.hi) c.hi = int(lim < 0 ? 0 : lim);
-    c.format = pg.format;
-    c.pos0 = pg.pos0;
-    c.sub = pg.base + subpage_offset(p.shape, ikv_format(pg.format), p.layer, head);
-    return c;
-}
 
 template <int D>
-__device__ __forceinline__ void copy_chunk(const ChunkInfo &c, uint32_t P, uint8_t *slot, int tid) {
-    using C = Cfg<D>;
-    if (c.hi <= c.lo) return;
-    const ikv_format f = ikv_format(c.format);
-    const SubpageLayout L = subpage_layout(f, P, D);
-    const int rb = int(row_bytes(f, D));
-    const int r0 = c.lo - c.c0, n = c.hi - c.lo;
-    copy16(slot + C::kSlotK + r0 * rb, c.sub + L.k + c.lo * rb, n * rb, tid);
-    copy16(slot + C::kSlotV + r0 * rb, c.sub + L.v + c.lo * rb, n * rb, tid);
-    uint8_t *s = slot + C::kSlotS;
-    const int rows = min(kSlotRows, int(P));
-    if (f == IKV_FMT_FP8_E4M3) {
-        copy16(s, c.sub + L.k_scale, 16, tid);
-    } else if (f == IKV_FMT_INT8) {
-        copy16(s, c.sub + L.k_scale, 4 * D, tid);
-        copy16(s + 4 * D, c.sub + L.v_scale + 4 * c.c0, ((4 * rows + 15) / 16) * 16, tid);
-    } else if (f == IKV_FMT_INT4) {
-        constexpr int G = C::kG;
-        copy16(s, c.sub + L.k_scale, 4 * D, tid);
-        copy16(s + 4 * D, c.sub + L.k_min, 4 * D, tid);
-        copy16(s + 8 * D, c.sub + L.v_scale + 4 * G * c.c0, 4 * G * rows, tid);
-        copy16(s + 8 * D + 4 * G * kSlotRows, c.sub + L.v_min + 4 * G * c.c0, 4 * G * rows, tid);
-    }
-}
-
-// Eight consecutive channels [d0, d0+8) of row r of K (which = 0) or V (1) of a slot, dequantized.
-template <int D>
-__device__ __forceinline__ void load8(ikv_format f, const uint8_t *slot, int which, int r, int d0, float x[8]) {
-    using C = Cfg<D>;
-    const uint8_t *data = slot + (which == 0 ? C::kSlotK : C::kSlotV);
-    const float *fs = reinterpret_cast<const float *>(slot + C::kSlotS);
-    if (f == IKV_FMT_F16) {
-        const uint4 w = *reinterpret_cast<const uint4 *>(data + r * 2 * D + 2 * d0);
-        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            __half2_raw h;
-            h.x = uint16_t(u[j] & 0xFFFFu);
-            h.y = uint16_t(u[j] >> 16);
-            const float2 v = __half22float2(__half2(h));
-            x[2 * j] = v.x;
-            x[2 * j + 1] = v.y;
-        }
-    } else if (f == IKV_FMT_BF16) {
-        const uint4 w = *reinterpret_cast<const uint4 *>(data + r * 2 * D + 2 * d0);
-        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            x[2 * j] = __uint_as_float(u[j] << 16);
-            x[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
-        }
-    } else if (f == IKV_FMT_FP8_E4M3) {
-        const uint2 w = *reinterpret_cast<const uint2 *>(data + r * D + d0);
-        const uint32_t u[2] = {w.x, w.y};
-        const float s = fs[which];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((u[j / 2] >> (16 * (j % 2))) & 0xFFFFu);
-            const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-            x[2 * j] = v.x * s;
-            x[2 * j + 1] = v.y * s;
-        }
-    } else if (f == IKV_FMT_INT8) {
-        const uint2 w = *reinterpret_cast<const uint2 *>(data + r * D + d0);
-        const uint32_t u[2] = {w.x, w.y};
-        if (which == 0) {
-            const float4 s0 = *reinterpret_cast<const float4 *>(fs + d0);
-            const float4 s1 = *reinterpret_cast<const float4 *>(fs + d0 + 4);
-            const float sc[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-            for (int j = 0; j < 8; ++j) x[j] = float(int8_t(u[j / 4] >> (8 * (j % 4)))) * sc[j];
-        } else {
-            const float s = fs[D + r];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) x[j] = float(int8_t(u[j / 4] >> (8 * (j % 4)))) * s;
-        }
-    } else {  // INT4
-        constexpr int G = Cfg<D>::kG;
-        const uint32_t u = *reinterpret_cast<const uint32_t *>(data + r * (D / 2) + d0 / 2);
-        if (which == 0) {
-            const float4 s0 = *reinterpret_cast<const float4 *>(fs + d0);
-            const float4 s1 = *reinterpret_cast<const float4 *>(fs + d0 + 4);
-            const float4 m0 = *reinterpret_cast<const float4 *>(fs + D + d0);
-            const float4 m1 = *reinterpret_cast<const float4 *>(fs + D + d0 + 4);
-            const float sc[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-            const float mn[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
-#pragma unroll
-            for (int j = 0; j < 8; ++j) x[j] = float((u >> (4 * j)) & 0xFu) * sc[j] + mn[j];
-        } else {
-            const int i = r * G + d0 / 32;
-            const float s = fs[2 * D + i], mn = fs[2 * D + G * kSlotRows + i];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) x[j] = float((u >> (4 * j)) & 0xFu) * s + mn;
-        }
-    }
+constexpr int smem_bytes() {
+    return kWarps * Cfg<D>::kRingBytes + kWarps * kStages * int(sizeof(ChunkMeta));
 }
 
 __device__ __forceinline__ float load_elem(const void *p, ikv_dtype dt, uint64_t i) {
@@ -232,22 +75,157 @@ __device__ __forceinline__ float load_elem(const void *p, ikv_dtype dt, uint64_t
     return dt == IKV_DTYPE_F16 ? __half2float(__ushort_as_half(b)) : bf16_to_f32(b);
 }
 
-template <int D, int R>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, uint32_t pages_per_split,
-                                                          uint32_t rows_total, float *part_acc, float *part_ml) {
-    using C = Cfg<D>;
-    using SM = Smem<D, R>;
-    extern __shared__ __align__(16) uint8_t smem[];
-    float *Qs = reinterpret_cast<float *>(smem + SM::kQOff);
-    float *S = reinterpret_cast<float *>(smem + SM::kSOff);   // [R][kStageTokens] logits
-    float *Pt = reinterpret_cast<float *>(smem + SM::kPOff);  // [kStageTokens][R] probabilities
-    SlotInfo *info = reinterpret_cast<SlotInfo *>(smem + SM::kInfoOff);
-    float *Mrow = reinterpret_cast<float *>(smem + SM::kStatOff);
-    float *Lrow = Mrow + R;
-    float *Arow = Lrow + R;
-    int *Qpos = reinterpret_cast<int *>(Arow + R);
+// Per-warp softmax state and the query slices, in registers.
+template <int R>
+struct WarpState {
+    float q[R][8];  // query rows, channels d0..d0+7, times scale*log2(e)
+    int qpos[R];    // position of the row's query token (-1: padding row, always masked)
+    float m[R];     // running max (base-2 domain), identical in every lane
+    float l[R];     // sum of weights of this lane's row slot
+    float acc[R][8];
+};
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+// One chunk in a slot: scores, online softmax, P.V. Format F, warp-uniform.
+template <int D, int R, int F>
+__device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMeta mt, WarpState<R> &w, int lane,
+                                              float cap2, float inv_cap2) {
+    using C = Cfg<D>;
+    using M = dec::Fmt<D, F>;
+    constexpr bool kFold = R <= 4;  // fold per-channel K scales into the query (registers allow it)
+    constexpr int kBatch = C::kSteps < (R >= 8 ? 4 : 8) ? C::kSteps : (R >= 8 ? 4 : 8);
+    const int rs = lane / C::kLanesPerRow, d0 = (lane % C::kLanesPerRow) * 8;
+    const uint8_t *Kp = slot + d0 * M::kLaneBytes / 8;
+    const uint8_t *Vp = Kp + kChunkRows * M::kRowBytes;
+    const float *Sc = reinterpret_cast<const float *>(slot + M::kScaleOff);
+
+    // Per-chunk K transform: qk = q * K scale (per channel or per sub-page), INT4 bias q . K min.
+    float ks[8], km[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ks[j] = 1.0f, km[j] = 0.0f;
+    if (F == IKV_FMT_FP8_E4M3) {
+        const float s = Sc[0];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) ks[j] = s;
+    } else if (F == IKV_FMT_INT8 || F == IKV_FMT_INT4) {
+        const float4 a = *reinterpret_cast<const float4 *>(Sc + d0), b = *reinterpret_cast<const float4 *>(Sc + d0 + 4);
+        ks[0] = a.x, ks[1] = a.y, ks[2] = a.z, ks[3] = a.w, ks[4] = b.x, ks[5] = b.y, ks[6] = b.z, ks[7] = b.w;
+        if (F == IKV_FMT_INT4) {
+            const float4 c = *reinterpret_cast<const float4 *>(Sc + D + d0),
+                         e = *reinterpret_cast<const float4 *>(Sc + D + d0 + 4);
+            km[0] = c.x, km[1] = c.y, km[2] = c.z, km[3] = c.w, km[4] = e.x, km[5] = e.y, km[6] = e.z, km[7] = e.w;
+        }
+    }
+    constexpr bool kScaled = F != IKV_FMT_F16 && F != IKV_FMT_BF16;
+    float qk[R][8], kb[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        kb[r] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            qk[r][j] = kScaled && kFold ? w.q[r][j] * ks[j] : w.q[r][j];
+            if (F == IKV_FMT_INT4 && kFold) kb[r] = fmaf(w.q[r][j], km[j], kb[r]);
+        }
+    }
+    // V scale per chunk (FP8) or per row (INT8; INT4 per row and 32-channel group).
+    const float vs_chunk = F == IKV_FMT_FP8_E4M3 ? Sc[1] : 1.0f;
+    const int g = d0 / 32;
+
+#pragma unroll
+    for (int b0 = 0; b0 < C::kSteps; b0 += kBatch) {
+        // Rows of this batch: (b0 .. b0+kBatch-1) * kRowsPerStep + slot; skip a batch with no data (warp-uniform).
+        if ((b0 + kBatch) * C::kRowsPerStep <= mt.r0 || b0 * C::kRowsPerStep >= mt.r1) continue;
+        float s[kBatch][R];
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+            const int row = (b0 + k) * C::kRowsPerStep + rs;
+            float x[8];
+            dec::raw8<F>(Kp + row * M::kRowBytes, x);
+            if (kScaled && !kFold) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) x[j] = F == IKV_FMT_INT4 ? fmaf(x[j], ks[j], km[j]) : x[j] * ks[j];
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float d = kb[r];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) d = fmaf(qk[r][j], x[j], d);
+                s[k][r] = d;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int o = C::kLanesPerRow / 2; o > 0; o >>= 1) s[k][r] += __shfl_xor_sync(0xFFFFFFFFu, s[k][r], o);
+        float mx[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) mx[r] = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+            const int row = (b0 + k) * C::kRowsPerStep + rs;
+            const int pos = int(mt.pos) + row;
+            const bool valid = row >= mt.r0 && row < mt.r1;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float v = s[k][r];
+                if (cap2 > 0.0f) v = cap2 * tanhf(v * inv_cap2);
+                v = valid && pos <= w.qpos[r] ? v : -INFINITY;
+                s[k][r] = v;
+                mx[r] = fmaxf(mx[r], v);
+            }
+        }
+        bool grow = false;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int o = C::kLanesPerRow; o < 32; o <<= 1) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], o));
+            grow |= mx[r] > w.m[r];
+        }
+        if (grow) {  // warp-uniform: m and mx are the same in every lane
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float mn = fmaxf(w.m[r], mx[r]);
+                const float alpha = mn == w.m[r] ? 1.0f : exp2f(w.m[r] - mn);  // m = -inf: 0
+                w.m[r] = mn;
+                w.l[r] *= alpha;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) w.acc[r][j] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < kBatch; ++k) {
+            const int row = (b0 + k) * C::kRowsPerStep + rs;
+            float x[8];
+            dec::raw8<F>(Vp + row * M::kRowBytes, x);
+            float vs = vs_chunk;
+            if (F == IKV_FMT_INT8) vs = Sc[D + row];
+            if (F == IKV_FMT_INT4) {
+                const float a = Sc[2 * D + row * M::kG + g], b = Sc[2 * D + 16 * M::kG + row * M::kG + g];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) x[j] = fmaf(x[j], a, b);
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float pr = s[k][r] == -INFINITY ? 0.0f : exp2f(s[k][r] - w.m[r]);
+                w.l[r] += pr;
+                const float pw = pr * vs;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) w.acc[r][j] = fmaf(pw, x[j], w.acc[r][j]);
+            }
+        }
+    }
+}
+
+template <int D, int R>
+__global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, uint32_t rows_total, float *part_acc,
+                                                          float *part_ml) {
+    using C = Cfg<D>;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint8_t *ring = smem + warp * C::kRingBytes;
+    ChunkMeta *meta = reinterpret_cast<ChunkMeta *>(smem + kWarps * C::kRingBytes) + warp * kStages;
+
     const uint32_t split = blockIdx.x, seq = blockIdx.z;
     const uint32_t Hkv = p.shape.n_kv_heads;
     const uint32_t head = blockIdx.y % Hkv, row_chunk = blockIdx.y / Hkv;
@@ -255,186 +233,144 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
     const uint32_t row0 = row_chunk * R;
     const int nrows = int(min(uint32_t(R), rows_total - row0));
     const uint32_t len = p.seq_len[seq];
+    const int d0 = (lane % C::kLanesPerRow) * 8;
 
-    // Query rows of this CTA (row r = t*G + g), pre-scaled; padding rows are zero and fully masked.
-    for (int e = tid; e < R * D; e += kThreads) {
-        const int r = e / D, d = e % D;
-        float v = 0.0f;
-        if (r < nrows) {
-            const uint32_t rr = row0 + r, t = rr / G, g = rr % G;
-            v = load_elem(p.q, p.q_dtype, ((uint64_t(seq) * T + t) * p.n_q_heads + head * G + g) * D + d) * p.scale;
-        }
-        Qs[e] = v;
+    // Query slices (row r = t*G + g), pre-scaled into the base-2 domain; padding rows are zero and masked.
+    WarpState<R> w;
+    const float qs = p.scale * kLog2e;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const uint32_t rr = row0 + uint32_t(r), t = rr / G, gi = rr % G;
+        const uint64_t qi = ((uint64_t(seq) * T + t) * p.n_q_heads + head * G + gi) * D + d0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w.q[r][j] = r < nrows ? load_elem(p.q, p.q_dtype, qi + j) * qs : 0.0f;
+        w.qpos[r] = r < nrows ? int(len - T + t) : -1;
+        w.m[r] = -INFINITY;
+        w.l[r] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w.acc[r][j] = 0.0f;
     }
-    if (tid < R) {
-        Mrow[tid] = -INFINITY;
-        Lrow[tid] = 0.0f;
-        Qpos[tid] = tid < nrows ? int(len - T + (row0 + tid) / G) : -1;
-    }
+    const float cap2 = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
+    const float inv_cap2 = p.softcap > 0.0f ? 1.0f / cap2 : 0.0f;
     const uint32_t max_pos = len - T + (row0 + uint32_t(nrows) - 1) / G;
 
+    // The CTA's slice of its list (balanced on the list's own count), then the warp's part of it.
     const uint32_t li = p.lists.list_heads > 1 ? seq * p.lists.list_heads + head : seq;
     const DevPage *list = p.lists.pages + uint64_t(li) * p.lists.stride;
     const uint32_t count = p.lists.counts[li];
-    const uint32_t first = split * pages_per_split;
-    const uint32_t npages = first < count ? min(pages_per_split, count - first) : 0u;
+    const uint32_t per_split = (count + gridDim.x - 1) / gridDim.x;
+    const uint32_t first = split * per_split;
+    const uint32_t npages = first < count ? min(per_split, count - first) : 0u;
     const int P = int(p.shape.page_size);
-    const int cpp = P > kSlotRows ? P / kSlotRows : 1;
+    const int cpp = P > kChunkRows ? P / kChunkRows : 1;  // chunks per page
     const int nchunks = int(npages) * cpp;
-    const int nstages = (nchunks + C::kSlots - 1) / C::kSlots;
+    const int cb = nchunks * warp / kWarps, ce = nchunks * (warp + 1) / kWarps;
 
-    auto issue = [&](int s) {
-        uint8_t *buf = smem + (s % kStages) * C::kStageBytes;
-#pragma unroll
-        for (int k = 0; k < C::kSlots; ++k) {
-            const int i = s * C::kSlots + k;
-            SlotInfo si{0, 0, 0, 0};
-            if (i < nchunks) {
-                const ChunkInfo c = chunk_info(p, list, first, cpp, i, head, max_pos);
-                copy_chunk<D>(c, uint32_t(P), buf + k * C::kSlotBytes, tid);
-                si = SlotInfo{c.lo - c.c0, c.hi - c.c0, c.format, c.pos0 + uint32_t(c.c0)};
+    auto entry = [&](int i) { return list[first + uint32_t(i / cpp)]; };
+    // Copy chunk i (entry pg) into ring stage st; lane 0 records what the slot holds.
+    auto issue = [&](int i, const DevPage &pg, int st) {
+        const int c0 = (i % cpp) * kChunkRows;
+        const int lo = max(int(pg.begin), c0);
+        int hi = min(int(pg.end), min(c0 + kChunkRows, P));
+        const int64_t lim = int64_t(max_pos) + 1 - int64_t(pg.pos0);  // rows after the last query are never read
+        if (lim < hi) hi = int(lim < 0 ? 0 : lim);
+        const ikv_format f = ikv_format(pg.format);
+        uint8_t *slot = ring + st * C::kSlotBytes;
+        if (hi > lo) {
+            const uint8_t *sub = pg.base + subpage_offset(p.shape, f, p.layer, head);
+            switch (f) {
+                case IKV_FMT_F16: dec::copy_chunk<D, IKV_FMT_F16>(sub, P, c0, lo, hi, slot, lane); break;
+                case IKV_FMT_BF16: dec::copy_chunk<D, IKV_FMT_BF16>(sub, P, c0, lo, hi, slot, lane); break;
+                case IKV_FMT_FP8_E4M3: dec::copy_chunk<D, IKV_FMT_FP8_E4M3>(sub, P, c0, lo, hi, slot, lane); break;
+                case IKV_FMT_INT8: dec::copy_chunk<D, IKV_FMT_INT8>(sub, P, c0, lo, hi, slot, lane); break;
+                default: dec::copy_chunk<D, IKV_FMT_INT4>(sub, P, c0, lo, hi, slot, lane); break;
             }
-            if (tid == 0) info[(s % kStages) * C::kSlots + k] = si;
         }
+        if (lane == 0) meta[st] = ChunkMeta{lo - c0, hi - c0, int(f), pg.pos0 + uint32_t(c0)};
     };
-
-    // P.V mapping: channel chunk and token group.
-    const int pv_chunk = tid % C::kChunks, pv_group = tid / C::kChunks;
-    float acc[R][8];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[r][j] = 0.0f;
 
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        if (s < nstages) issue(s);
-        cp_async_commit();
+        if (cb + s < ce) issue(cb + s, entry(cb + s), s);
+        dec::cp_async_commit();
     }
+    DevPage next{};  // entry of the next chunk to issue, loaded one iteration ahead
+    if (cb + kStages - 1 < ce) next = entry(cb + kStages - 1);
 
-    for (int it = 0; it < nstages; ++it) {
-        cp_async_wait<kStages - 2>();
-        __syncthreads();  // stage `it` landed for every thread; the buffer of it-1 is free
-        if (it + kStages - 1 < nstages) issue(it + kStages - 1);
-        cp_async_commit();
-        const uint8_t *buf = smem + (it % kStages) * C::kStageBytes;
-        const SlotInfo *si = info + (it % kStages) * C::kSlots;
-
-        // Scores: token tok, channel pieces j, j+kTpt, ...
-        {
-            const int tok = tid / C::kTpt, j = tid % C::kTpt;
-            const int slot = tok / kSlotRows, row = tok % kSlotRows;
-            const SlotInfo in = si[slot];
-            const bool valid = row >= in.r0 && row < in.r1;
-            float dot[R];
-#pragma unroll
-            for (int r = 0; r < R; ++r) dot[r] = 0.0f;
-            if (valid) {
-                const uint8_t *sl = buf + slot * C::kSlotBytes;
-#pragma unroll
-                for (int k = 0; k < C::kPieces; ++k) {
-                    const int d0 = (j + k * C::kTpt) * 8;
-                    float x[8];
-                    load8<D>(ikv_format(in.format), sl, 0, row, d0, x);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        const float4 q0 = *reinterpret_cast<const float4 *>(Qs + r * D + d0);
-                        const float4 q1 = *reinterpret_cast<const float4 *>(Qs + r * D + d0 + 4);
-                        dot[r] += q0.x * x[0] + q0.y * x[1] + q0.z * x[2] + q0.w * x[3] + q1.x * x[4] + q1.y * x[5] +
-                                  q1.z * x[6] + q1.w * x[7];
-                    }
-                }
-            }
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int o = C::kTpt / 2; o > 0; o >>= 1) dot[r] += __shfl_xor_sync(0xFFFFFFFFu, dot[r], o);
-            if (j == 0) {
-                const int pos = int(in.pos) + row;
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    float sc = -INFINITY;
-                    if (valid && pos <= Qpos[r]) sc = p.softcap > 0.0f ? p.softcap * tanhf(dot[r] / p.softcap) : dot[r];
-                    S[r * C::kStageTokens + tok] = sc;
-                }
+    int st = 0;
+    for (int i = cb; i < ce; ++i) {
+        dec::cp_async_wait<kStages - 2>();
+        __syncwarp();  // chunk i landed for every lane; the slot of chunk i-1 is free
+        const int ii = i + kStages - 1;
+        if (ii < ce) {
+            issue(ii, next, st == 0 ? kStages - 1 : st - 1);
+            if (ii + 1 < ce) next = entry(ii + 1);
+        }
+        dec::cp_async_commit();
+        const ChunkMeta mt = meta[st];
+        const uint8_t *slot = ring + st * C::kSlotBytes;
+        if (mt.r1 > mt.r0) {
+            switch (mt.format) {
+                case IKV_FMT_F16: compute_chunk<D, R, IKV_FMT_F16>(slot, mt, w, lane, cap2, inv_cap2); break;
+                case IKV_FMT_BF16: compute_chunk<D, R, IKV_FMT_BF16>(slot, mt, w, lane, cap2, inv_cap2); break;
+                case IKV_FMT_FP8_E4M3: compute_chunk<D, R, IKV_FMT_FP8_E4M3>(slot, mt, w, lane, cap2, inv_cap2); break;
+                case IKV_FMT_INT8: compute_chunk<D, R, IKV_FMT_INT8>(slot, mt, w, lane, cap2, inv_cap2); break;
+                default: compute_chunk<D, R, IKV_FMT_INT4>(slot, mt, w, lane, cap2, inv_cap2); break;
             }
         }
-        __syncthreads();
-        // Online softmax: one warp per row.
-        for (int r = warp; r < R; r += kThreads / 32) {
-            float mx = -INFINITY;
-            for (int t = lane; t < C::kStageTokens; t += 32) mx = fmaxf(mx, S[r * C::kStageTokens + t]);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
-            const float m_old = Mrow[r], m_new = fmaxf(m_old, mx);
-            float sum = 0.0f;
-            for (int t = lane; t < C::kStageTokens; t += 32) {
-                const float sc = S[r * C::kStageTokens + t];
-                const float e = sc == -INFINITY ? 0.0f : __expf(sc - m_new);
-                Pt[t * R + r] = e;
-                sum += e;
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-            __syncwarp();
-            if (lane == 0) {
-                const float alpha = m_old == -INFINITY ? (m_new == -INFINITY ? 1.0f : 0.0f) : __expf(m_old - m_new);
-                Arow[r] = alpha;
-                Mrow[r] = m_new;
-                Lrow[r] = Lrow[r] * alpha + sum;
-            }
-        }
-        __syncthreads();
-        // P.V: tokens pv_group*kTpg .. +kTpg, channels pv_chunk*8 .. +8.
-        {
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const float a = Arow[r];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) acc[r][j] *= a;
-            }
-            const int d0 = pv_chunk * 8;
-#pragma unroll
-            for (int k = 0; k < C::kTpg; ++k) {
-                const int tok = pv_group * C::kTpg + k;
-                const int slot = tok / kSlotRows, row = tok % kSlotRows;
-                const SlotInfo in = si[slot];
-                if (row < in.r0 || row >= in.r1) continue;
-                float x[8];
-                load8<D>(ikv_format(in.format), buf + slot * C::kSlotBytes, 1, row, d0, x);
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    const float w = Pt[tok * R + r];
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) acc[r][j] += w * x[j];
-                }
-            }
-        }
-        // The next iteration's first barrier orders these reads before S/Pt/stage reuse.
+        st = st == kStages - 1 ? 0 : st + 1;
     }
-    cp_async_wait<0>();
-    __syncthreads();
+    dec::cp_async_wait<0>();
+    __syncwarp();
 
-    // Reduce the token groups through the (now idle) stage buffers.
-    float *red = reinterpret_cast<float *>(smem);
+    // Sum the warp's row slots (same max), then park the warp's (acc, m, l) in its own ring.
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        float4 *o = reinterpret_cast<float4 *>(red + (pv_group * R + r) * D + pv_chunk * 8);
-        o[0] = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
-        o[1] = make_float4(acc[r][4], acc[r][5], acc[r][6], acc[r][7]);
+    for (int o = C::kLanesPerRow; o < 32; o <<= 1)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            w.l[r] += __shfl_xor_sync(0xFFFFFFFFu, w.l[r], o);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) w.acc[r][j] += __shfl_xor_sync(0xFFFFFFFFu, w.acc[r][j], o);
+        }
+    float *red = reinterpret_cast<float *>(ring);  // [R][D] acc, [R] m, [R] l
+    if (lane < C::kLanesPerRow) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float4 *o = reinterpret_cast<float4 *>(red + r * D + d0);
+            o[0] = make_float4(w.acc[r][0], w.acc[r][1], w.acc[r][2], w.acc[r][3]);
+            o[1] = make_float4(w.acc[r][4], w.acc[r][5], w.acc[r][6], w.acc[r][7]);
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) red[R * D + r] = w.m[r], red[R * D + R + r] = w.l[r];
     }
     __syncthreads();
+
+    // Merge the warps; write the split's partial (m in the natural-log domain).
     const uint64_t base = ((uint64_t(seq) * Hkv + head) * gridDim.x + split) * rows_total + row0;
-    for (int e = tid; e < nrows * D; e += kThreads) {
+    for (int e = threadIdx.x; e < nrows * D; e += kThreads) {
         const int r = e / D, d = e % D;
-        float a = 0.0f;
+        float mw[kWarps], M = -INFINITY;
 #pragma unroll
-        for (int g = 0; g < C::kGroups; ++g) a += red[(g * R + r) * D + d];
+        for (int v = 0; v < kWarps; ++v) {
+            mw[v] = reinterpret_cast<const float *>(smem + v * C::kRingBytes)[R * D + r];
+            M = fmaxf(M, mw[v]);
+        }
+        float a = 0.0f, L = 0.0f;
+#pragma unroll
+        for (int v = 0; v < kWarps; ++v) {
+            if (mw[v] == -INFINITY) continue;
+            const float *rv = reinterpret_cast<const float *>(smem + v * C::kRingBytes);
+            const float sc = exp2f(mw[v] - M);
+            a = fmaf(rv[r * D + d], sc, a);
+            L = fmaf(rv[R * D + R + r], sc, L);
+        }
         part_acc[(base + r) * D + d] = a;
-    }
-    if (tid < nrows) {
-        part_ml[2 * (base + tid)] = Mrow[tid];
-        part_ml[2 * (base + tid) + 1] = Lrow[tid];
+        if (d == 0) {
+            part_ml[2 * (base + r)] = M == -INFINITY ? -INFINITY : M * kLn2;
+            part_ml[2 * (base + r) + 1] = L;
+        }
     }
 }
 
@@ -476,7 +412,7 @@ __global__ void merge_kernel(const DecodeParams p, uint32_t n_splits, uint32_t r
 
 uint32_t rows_per_cta(uint32_t rows_total) { return rows_total <= 1 ? 1 : rows_total <= 4 ? 4 : 8; }
 
-using DecodeFn = void (*)(const DecodeParams, uint32_t, uint32_t, float *, float *);
+using DecodeFn = void (*)(const DecodeParams, uint32_t, float *, float *);
 
 struct KernelEntry {
     uint32_t D, R;
@@ -485,7 +421,7 @@ struct KernelEntry {
 };
 
 // The dispatch table: head_dim x row-chunk size.
-#define IKV_DECODE_ENTRY(D, R) {D, R, decode_kernel<D, R>, Smem<D, R>::kBytes}
+#define IKV_DECODE_ENTRY(D, R) {D, R, decode_kernel<D, R>, smem_bytes<D>()}
 const KernelEntry kTable[] = {
     IKV_DECODE_ENTRY(64, 1),  IKV_DECODE_ENTRY(64, 4),  IKV_DECODE_ENTRY(64, 8),
     IKV_DECODE_ENTRY(128, 1), IKV_DECODE_ENTRY(128, 4), IKV_DECODE_ENTRY(128, 8),
@@ -522,23 +458,30 @@ uint32_t row_chunks(const DecodeParams &p) {
     return (rows + R - 1) / R;
 }
 
+// CTAs of the decode kernel resident per SM (shared memory bound: 228 KB per
+// SM, 1 KB reserved per CTA; the register use allows as many).
+uint64_t ctas_per_sm(uint32_t D) {
+    const int smem = D <= 64 ? smem_bytes<64>() : D <= 128 ? smem_bytes<128>() : smem_bytes<256>();
+    return std::max<uint64_t>(1, (228u * 1024u) / uint64_t(smem + 1024));
+}
+
 }  // namespace
 
 uint32_t decode_choose_splits(const DecodeParams &p, int n_sms) {
     const uint64_t base = uint64_t(p.n_seqs) * p.shape.n_kv_heads * row_chunks(p);
-    const uint64_t resident = uint64_t(n_sms > 0 ? n_sms : 132) * 3;  // 3 CTAs of ~70 KB shared memory per SM
-    // Work units: stages of 16-row slots; keep at least 3 stages per split so the pipeline fills.
-    const uint64_t P = p.shape.page_size, D = p.shape.head_dim ? p.shape.head_dim : 128;
+    const uint64_t D = p.shape.head_dim ? p.shape.head_dim : 128;
+    const uint64_t resident = uint64_t(n_sms > 0 ? n_sms : 132) * ctas_per_sm(uint32_t(D));
+    // Work units: 16-row chunks; keep at least 4 per warp so each warp's pipeline fills.
+    const uint64_t P = p.shape.page_size;
     const uint64_t chunks = uint64_t(p.max_pages) * (P > 16 ? P / 16 : 1);
-    const uint64_t slots = 256 / D > 0 ? 256 / D : 1;
-    const uint64_t max_useful = std::max<uint64_t>(1, chunks / (3 * slots));
-    // Fewest splits giving >= 2 waves, then the count in [s, 3s] whose last wave is fullest.
-    uint64_t s0 = (2 * resident + base - 1) / base;
+    const uint64_t max_useful = std::max<uint64_t>(1, chunks / (4 * kWarps));
+    // Fewest splits filling every resident CTA slot once, then the count in [s, 2s] whose last wave is fullest.
+    uint64_t s0 = (resident + base - 1) / base;
     if (s0 > max_useful) s0 = max_useful;
     if (s0 < 1) s0 = 1;
     uint64_t best = s0;
     double best_eff = 0.0;
-    for (uint64_t s = s0; s <= std::min<uint64_t>(3 * s0, max_useful); ++s) {
+    for (uint64_t s = s0; s <= std::min<uint64_t>(2 * s0, max_useful); ++s) {
         const uint64_t ctas = base * s, waves = (ctas + resident - 1) / resident;
         const double eff = double(ctas) / double(waves * resident);
         if (eff > best_eff + 0.02) best_eff = eff, best = s;
@@ -557,7 +500,6 @@ cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream) {
     const KernelEntry *k = find_kernel(p.shape.head_dim, rows_per_cta(rows));
     if (!k || p.n_splits == 0 || p.shape.page_size > 128) return cudaErrorInvalidValue;
     const uint32_t splits = p.n_splits;
-    const uint32_t pages_per_split = std::max<uint32_t>(1, (p.max_pages + splits - 1) / splits);
     const uint64_t n = uint64_t(p.n_seqs) * p.shape.n_kv_heads * splits * rows;
     float *part_acc = static_cast<float *>(p.workspace);
     float *part_ml = reinterpret_cast<float *>(static_cast<uint8_t *>(p.workspace) +
@@ -565,7 +507,7 @@ cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream) {
     cudaError_t err = allow_smem(k);
     if (err != cudaSuccess) return err;
     const dim3 grid(splits, p.shape.n_kv_heads * row_chunks(p), p.n_seqs);
-    k->fn<<<grid, kThreads, k->smem, stream>>>(p, pages_per_split, rows, part_acc, part_ml);
+    k->fn<<<grid, kThreads, k->smem, stream>>>(p, rows, part_acc, part_ml);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     const uint32_t mthreads = p.shape.head_dim < 128 ? p.shape.head_dim : 128;
