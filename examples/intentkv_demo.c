@@ -280,6 +280,7 @@ int main(int argc, char **argv) {
            "speedup", "err(sel)", "err(all)");
     printf("  %-21s %10.1f %7.0f%% %10.3f %9.2f %7.2fx %10s %10s\n", "dense f16", dense_stats.used_bytes / 1048576.0,
            100.0, dense_ms, dense_bytes / 1e6, 1.0, "0", "0");
+    ikv_pool_stats mem[sizeof kConfigs / sizeof *kConfigs];
     for (size_t c = 0; c < sizeof kConfigs / sizeof *kConfigs; ++c) {
         ikv_router_config rc = ikv_router_default_config();
         rc.token_budget = (uint32_t)((uint64_t)n_tokens * kConfigs[c].budget_per_mille / 1000);
@@ -295,6 +296,7 @@ int main(int argc, char **argv) {
         ikv_pool_stats st;
         st.struct_size = sizeof st;
         CHECK(ikv_pool_get_stats(pool, &st));
+        mem[c] = st;
         uint64_t bytes = 0, sel_bytes = 0;
         decode_ms(dec, pool_dense, seq_dense, plan, q, out, &dev, 1, &sel_bytes);
         const double sel_err = rel_err(out, out_dense, N_Q_HEADS * HEAD_DIM);
@@ -305,6 +307,15 @@ int main(int argc, char **argv) {
         ikv_pool_destroy(pool);
         ikv_plan_destroy(plan);
         ikv_router_destroy(router);
+    }
+    printf("\nPool memory by page format, MiB (pages store every token, each page at the plan's precision)\n");
+    printf("  %-21s %8s %8s %8s %8s %8s %9s %8s\n", "config", "f16", "bf16", "fp8", "int8", "int4", "total",
+           "saved");
+    for (size_t c = 0; c < sizeof kConfigs / sizeof *kConfigs; ++c) {
+        printf("  %-21s", kConfigs[c].name);
+        for (int f = 0; f < IKV_FMT_COUNT; ++f) printf(" %8.1f", mem[c].bytes_by_format[f] / 1048576.0);
+        printf(" %9.1f %7.0f%%\n", mem[c].used_bytes / 1048576.0,
+               100.0 - 100.0 * mem[c].used_bytes / dense_stats.used_bytes);
     }
     printf("\n(pool MiB: every page stored in the router's precision for that config; errors: ||out - dense|| / ||dense|| "
            "over all heads;\n err(sel): the plan's tokens read from the F16 pool (selection only); err(all): from the "

@@ -3,11 +3,13 @@
 #   1. the normal build (CUDA kernels compiled when nvcc is present; GPU tests
 #      skip visibly without a GPU), all CTest tests;
 #   2. the pool and layout tests again under AddressSanitizer + UBSan;
-#   3. install into a temporary prefix and build an outside C program against
+#   3. the NEON kernel cross-compiled for aarch64 and checked against the
+#      scalar kernel under qemu-user;
+#   4. install into a temporary prefix and build an outside C program against
 #      it with pkg-config only, and another with find_package(intentkv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install_deps.sh
+bash scripts/install_deps.sh g++-aarch64-linux-gnu qemu-user
 
 echo "== build and test =="
 bash scripts/build.sh -DIKV_BUILD_BENCH=OFF
@@ -17,6 +19,9 @@ echo "== AddressSanitizer + UBSan (CPU only) =="
 BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DIKV_ENABLE_CUDA=OFF -DIKV_SANITIZE=ON \
   -DIKV_BUILD_BENCH=OFF -DIKV_BUILD_EXAMPLES=OFF
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$(nproc)" -R "test_(pool|layout|router|plan|synth|common)")
+
+echo "== NEON kernel: aarch64 cross build, checked under qemu-user =="
+bash scripts/check_neon_build.sh
 
 echo "== install and use from outside =="
 bash scripts/check_install.sh build
