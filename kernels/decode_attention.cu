@@ -11,16 +11,24 @@
 // __syncwarp only; the next work-list entry is loaded one chunk ahead.
 //
 // Lane mapping (format independent): D/8 lanes per token row, 8 channels each,
-// 32/(D/8) rows per warp step. A lane keeps the R query rows' 8-channel slices
-// in registers (pre-scaled by scale*log2(e); per-channel K scales folded in per
-// chunk when R <= 4), dequantizes its 8 channels of K per format (templated,
-// switched once per chunk), reduces the dot over the row's lanes by shuffles,
-// and keeps an online softmax in base 2 per query row (max warp-uniform, one
-// rescale check per batch of rows), accumulating P.V into R x 8 fp32 registers.
+// 32/(D/8) rows per warp step. The CTA stages its R query rows (pre-scaled by
+// scale*log2(e)) in shared memory once; per chunk a lane loads its 8-channel
+// slices into registers with the chunk's K scales folded in (per channel for
+// INT8/INT4, per sub-page for FP8; R <= 4), dequantizes its 8 channels of K
+// per format (templated, switched once per chunk), and reduces the dots over
+// the row's lanes by shuffles (for R = 4 a transposing reduction: 5 shuffles
+// instead of 16 at D=128, after which each lane owns one query row's score and
+// computes one exp). The online softmax runs in base 2 per query row with a
+// warp-uniform max and one rescale check per batch of rows; P.V accumulates
+// into R x 8 fp32 registers (V scales folded into the weight per token).
 // At the end the warp's row slots are summed by shuffles, the 4 warps are
 // merged through shared memory (one barrier), and the CTA writes its split's
 // (m, l, acc); the merge kernel does the exact log-sum-exp merge over splits
 // and writes out (F32/F16/BF16) and lse.
+//
+// Occupancy: 2-deep rings (8 KB slots at D=128) and <= 168 registers give 3
+// CTAs = 12 warps per SM for the one-token GQA shapes; decode_choose_splits
+// asks the occupancy calculator and fills the resident CTA slots.
 //
 // Templated on head_dim, the row-chunk size R (query rows = tokens x group
 // heads per CTA) and the page format; one dispatch table.
@@ -43,8 +51,8 @@ namespace {
 using dec::kChunkRows;
 
 constexpr int kWarps = 4;
+constexpr uint32_t kMaxSplits = 8192;  // merge weights in shared memory: 32 KB
 constexpr int kThreads = 32 * kWarps;
-constexpr int kStages = 3;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -54,6 +62,9 @@ struct Cfg {
     static constexpr int kRowsPerStep = 32 / kLanesPerRow;     // 4, 2, 1
     static constexpr int kSteps = kChunkRows / kRowsPerStep;   // 4, 8, 16
     static constexpr int kSlotBytes = kChunkRows * 2 * 2 * D;  // K + V at 2 bytes per value (widest format)
+    // Ring depth: 2 (one chunk in flight per warp while it computes another)
+    // keeps D <= 128 at 3 CTAs = 12 warps per SM; D = 256 (one CTA) goes 3 deep.
+    static constexpr int kStages = D >= 256 ? 3 : 2;
     static constexpr int kRingBytes = kStages * kSlotBytes;    // one warp's ring
 };
 
@@ -64,9 +75,26 @@ struct ChunkMeta {
     uint32_t pos;  // absolute position of chunk row 0
 };
 
-template <int D>
-constexpr int smem_bytes() {
-    return kWarps * Cfg<D>::kRingBytes + kWarps * kStages * int(sizeof(ChunkMeta));
+// Shared memory: the warps' rings, the CTA's query rows [R][D] (f32), the slots' metadata.
+template <int D, int R>
+struct Smem {
+    static constexpr int kQOff = kWarps * Cfg<D>::kRingBytes;
+    static constexpr int kMetaOff = kQOff + R * D * 4;
+    static constexpr int kBytes = kMetaOff + kWarps * Cfg<D>::kStages * int(sizeof(ChunkMeta));
+};
+
+// CTAs per SM the register budget is sized for (launch bounds): 3 for the
+// one-token GQA shapes (R <= 4, D <= 128), else 1.
+template <int D, int R>
+constexpr int min_blocks() {
+    return R <= 4 && D <= 128 ? 3 : 1;
+}
+
+// 2^x with one MUFU.EX2 (ex2.approx: ~2 ulp; 2^-inf = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 __device__ __forceinline__ float load_elem(const void *p, ikv_dtype dt, uint64_t i) {
@@ -78,7 +106,6 @@ __device__ __forceinline__ float load_elem(const void *p, ikv_dtype dt, uint64_t
 // Per-warp softmax state and the query slices, in registers.
 template <int R>
 struct WarpState {
-    float q[R][8];  // query rows, channels d0..d0+7, times scale*log2(e)
     int qpos[R];    // position of the row's query token (-1: padding row, always masked)
     float m[R];     // running max (base-2 domain), identical in every lane
     float l[R];     // sum of weights of this lane's row slot
@@ -87,12 +114,13 @@ struct WarpState {
 
 // One chunk in a slot: scores, online softmax, P.V. Format F, warp-uniform.
 template <int D, int R, int F>
-__device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMeta mt, WarpState<R> &w, int lane,
-                                              float cap2, float inv_cap2) {
+__device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMeta mt, const float *Qs, WarpState<R> &w,
+                                              int lane, float cap2, float inv_cap2) {
     using C = Cfg<D>;
     using M = dec::Fmt<D, F>;
     constexpr bool kFold = R <= 4;  // fold per-channel K scales into the query (registers allow it)
-    constexpr int kBatch = C::kSteps < (R >= 8 ? 4 : 8) ? C::kSteps : (R >= 8 ? 4 : 8);
+    constexpr int kB = R >= 4 ? 4 : 8;  // rows per lane between rescale checks (registers: kB x R scores)
+    constexpr int kBatch = C::kSteps < kB ? C::kSteps : kB;
     const int rs = lane / C::kLanesPerRow, d0 = (lane % C::kLanesPerRow) * 8;
     const uint8_t *Kp = slot + d0 * M::kLaneBytes / 8;
     const uint8_t *Vp = Kp + kChunkRows * M::kRowBytes;
@@ -119,16 +147,29 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
     float qk[R][8], kb[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+        const float4 a = *reinterpret_cast<const float4 *>(Qs + r * D + d0),
+                     b = *reinterpret_cast<const float4 *>(Qs + r * D + d0 + 4);
+        const float q[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
         kb[r] = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            qk[r][j] = kScaled && kFold ? w.q[r][j] * ks[j] : w.q[r][j];
-            if (F == IKV_FMT_INT4 && kFold) kb[r] = fmaf(w.q[r][j], km[j], kb[r]);
+            qk[r][j] = kScaled && kFold ? q[j] * ks[j] : q[j];
+            if (F == IKV_FMT_INT4 && kFold) kb[r] = fmaf(q[j], km[j], kb[r]);
         }
     }
     // V scale per chunk (FP8) or per row (INT8; INT4 per row and 32-channel group).
     const float vs_chunk = F == IKV_FMT_FP8_E4M3 ? Sc[1] : 1.0f;
     const int g = d0 / 32;
+    // Transposing reduction (R == 4): lane bits kO1, kO2 of the row's lanes pick the query row rl it ends with.
+    constexpr bool kT = R == 4;
+    constexpr int kV = kT ? 1 : R;  // scores per lane and row after the reduction
+    constexpr int kO1 = C::kLanesPerRow / 2, kO2 = C::kLanesPerRow / 4;
+    const bool hb = (lane & kO1) != 0, lb = (lane & kO2) != 0;
+    const int rl = (hb ? 2 : 0) + (lb ? 1 : 0);
+    int src[4];  // lane of this row slot (and same low bits) holding query row r
+#pragma unroll
+    for (int r = 0; r < 4; ++r) src[r] = (lane & ~(kO1 | kO2)) | (r & 2 ? kO1 : 0) | (r & 1 ? kO2 : 0);
+    const int my_qpos = rl == 0 ? w.qpos[0] : rl == 1 ? w.qpos[1 % R] : rl == 2 ? w.qpos[2 % R] : w.qpos[3 % R];
 
 #pragma unroll
     for (int b0 = 0; b0 < C::kSteps; b0 += kBatch) {
@@ -152,47 +193,76 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
                 s[k][r] = d;
             }
         }
+        // Reduce the dots over the row's lanes. R == 4: a transposing reduction
+        // (5 shuffles for D=128 instead of 16) leaves each lane the score of
+        // query row rl only; else every lane gets all R scores.
+        float sv[kBatch][kV];
 #pragma unroll
-        for (int k = 0; k < kBatch; ++k)
+        for (int k = 0; k < kBatch; ++k) {
+            if constexpr (kT) {
+                const float send0 = hb ? s[k][0] : s[k][2], send1 = hb ? s[k][1] : s[k][3];
+                float keep0 = hb ? s[k][2] : s[k][0], keep1 = hb ? s[k][3] : s[k][1];
+                keep0 += __shfl_xor_sync(0xFFFFFFFFu, send0, kO1);
+                keep1 += __shfl_xor_sync(0xFFFFFFFFu, send1, kO1);
+                float v = (lb ? keep1 : keep0) + __shfl_xor_sync(0xFFFFFFFFu, lb ? keep0 : keep1, kO2);
 #pragma unroll
-            for (int r = 0; r < R; ++r)
+                for (int o = kO2 / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+                sv[k][0] = v;
+            } else {
 #pragma unroll
-                for (int o = C::kLanesPerRow / 2; o > 0; o >>= 1) s[k][r] += __shfl_xor_sync(0xFFFFFFFFu, s[k][r], o);
-        float mx[R];
+                for (int r = 0; r < R; ++r) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) mx[r] = -INFINITY;
+                    for (int o = C::kLanesPerRow / 2; o > 0; o >>= 1)
+                        s[k][r] += __shfl_xor_sync(0xFFFFFFFFu, s[k][r], o);
+                    sv[k][r] = s[k][r];
+                }
+            }
+        }
+        float mv[kV];
+#pragma unroll
+        for (int v = 0; v < kV; ++v) mv[v] = -INFINITY;
 #pragma unroll
         for (int k = 0; k < kBatch; ++k) {
             const int row = (b0 + k) * C::kRowsPerStep + rs;
             const int pos = int(mt.pos) + row;
             const bool valid = row >= mt.r0 && row < mt.r1;
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                float v = s[k][r];
-                if (cap2 > 0.0f) v = cap2 * tanhf(v * inv_cap2);
-                v = valid && pos <= w.qpos[r] ? v : -INFINITY;
-                s[k][r] = v;
-                mx[r] = fmaxf(mx[r], v);
+            for (int v = 0; v < kV; ++v) {
+                float x = sv[k][v];
+                if (cap2 > 0.0f) x = cap2 * tanhf(x * inv_cap2);
+                x = valid && pos <= (kT ? my_qpos : w.qpos[v]) ? x : -INFINITY;
+                sv[k][v] = x;
+                mv[v] = fmaxf(mv[v], x);
             }
+        }
+        float mx[R];
+#pragma unroll
+        for (int v = 0; v < kV; ++v)
+#pragma unroll
+            for (int o = C::kLanesPerRow; o < 32; o <<= 1) mv[v] = fmaxf(mv[v], __shfl_xor_sync(0xFFFFFFFFu, mv[v], o));
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if constexpr (kT)
+                mx[r] = __shfl_sync(0xFFFFFFFFu, mv[0], src[r % 4]);
+            else
+                mx[r] = mv[r];
         }
         bool grow = false;
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-            for (int o = C::kLanesPerRow; o < 32; o <<= 1) mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xFFFFFFFFu, mx[r], o));
-            grow |= mx[r] > w.m[r];
-        }
+        for (int r = 0; r < R; ++r) grow |= mx[r] > w.m[r];
         if (grow) {  // warp-uniform: m and mx are the same in every lane
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const float mn = fmaxf(w.m[r], mx[r]);
-                const float alpha = mn == w.m[r] ? 1.0f : exp2f(w.m[r] - mn);  // m = -inf: 0
+                const float alpha = mn == w.m[r] ? 1.0f : fast_exp2(w.m[r] - mn);  // m = -inf: 0
                 w.m[r] = mn;
                 w.l[r] *= alpha;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) w.acc[r][j] *= alpha;
             }
         }
+        float my_m = w.m[0];
+        if constexpr (kT) my_m = rl == 0 ? w.m[0] : rl == 1 ? w.m[1 % R] : rl == 2 ? w.m[2 % R] : w.m[3 % R];
 #pragma unroll
         for (int k = 0; k < kBatch; ++k) {
             const int row = (b0 + k) * C::kRowsPerStep + rs;
@@ -205,11 +275,19 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
 #pragma unroll
                 for (int j = 0; j < 8; ++j) x[j] = fmaf(x[j], a, b);
             }
+            float pr[R];
+            if constexpr (kT) {
+                const float pl = sv[k][0] == -INFINITY ? 0.0f : fast_exp2(sv[k][0] - my_m);
+#pragma unroll
+                for (int r = 0; r < R; ++r) pr[r] = __shfl_sync(0xFFFFFFFFu, pl, src[r % 4]);
+            } else {
+#pragma unroll
+                for (int r = 0; r < R; ++r) pr[r] = sv[k][r] == -INFINITY ? 0.0f : fast_exp2(sv[k][r] - w.m[r]);
+            }
 #pragma unroll
             for (int r = 0; r < R; ++r) {
-                const float pr = s[k][r] == -INFINITY ? 0.0f : exp2f(s[k][r] - w.m[r]);
-                w.l[r] += pr;
-                const float pw = pr * vs;
+                w.l[r] += pr[r];
+                const float pw = pr[r] * vs;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) w.acc[r][j] = fmaf(pw, x[j], w.acc[r][j]);
             }
@@ -218,13 +296,14 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
 }
 
 template <int D, int R>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, uint32_t rows_total, float *part_acc,
+__global__ void __launch_bounds__(kThreads, min_blocks<D, R>()) decode_kernel(const DecodeParams p, uint32_t rows_total, float *part_acc,
                                                           float *part_ml) {
     using C = Cfg<D>;
     extern __shared__ __align__(16) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint8_t *ring = smem + warp * C::kRingBytes;
-    ChunkMeta *meta = reinterpret_cast<ChunkMeta *>(smem + kWarps * C::kRingBytes) + warp * kStages;
+    float *Qs = reinterpret_cast<float *>(smem + Smem<D, R>::kQOff);
+    ChunkMeta *meta = reinterpret_cast<ChunkMeta *>(smem + Smem<D, R>::kMetaOff) + warp * C::kStages;
 
     const uint32_t split = blockIdx.x, seq = blockIdx.z;
     const uint32_t Hkv = p.shape.n_kv_heads;
@@ -233,17 +312,23 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
     const uint32_t row0 = row_chunk * R;
     const int nrows = int(min(uint32_t(R), rows_total - row0));
     const uint32_t len = p.seq_len[seq];
+    const uint32_t li = p.lists.list_heads > 1 ? seq * p.lists.list_heads + head : seq;
+    const DevPage *list = p.lists.pages + uint64_t(li) * p.lists.stride;
+    const uint32_t count = p.lists.counts[li];  // loaded here so its latency overlaps the query staging
     const int d0 = (lane % C::kLanesPerRow) * 8;
 
-    // Query slices (row r = t*G + g), pre-scaled into the base-2 domain; padding rows are zero and masked.
-    WarpState<R> w;
+    // Query rows (row r = t*G + g), pre-scaled into the base-2 domain; padding rows are zero and masked.
     const float qs = p.scale * kLog2e;
+    for (int e = threadIdx.x; e < R * D; e += kThreads) {
+        const uint32_t r = uint32_t(e / D), rr = row0 + r, t = rr / G, gi = rr % G;
+        const uint64_t qi = ((uint64_t(seq) * T + t) * p.n_q_heads + head * G + gi) * D + uint32_t(e % D);
+        Qs[e] = int(r) < nrows ? load_elem(p.q, p.q_dtype, qi) * qs : 0.0f;
+    }
+    __syncthreads();
+    WarpState<R> w;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const uint32_t rr = row0 + uint32_t(r), t = rr / G, gi = rr % G;
-        const uint64_t qi = ((uint64_t(seq) * T + t) * p.n_q_heads + head * G + gi) * D + d0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w.q[r][j] = r < nrows ? load_elem(p.q, p.q_dtype, qi + j) * qs : 0.0f;
+        const uint32_t t = (row0 + uint32_t(r)) / G;
         w.qpos[r] = r < nrows ? int(len - T + t) : -1;
         w.m[r] = -INFINITY;
         w.l[r] = 0.0f;
@@ -255,9 +340,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
     const uint32_t max_pos = len - T + (row0 + uint32_t(nrows) - 1) / G;
 
     // The CTA's slice of its list (balanced on the list's own count), then the warp's part of it.
-    const uint32_t li = p.lists.list_heads > 1 ? seq * p.lists.list_heads + head : seq;
-    const DevPage *list = p.lists.pages + uint64_t(li) * p.lists.stride;
-    const uint32_t count = p.lists.counts[li];
     const uint32_t per_split = (count + gridDim.x - 1) / gridDim.x;
     const uint32_t first = split * per_split;
     const uint32_t npages = first < count ? min(per_split, count - first) : 0u;
@@ -289,21 +371,25 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
         if (lane == 0) meta[st] = ChunkMeta{lo - c0, hi - c0, int(f), pg.pos0 + uint32_t(c0)};
     };
 
+    DevPage pro[C::kStages - 1];  // the prologue's entries, all loads in flight before the first use
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-        if (cb + s < ce) issue(cb + s, entry(cb + s), s);
+    for (int s = 0; s < C::kStages - 1; ++s)
+        if (cb + s < ce) pro[s] = entry(cb + s);
+    DevPage next{};  // entry of the next chunk to issue, loaded one iteration ahead
+    if (cb + C::kStages - 1 < ce) next = entry(cb + C::kStages - 1);
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+        if (cb + s < ce) issue(cb + s, pro[s], s);
         dec::cp_async_commit();
     }
-    DevPage next{};  // entry of the next chunk to issue, loaded one iteration ahead
-    if (cb + kStages - 1 < ce) next = entry(cb + kStages - 1);
 
     int st = 0;
     for (int i = cb; i < ce; ++i) {
-        dec::cp_async_wait<kStages - 2>();
+        dec::cp_async_wait<C::kStages - 2>();
         __syncwarp();  // chunk i landed for every lane; the slot of chunk i-1 is free
-        const int ii = i + kStages - 1;
+        const int ii = i + C::kStages - 1;
         if (ii < ce) {
-            issue(ii, next, st == 0 ? kStages - 1 : st - 1);
+            issue(ii, next, st == 0 ? C::kStages - 1 : st - 1);
             if (ii + 1 < ce) next = entry(ii + 1);
         }
         dec::cp_async_commit();
@@ -311,14 +397,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
         const uint8_t *slot = ring + st * C::kSlotBytes;
         if (mt.r1 > mt.r0) {
             switch (mt.format) {
-                case IKV_FMT_F16: compute_chunk<D, R, IKV_FMT_F16>(slot, mt, w, lane, cap2, inv_cap2); break;
-                case IKV_FMT_BF16: compute_chunk<D, R, IKV_FMT_BF16>(slot, mt, w, lane, cap2, inv_cap2); break;
-                case IKV_FMT_FP8_E4M3: compute_chunk<D, R, IKV_FMT_FP8_E4M3>(slot, mt, w, lane, cap2, inv_cap2); break;
-                case IKV_FMT_INT8: compute_chunk<D, R, IKV_FMT_INT8>(slot, mt, w, lane, cap2, inv_cap2); break;
-                default: compute_chunk<D, R, IKV_FMT_INT4>(slot, mt, w, lane, cap2, inv_cap2); break;
+                case IKV_FMT_F16: compute_chunk<D, R, IKV_FMT_F16>(slot, mt, Qs, w, lane, cap2, inv_cap2); break;
+                case IKV_FMT_BF16: compute_chunk<D, R, IKV_FMT_BF16>(slot, mt, Qs, w, lane, cap2, inv_cap2); break;
+                case IKV_FMT_FP8_E4M3: compute_chunk<D, R, IKV_FMT_FP8_E4M3>(slot, mt, Qs, w, lane, cap2, inv_cap2); break;
+                case IKV_FMT_INT8: compute_chunk<D, R, IKV_FMT_INT8>(slot, mt, Qs, w, lane, cap2, inv_cap2); break;
+                default: compute_chunk<D, R, IKV_FMT_INT4>(slot, mt, Qs, w, lane, cap2, inv_cap2); break;
             }
         }
-        st = st == kStages - 1 ? 0 : st + 1;
+        st = st == C::kStages - 1 ? 0 : st + 1;
     }
     dec::cp_async_wait<0>();
     __syncwarp();
@@ -362,7 +448,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
         for (int v = 0; v < kWarps; ++v) {
             if (mw[v] == -INFINITY) continue;
             const float *rv = reinterpret_cast<const float *>(smem + v * C::kRingBytes);
-            const float sc = exp2f(mw[v] - M);
+            const float sc = fast_exp2(mw[v] - M);
             a = fmaf(rv[r * D + d], sc, a);
             L = fmaf(rv[R * D + R + r], sc, L);
         }
@@ -374,9 +460,33 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p, 
     }
 }
 
-// One block per (seq, head, row); one thread per channel.
+// Sum (or max) of v over the block (blockDim.x a multiple of 32); every thread gets the result.
+__device__ __forceinline__ float block_reduce(float v, bool is_max, float *tmp) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(0xFFFFFFFFu, v, o);
+        v = is_max ? fmaxf(v, u) : v + u;
+    }
+    __syncthreads();  // tmp is free (an earlier call's reads are done)
+    if ((threadIdx.x & 31) == 0) tmp[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = tmp[0];
+    for (uint32_t i = 1; i < (blockDim.x >> 5); ++i) v = is_max ? fmaxf(v, tmp[i]) : v + tmp[i];
+    return v;
+}
+
+// Shared-memory floats for the merge weights: n_splits rounded up to 8, the
+// tail zeroed, because the unrolled weighted sum loads the weights as 16-byte
+// vectors (memcheck caught the unpadded array being read past its end).
+__host__ __device__ constexpr uint32_t merge_weight_floats(uint32_t n_splits) { return (n_splits + 7u) & ~7u; }
+
+// One block per (seq, head, row); one thread per channel. The splits' (m, l)
+// are read once, in parallel across the block, and their weights
+// exp(m_s - m) kept in shared memory (merge_weight_floats(n_splits), dynamic).
 __global__ void merge_kernel(const DecodeParams p, uint32_t n_splits, uint32_t rows_total, const float *part_acc,
                              const float *part_ml) {
+    extern __shared__ float wgt[];
+    __shared__ float tmp[32];
     const uint32_t D = p.shape.head_dim, Hkv = p.shape.n_kv_heads;
     const uint32_t row = blockIdx.x % rows_total, head = (blockIdx.x / rows_total) % Hkv;
     const uint32_t seq = blockIdx.x / (rows_total * Hkv);
@@ -384,20 +494,23 @@ __global__ void merge_kernel(const DecodeParams p, uint32_t n_splits, uint32_t r
     const uint64_t stride = rows_total;
     const uint64_t b0 = (uint64_t(seq) * Hkv + head) * n_splits * stride + row;
     float m = -INFINITY;
-    for (uint32_t s = 0; s < n_splits; ++s) m = fmaxf(m, part_ml[2 * (b0 + s * stride)]);
+    for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) m = fmaxf(m, part_ml[2 * (b0 + s * stride)]);
+    m = block_reduce(m, true, tmp);
     float l = 0.0f;
-    for (uint32_t s = 0; s < n_splits; ++s) {
+    for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) {
         const float ms = part_ml[2 * (b0 + s * stride)];
-        if (ms != -INFINITY) l += part_ml[2 * (b0 + s * stride) + 1] * __expf(ms - m);
+        const float w = ms == -INFINITY ? 0.0f : __expf(ms - m);
+        wgt[s] = w;
+        l += part_ml[2 * (b0 + s * stride) + 1] * w;
     }
+    for (uint32_t s = n_splits + threadIdx.x; s < merge_weight_floats(n_splits); s += blockDim.x) wgt[s] = 0.0f;
+    l = block_reduce(l, false, tmp);  // its barriers also publish wgt
     const uint64_t oi = (uint64_t(seq) * p.n_query_tokens + t) * p.n_q_heads + head * G + g;
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
         float a = 0.0f;
         if (l > 0.0f) {
-            for (uint32_t s = 0; s < n_splits; ++s) {
-                const float ms = part_ml[2 * (b0 + s * stride)];
-                if (ms != -INFINITY) a += part_acc[(b0 + s * stride) * D + d] * __expf(ms - m);
-            }
+#pragma unroll 8
+            for (uint32_t s = 0; s < n_splits; ++s) a += part_acc[(b0 + s * stride) * D + d] * wgt[s];
             a /= l;
         }
         if (p.out_dtype == IKV_DTYPE_F32)
@@ -421,7 +534,7 @@ struct KernelEntry {
 };
 
 // The dispatch table: head_dim x row-chunk size.
-#define IKV_DECODE_ENTRY(D, R) {D, R, decode_kernel<D, R>, smem_bytes<D>()}
+#define IKV_DECODE_ENTRY(D, R) {D, R, decode_kernel<D, R>, Smem<D, R>::kBytes}
 const KernelEntry kTable[] = {
     IKV_DECODE_ENTRY(64, 1),  IKV_DECODE_ENTRY(64, 4),  IKV_DECODE_ENTRY(64, 8),
     IKV_DECODE_ENTRY(128, 1), IKV_DECODE_ENTRY(128, 4), IKV_DECODE_ENTRY(128, 8),
@@ -458,36 +571,49 @@ uint32_t row_chunks(const DecodeParams &p) {
     return (rows + R - 1) / R;
 }
 
-// CTAs of the decode kernel resident per SM (shared memory bound: 228 KB per
-// SM, 1 KB reserved per CTA; the register use allows as many).
-uint64_t ctas_per_sm(uint32_t D) {
-    const int smem = D <= 64 ? smem_bytes<64>() : D <= 128 ? smem_bytes<128>() : smem_bytes<256>();
-    return std::max<uint64_t>(1, (228u * 1024u) / uint64_t(smem + 1024));
+// CTAs of the decode kernel resident per SM, from the occupancy calculator
+// (registers and shared memory), remembered per table entry; without a
+// device, the shared-memory bound (228 KB per SM, 1 KB reserved per CTA).
+uint64_t ctas_per_sm(const DecodeParams &p) {
+    static std::atomic<int> cached[sizeof(kTable) / sizeof(kTable[0])];
+    const KernelEntry *k = find_kernel(p.shape.head_dim, rows_per_cta(query_rows(p)));
+    if (!k) return 1;
+    int n = cached[k - kTable].load(std::memory_order_relaxed);
+    if (n == 0 && allow_smem(k) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k->fn, kThreads, size_t(k->smem)) == cudaSuccess && n > 0)
+        cached[k - kTable].store(n, std::memory_order_relaxed);
+    if (n <= 0) {
+        (void)cudaGetLastError();  // leave no sticky error from a failed query
+        n = int((228u * 1024u) / unsigned(k->smem + 1024));
+    }
+    return uint64_t(n > 0 ? n : 1);
 }
 
 }  // namespace
 
 uint32_t decode_choose_splits(const DecodeParams &p, int n_sms) {
     const uint64_t base = uint64_t(p.n_seqs) * p.shape.n_kv_heads * row_chunks(p);
-    const uint64_t D = p.shape.head_dim ? p.shape.head_dim : 128;
-    const uint64_t resident = uint64_t(n_sms > 0 ? n_sms : 132) * ctas_per_sm(uint32_t(D));
+    const uint64_t resident = uint64_t(n_sms > 0 ? n_sms : 132) * ctas_per_sm(p);
     // Work units: 16-row chunks; keep at least 4 per warp so each warp's pipeline fills.
     const uint64_t P = p.shape.page_size;
     const uint64_t chunks = uint64_t(p.max_pages) * (P > 16 ? P / 16 : 1);
     const uint64_t max_useful = std::max<uint64_t>(1, chunks / (4 * kWarps));
-    // Fewest splits filling every resident CTA slot once, then the count in [s, 2s] whose last wave is fullest.
-    uint64_t s0 = (resident + base - 1) / base;
-    if (s0 > max_useful) s0 = max_useful;
-    if (s0 < 1) s0 = 1;
-    uint64_t best = s0;
-    double best_eff = 0.0;
-    for (uint64_t s = s0; s <= std::min<uint64_t>(2 * s0, max_useful); ++s) {
+    // Fill of the resident CTA slots over the waves s splits take; the fewest
+    // splits within 3% of the best fill, searching up to two waves' worth.
+    const uint64_t hi = std::min<uint64_t>(max_useful, 2 * ((resident + base - 1) / base));
+    auto fill = [&](uint64_t s) {
         const uint64_t ctas = base * s, waves = (ctas + resident - 1) / resident;
-        const double eff = double(ctas) / double(waves * resident);
-        if (eff > best_eff + 0.02) best_eff = eff, best = s;
-    }
-    if (best > 1024) best = 1024;
-    return uint32_t(best);
+        return double(ctas) / double(waves * resident);
+    };
+    double best = 0.0;
+    for (uint64_t s = 1; s <= hi; ++s) best = std::max(best, fill(s));
+    uint64_t pick = 1;
+    for (uint64_t s = 1; s <= hi; ++s)
+        if (fill(s) >= best - 0.03) {
+            pick = s;
+            break;
+        }
+    return uint32_t(std::min<uint64_t>(pick, 1024));
 }
 
 uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits) {
@@ -498,7 +624,8 @@ uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits) {
 cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream) {
     const uint32_t rows = query_rows(p);
     const KernelEntry *k = find_kernel(p.shape.head_dim, rows_per_cta(rows));
-    if (!k || p.n_splits == 0 || p.shape.page_size > 128) return cudaErrorInvalidValue;
+    // (the merge keeps one float per split in shared memory: at most kMaxSplits)
+    if (!k || p.n_splits == 0 || p.n_splits > kMaxSplits || p.shape.page_size > 128) return cudaErrorInvalidValue;
     const uint32_t splits = p.n_splits;
     const uint64_t n = uint64_t(p.n_seqs) * p.shape.n_kv_heads * splits * rows;
     float *part_acc = static_cast<float *>(p.workspace);
@@ -511,7 +638,8 @@ cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream) {
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
     const uint32_t mthreads = p.shape.head_dim < 128 ? p.shape.head_dim : 128;
-    merge_kernel<<<p.n_seqs * p.shape.n_kv_heads * rows, mthreads, 0, stream>>>(p, splits, rows, part_acc, part_ml);
+    merge_kernel<<<p.n_seqs * p.shape.n_kv_heads * rows, mthreads, merge_weight_floats(splits) * sizeof(float),
+                   stream>>>(p, splits, rows, part_acc, part_ml);
     return cudaGetLastError();
 }
 

@@ -102,9 +102,15 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
     const int reps = quick ? 7 : 15, batch = 8;
     std::vector<BenchRow> rows;
     Timer tm;
+    // IKV_BENCH_B / IKV_BENCH_CTX (optional) restrict the run to one batch size / context (profiling).
+    // IKV_BENCH_FMT (f16, fp8, int8, int4) restricts the formats the same way.
+    const char *only_b = getenv("IKV_BENCH_B"), *only_ctx = getenv("IKV_BENCH_CTX"), *only_f = getenv("IKV_BENCH_FMT");
     for (uint32_t B : Bs)
         for (uint32_t ctx : ctxs)
             for (ikv_format f : fmts) {
+                if ((only_b && uint32_t(atoi(only_b)) != B) || (only_ctx && uint32_t(atoi(only_ctx)) != ctx) ||
+                    (only_f && strcmp(only_f, fnames[f]) != 0))
+                    continue;
                 const uint32_t n_pages = ctx / P;
                 const uint64_t pb = ikv::page_bytes(s, f);
                 const uint64_t one = uint64_t(B) * n_pages * pb;
