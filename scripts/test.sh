@@ -5,7 +5,8 @@
 #   2. the pool and layout tests again under AddressSanitizer + UBSan;
 #   3. the NEON kernel cross-compiled for aarch64 and checked against the
 #      scalar kernel under qemu-user;
-#   4. install into a temporary prefix and build an outside C program against
+#   4. the Python (ctypes) and Rust bindings' tests against the build;
+#   5. install into a temporary prefix and build an outside C program against
 #      it with pkg-config only, and another with find_package(intentkv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,9 @@ BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DIKV_ENABLE_CUDA=OF
 
 echo "== NEON kernel: aarch64 cross build, checked under qemu-user =="
 bash scripts/check_neon_build.sh
+
+echo "== bindings: Python (ctypes) and Rust =="
+bash scripts/test_bindings.sh build
 
 echo "== install and use from outside =="
 bash scripts/check_install.sh build

@@ -1,0 +1,513 @@
+"""Python bindings for intentkv (ctypes over libintentkv; no third-party dependency).
+
+    import intentkv as ikv
+    with ikv.Layout.synth(seq_len=8192) as layout, ikv.Router(page_size=16) as router:
+        with router.route(layout, 8192) as plan:
+            print(plan.summary())
+
+Every failing C call raises IntentKVError(status_name, message), where message is
+ikv_last_error(). Handles close on close(), on leaving a `with` block, or when
+garbage collected. K/V/query buffers are anything exposing the buffer protocol
+(array.array('f'), memoryview, bytearray, numpy arrays) holding the pool's
+kv_dtype (float32 by default here); numpy is used when installed, never required.
+"""
+import array
+import ctypes
+import enum
+from collections import namedtuple
+from ctypes import byref, c_float, c_int, c_size_t, c_uint32, c_uint64, c_void_p, POINTER
+
+from . import _ffi
+from ._ffi import IKV_ALL_LAYERS, IKV_MAX_QUERY_TOKENS, IKV_PAGE_MANDATORY, IKV_PAGE_PARTIAL, load
+
+__all__ = ["load", "IntentKVError", "Format", "DType", "Kind", "Policy", "Reason", "OverBudget", "Layout",
+           "Router", "Plan", "Pool", "Decoder", "runtime_info", "version", "version_string",
+           "IKV_ALL_LAYERS", "IKV_MAX_QUERY_TOKENS", "IKV_PAGE_MANDATORY", "IKV_PAGE_PARTIAL"]
+
+
+class Format(enum.IntEnum):
+    F16, BF16, FP8_E4M3, INT8, INT4 = 0, 1, 2, 3, 4
+    AUTO = 255
+
+
+class DType(enum.IntEnum):
+    F32, F16, BF16 = 0, 1, 2
+
+
+class Kind(enum.IntEnum):
+    SYSTEM_PROMPT, MEMORY_SUMMARY, RETRIEVED_DOC, TOOL_OUTPUT, SCRATCHPAD, CONVERSATION, REASONING, OTHER = range(8)
+
+
+class Policy(enum.IntEnum):
+    ALWAYS, ATTEND, SKIP, RECENT, GLOBAL = range(5)
+
+
+class Reason(enum.IntEnum):
+    (ALWAYS, GLOBAL, RECENT_WINDOW, SCORE, POLICY_SKIP, BELOW_THRESHOLD, BUDGET_EXHAUSTED, OUTSIDE_WINDOW,
+     OVER_BUDGET_KEPT) = range(9)
+
+
+class OverBudget(enum.IntEnum):
+    FAIL, KEEP = 0, 1
+
+
+class IntentKVError(Exception):
+    """A failed ikv_* call: .status (int), .status_name ("IKV_E_RANGE"), .message (ikv_last_error())."""
+
+    def __init__(self, status_name, message, status=None):
+        super().__init__("%s: %s" % (status_name, message))
+        self.status_name = status_name
+        self.message = message
+        self.status = status
+
+
+def _check(status):
+    if status != 0:
+        lib = _ffi.lib()
+        message = (lib.ikv_last_error() or b"").decode("utf-8", "replace")
+        raise IntentKVError(lib.ikv_status_name(status).decode(), message, status)
+
+
+def _invalid(message):
+    """A Python-side argument check that must stop before C reads past a buffer."""
+    return IntentKVError("IKV_E_INVALID", message, _ffi.E_INVALID)
+
+
+def _decode_field(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, ctypes.Array):
+        return list(value)
+    if isinstance(value, ctypes.Structure):
+        return _struct_dict(value)
+    return value
+
+
+def _struct_dict(struct):
+    return {name: _decode_field(getattr(struct, name)) for name, _ in struct._fields_ if name != "struct_size"}
+
+
+def _apply_fields(struct, fields, what):
+    for name, value in fields.items():
+        if name == "struct_size" or not hasattr(struct, name):
+            raise TypeError("%s has no field %r" % (what, name))
+        if name == "precision" and isinstance(value, dict):
+            _apply_fields(struct.precision, value, "precision policy")
+        else:
+            setattr(struct, name, int(value) if isinstance(value, enum.IntEnum) else value)
+    return struct
+
+
+def version():
+    return _ffi.lib().ikv_version()
+
+
+def version_string():
+    return _ffi.lib().ikv_version_string().decode()
+
+
+def runtime_info():
+    """ikv_runtime_info_get as a dict (version, cuda_built, cpu_isa, ...)."""
+    info = _ffi.RuntimeInfo()
+    info.struct_size = ctypes.sizeof(info)
+    _check(_ffi.lib().ikv_runtime_info_get(byref(info)))
+    return _struct_dict(info)
+
+
+# ---------------------------------------------------------------- buffers
+
+_ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2}
+
+
+class _Buffer:
+    """A C pointer to a contiguous buffer of `count` elements; keeps the source alive while used."""
+
+    def __init__(self, obj, dtype, what):
+        obj = self._numpy_f32(obj, dtype)
+        view = memoryview(obj)
+        if not view.c_contiguous:
+            raise _invalid("%s must be C-contiguous" % what)
+        if view.itemsize != _ITEMSIZE[dtype] or (dtype == DType.F32 and view.format not in ("f", "<f", "=f")):
+            raise _invalid("%s has element format %r (itemsize %d); expected %s" %
+                           (what, view.format, view.itemsize, DType(dtype).name))
+        self.count = view.nbytes // view.itemsize
+        raw = view.cast("B")
+        if raw.readonly:   # ctypes cannot point into read-only memory: copy once
+            self._keep = (ctypes.c_char * raw.nbytes).from_buffer_copy(raw)
+        else:
+            self._keep = (ctypes.c_char * raw.nbytes).from_buffer(raw)
+        self.ptr = ctypes.cast(self._keep, c_void_p)
+
+    @staticmethod
+    def _numpy_f32(obj, dtype):
+        if dtype == DType.F32 and type(obj).__module__ == "numpy" and hasattr(obj, "astype"):
+            import numpy
+            return numpy.ascontiguousarray(obj, dtype=numpy.float32)
+        return obj
+
+
+def _need(buf, count, what):
+    if buf.count != count:
+        raise _invalid("%s holds %d elements; this call needs %d" % (what, buf.count, count))
+
+
+# ---------------------------------------------------------------- handles
+
+class _Handle:
+    _destroy_name = None
+
+    def __init__(self):
+        self._ptr = c_void_p()
+
+    @property
+    def handle(self):
+        if not self._ptr:
+            raise IntentKVError("IKV_E_STATE", "%s is closed" % type(self).__name__, _ffi.E_STATE)
+        return self._ptr
+
+    def close(self):
+        ptr, self._ptr = self._ptr, c_void_p()
+        if ptr and _ffi._lib is not None:
+            getattr(_ffi._lib, self._destroy_name)(ptr)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may already be gone
+            pass
+
+
+Block = namedtuple("Block", "id name kind start end policy score precision_hint turn")
+
+
+def _block(info):
+    return Block(info.id, info.name.decode("utf-8", "replace"), Kind(info.kind), info.start, info.end,
+                 Policy(info.policy), info.score, info.precision_hint, info.turn)
+
+
+class Layout(_Handle):
+    """The semantic blocks of a context. len(), iteration and [index] go in ascending start order."""
+    _destroy_name = "ikv_layout_destroy"
+
+    def __init__(self):
+        super().__init__()
+        _check(_ffi.lib().ikv_layout_create(byref(self._ptr)))
+
+    @classmethod
+    def _wrap(cls, ptr):
+        obj = cls.__new__(cls)
+        obj._ptr = ptr
+        return obj
+
+    @classmethod
+    def synth(cls, **fields):
+        """ikv_synth_layout from ikv_synth_default_config() with fields (seq_len, n_documents, ...) changed."""
+        config = _apply_fields(_ffi.lib().ikv_synth_default_config(), fields, "synth config")
+        ptr = c_void_p()
+        _check(_ffi.lib().ikv_synth_layout(byref(config), byref(ptr)))
+        return cls._wrap(ptr)
+
+    def clone(self):
+        ptr = c_void_p()
+        _check(_ffi.lib().ikv_layout_clone(self.handle, byref(ptr)))
+        return Layout._wrap(ptr)
+
+    @staticmethod
+    def _desc(name, start, end, kind, policy, score, precision_hint, turn):
+        desc = _ffi.lib().ikv_block_desc_default()
+        desc.name = name.encode("utf-8") if isinstance(name, str) else name
+        desc.start, desc.end, desc.kind, desc.policy = start, end, int(kind), int(policy)
+        desc.score, desc.precision_hint, desc.turn = score, int(precision_hint), turn
+        return desc
+
+    def add(self, name, start, end, kind=Kind.OTHER, policy=Policy.ATTEND, score=0.5,
+            precision_hint=Format.AUTO, turn=0):
+        """Add a block [start, end); returns its id."""
+        desc = self._desc(name, start, end, kind, policy, score, precision_hint, turn)
+        block_id = c_uint32()
+        _check(_ffi.lib().ikv_layout_add(self.handle, byref(desc), byref(block_id)))
+        return block_id.value
+
+    def update(self, block_id, **fields):
+        """Replace some fields of block block_id (name, start, end, kind, policy, score, precision_hint, turn)."""
+        current = self.get(block_id)._asdict()
+        del current["id"]
+        for name in fields:
+            if name not in current:
+                raise TypeError("a block has no field %r" % name)
+        current.update(fields)
+        desc = self._desc(**current)
+        _check(_ffi.lib().ikv_layout_update(self.handle, block_id, byref(desc)))
+
+    def set_score(self, block_id, score):
+        _check(_ffi.lib().ikv_layout_set_score(self.handle, block_id, score))
+
+    def remove(self, block_id):
+        _check(_ffi.lib().ikv_layout_remove(self.handle, block_id))
+
+    def __len__(self):
+        return _ffi.lib().ikv_layout_count(self.handle)
+
+    def __getitem__(self, index):
+        if index < 0:
+            index += len(self)
+        if index < 0:
+            raise IndexError(index)
+        info = _ffi.BlockInfo()
+        _check(_ffi.lib().ikv_layout_at(self.handle, index, byref(info)))
+        return _block(info)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def get(self, block_id):
+        info = _ffi.BlockInfo()
+        _check(_ffi.lib().ikv_layout_get(self.handle, block_id, byref(info)))
+        return _block(info)
+
+    def find_token(self, token):
+        """Id of the block covering token (IKV_E_NOT_FOUND in a gap)."""
+        block_id = c_uint32()
+        _check(_ffi.lib().ikv_layout_find_token(self.handle, token, byref(block_id)))
+        return block_id.value
+
+    def validate(self, seq_len):
+        _check(_ffi.lib().ikv_layout_validate(self.handle, seq_len))
+
+
+PlanPage = namedtuple("PlanPage", "page token_begin token_end format flags")
+Decision = namedtuple("Decision", "block_id start end tokens_selected selected format reason")
+
+
+class Plan(_Handle):
+    """An immutable routing result: pages and bounds to read, formats, decisions."""
+    _destroy_name = "ikv_plan_destroy"
+
+    @classmethod
+    def _wrap(cls, ptr):
+        obj = cls.__new__(cls)
+        obj._ptr = ptr
+        return obj
+
+    @classmethod
+    def from_ranges(cls, ranges, seq_len, page_size=16, format=Format.F16):
+        """A plan reading exactly the (begin, end) token ranges given."""
+        array_t = _ffi.TokenRange * max(len(ranges), 1)
+        c_ranges = array_t(*[_ffi.TokenRange(b, e) for b, e in ranges])
+        ptr = c_void_p()
+        _check(_ffi.lib().ikv_plan_from_ranges(c_ranges, len(ranges), seq_len, page_size, int(format), byref(ptr)))
+        return cls._wrap(ptr)
+
+    def summary(self):
+        out = _ffi.PlanSummary()
+        _check(_ffi.lib().ikv_plan_get_summary(self.handle, byref(out)))
+        return _struct_dict(out)
+
+    def pages(self):
+        ptr, count = POINTER(_ffi.PlanPage)(), c_size_t()
+        _check(_ffi.lib().ikv_plan_pages(self.handle, byref(ptr), byref(count)))
+        return [PlanPage(p.page, p.token_begin, p.token_end, p.format, p.flags) for p in ptr[:count.value]]
+
+    def _u32_list(self, fn_name):
+        ptr, count = POINTER(c_uint32)(), c_size_t()
+        _check(getattr(_ffi.lib(), fn_name)(self.handle, byref(ptr), byref(count)))
+        return list(ptr[:count.value])
+
+    def skipped_pages(self):
+        return self._u32_list("ikv_plan_skipped_pages")
+
+    def prefetch(self):
+        return self._u32_list("ikv_plan_prefetch")
+
+    def decisions(self):
+        ptr, count = POINTER(_ffi.BlockDecision)(), c_size_t()
+        _check(_ffi.lib().ikv_plan_decisions(self.handle, byref(ptr), byref(count)))
+        return [Decision(d.block_id, d.start, d.end, d.tokens_selected, bool(d.selected), d.format,
+                         Reason(d.reason)) for d in ptr[:count.value]]
+
+    def page_format(self, page):
+        out = c_int()
+        _check(_ffi.lib().ikv_plan_page_format(self.handle, page, byref(out)))
+        return Format(out.value)
+
+    def cost(self, **shape_fields):
+        """Bytes and FLOPs of one step; shape fields default to ikv_model_shape_default()."""
+        shape = _apply_fields(_ffi.lib().ikv_model_shape_default(), shape_fields, "model shape")
+        out = _ffi.PlanCost()
+        _check(_ffi.lib().ikv_plan_get_cost(self.handle, byref(shape), byref(out)))
+        return _struct_dict(out)
+
+
+class Router(_Handle):
+    """Router(page_size=16, token_budget=..., precision={"attend_mid": Format.INT4}, ...)."""
+    _destroy_name = "ikv_router_destroy"
+
+    def __init__(self, **fields):
+        super().__init__()
+        config = _apply_fields(_ffi.lib().ikv_router_default_config(), fields, "router config")
+        _check(_ffi.lib().ikv_router_create(byref(config), byref(self._ptr)))
+
+    @property
+    def config(self):
+        out = _ffi.RouterConfig()
+        out.struct_size = ctypes.sizeof(out)
+        _check(_ffi.lib().ikv_router_get_config(self.handle, byref(out)))
+        return _struct_dict(out)
+
+    def set_pressure(self, memory_pressure):
+        _check(_ffi.lib().ikv_router_set_pressure(self.handle, memory_pressure))
+
+    def route(self, layout, seq_len):
+        ptr = c_void_p()
+        _check(_ffi.lib().ikv_router_route(self.handle, layout.handle, seq_len, byref(ptr)))
+        return Plan._wrap(ptr)
+
+
+class Pool(_Handle):
+    """Paged KV storage. Pool(n_layers=2, n_kv_heads=2, head_dim=64, ...); kv_dtype defaults to F32 here."""
+    _destroy_name = "ikv_pool_destroy"
+
+    def __init__(self, **fields):
+        super().__init__()
+        config = _ffi.lib().ikv_pool_default_config()
+        config.kv_dtype = DType.F32  # Python callers hand over float32 buffers
+        _apply_fields(config, fields, "pool config")
+        _check(_ffi.lib().ikv_pool_create(byref(config), byref(self._ptr)))
+        self._config = self.config
+
+    @property
+    def config(self):
+        out = _ffi.PoolConfig()
+        out.struct_size = ctypes.sizeof(out)
+        _check(_ffi.lib().ikv_pool_get_config(self.handle, byref(out)))
+        return _struct_dict(out)
+
+    def stats(self):
+        out = _ffi.PoolStats()
+        out.struct_size = ctypes.sizeof(out)
+        _check(_ffi.lib().ikv_pool_get_stats(self.handle, byref(out)))
+        return _struct_dict(out)
+
+    def page_bytes(self, format):
+        return _ffi.lib().ikv_pool_page_bytes(self.handle, int(format))
+
+    def seq_create(self):
+        seq = c_uint32()
+        _check(_ffi.lib().ikv_seq_create(self.handle, byref(seq)))
+        return seq.value
+
+    def seq_destroy(self, seq):
+        _check(_ffi.lib().ikv_seq_destroy(self.handle, seq))
+
+    def seq_length(self, seq):
+        out = c_uint32()
+        _check(_ffi.lib().ikv_seq_length(self.handle, seq, byref(out)))
+        return out.value
+
+    def append(self, seq, k, v, layer=None, plan=None):
+        """Append contiguous K and V laid out [layer][token][kv_head][head_dim] (layer=None: every layer
+        at once) or [token][kv_head][head_dim] (one layer). The token count follows from the buffer size."""
+        cfg = self._config
+        dtype = DType(cfg["kv_dtype"])
+        kb, vb = _Buffer(k, dtype, "k"), _Buffer(v, dtype, "v")
+        layers = cfg["n_layers"] if layer is None else 1
+        per_token = layers * cfg["n_kv_heads"] * cfg["head_dim"]
+        if kb.count == 0 or kb.count % per_token:
+            raise _invalid("k holds %d elements, not a positive multiple of %d (layers*n_kv_heads*head_dim)"
+                           % (kb.count, per_token))
+        n_tokens = kb.count // per_token
+        _need(vb, kb.count, "v")
+        args = _ffi.lib().ikv_append_default(self.handle, n_tokens)
+        args.layer = IKV_ALL_LAYERS if layer is None else layer
+        args.k, args.v = kb.ptr, vb.ptr
+        args.formats = plan.handle if plan is not None else None
+        _check(_ffi.lib().ikv_pool_append(self.handle, seq, byref(args)))
+        return n_tokens
+
+    def fork(self, seq):
+        child = c_uint32()
+        _check(_ffi.lib().ikv_seq_fork(self.handle, seq, byref(child)))
+        return child.value
+
+    def truncate(self, seq, n_tokens):
+        _check(_ffi.lib().ikv_seq_truncate(self.handle, seq, n_tokens))
+
+    def evict(self, seq, begin, end):
+        _check(_ffi.lib().ikv_seq_evict(self.handle, seq, begin, end))
+
+    def is_evicted(self, seq, token):
+        out = c_int()
+        _check(_ffi.lib().ikv_seq_is_evicted(self.handle, seq, token, byref(out)))
+        return bool(out.value)
+
+    def page_format(self, seq, page):
+        out = c_int()
+        _check(_ffi.lib().ikv_seq_page_format(self.handle, seq, page, byref(out)))
+        return Format(out.value)
+
+    def set_page_format(self, seq, page, format):
+        _check(_ffi.lib().ikv_seq_set_page_format(self.handle, seq, page, int(format)))
+
+    def apply_plan_formats(self, seq, plan):
+        _check(_ffi.lib().ikv_seq_apply_plan_formats(self.handle, seq, plan.handle))
+
+    def read(self, seq, layer, begin, end):
+        """Tokens [begin, end) of a layer, dequantized: (k, v) as array('f') laid out [token][kv_head][head_dim]."""
+        n = max(end - begin, 0) * self._config["n_kv_heads"] * self._config["head_dim"]
+        k, v = array.array("f", bytes(4 * n)), array.array("f", bytes(4 * n))
+        kb, vb = _Buffer(k, DType.F32, "k_out"), _Buffer(v, DType.F32, "v_out")
+        _check(_ffi.lib().ikv_seq_read(self.handle, seq, layer, begin, end, kb.ptr, vb.ptr))
+        return k, v
+
+    seq_read = read
+
+
+class Decoder(_Handle):
+    """One decode step at a time; use one Decoder per thread."""
+    _destroy_name = "ikv_decoder_destroy"
+
+    def __init__(self, n_threads=0):
+        super().__init__()
+        config = _ffi.lib().ikv_decoder_default_config()
+        config.n_threads = n_threads
+        _check(_ffi.lib().ikv_decoder_create(byref(config), byref(self._ptr)))
+
+    def decode(self, pool, seqs, q, n_q_heads, layer=0, plans=None, n_query_tokens=1, scale=0.0, softcap=0.0,
+               topk_token_budget=0, return_lse=False):
+        """Float32 queries [seq][query_token][q_head][head_dim] -> output array('f') of the same shape
+        (and lse array('f') [seq][query_token][q_head] when return_lse)."""
+        seqs = [seqs] if isinstance(seqs, int) else list(seqs)
+        head_dim = pool._config["head_dim"]
+        n_rows = len(seqs) * n_query_tokens * n_q_heads
+        qb = _Buffer(q, DType.F32, "q")
+        _need(qb, n_rows * head_dim, "q")
+        out = array.array("f", bytes(4 * n_rows * head_dim))
+        ob = _Buffer(out, DType.F32, "out")
+        lse = array.array("f", bytes(4 * n_rows)) if return_lse else None
+        lb = _Buffer(lse, DType.F32, "lse") if return_lse else None
+        args = _ffi.lib().ikv_decode_args_default()
+        args.layer, args.n_seqs, args.n_query_tokens, args.n_q_heads = layer, len(seqs), n_query_tokens, n_q_heads
+        c_seqs = (c_uint32 * len(seqs))(*seqs)
+        args.seqs = c_seqs
+        c_plans = None
+        if plans is not None:
+            if len(plans) != len(seqs):
+                raise _invalid("plans has %d entries for %d sequences" % (len(plans), len(seqs)))
+            c_plans = (c_void_p * len(seqs))(*[p.handle if p is not None else None for p in plans])
+            args.plans = c_plans
+        args.q, args.q_dtype, args.out, args.out_dtype = qb.ptr, DType.F32, ob.ptr, DType.F32
+        args.lse = ctypes.cast(lb.ptr, POINTER(c_float)) if lb else None
+        args.scale, args.softcap, args.topk_token_budget = scale, softcap, topk_token_budget
+        _check(_ffi.lib().ikv_decode(self.handle, pool.handle, byref(args)))
+        return (out, lse) if return_lse else out
+
+    def last_bytes_read(self):
+        out = c_uint64()
+        _check(_ffi.lib().ikv_decoder_last_bytes_read(self.handle, byref(out)))
+        return out.value

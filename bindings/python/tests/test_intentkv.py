@@ -1,0 +1,279 @@
+"""unittest suite for the Python bindings (stdlib only). Needs $INTENTKV_LIB or a findable libintentkv."""
+import array
+import ctypes
+import gc
+import math
+import os
+import random
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import intentkv as ikv  # noqa: E402
+from intentkv import _ffi  # noqa: E402
+
+SEQ_LEN = 1024
+N_LAYERS, N_KV_HEADS, N_Q_HEADS, HEAD_DIM, PAGE = 2, 2, 4, 64, 16
+
+
+def random_f32(rng, n):
+    return array.array("f", (rng.uniform(-1.0, 1.0) for _ in range(n)))
+
+
+def reference_attention(q, k, v, tokens, n_q_heads, n_kv_heads, head_dim):
+    """Plain float64 softmax(q.k * scale) v over the given token positions, per query head."""
+    group = n_q_heads // n_kv_heads
+    scale = 1.0 / math.sqrt(head_dim)
+    out = []
+    for h in range(n_q_heads):
+        kvh = h // group
+        qh = q[h * head_dim:(h + 1) * head_dim]
+        logits = []
+        for t in tokens:
+            base = (t * n_kv_heads + kvh) * head_dim
+            logits.append(scale * sum(float(qh[d]) * float(k[base + d]) for d in range(head_dim)))
+        peak = max(logits)
+        weights = [math.exp(x - peak) for x in logits]
+        total = sum(weights)
+        acc = [0.0] * head_dim
+        for w, t in zip(weights, tokens):
+            base = (t * n_kv_heads + kvh) * head_dim
+            for d in range(head_dim):
+                acc[d] += w * float(v[base + d])
+        out.extend(a / total for a in acc)
+    return out
+
+
+class RoundTripTest(unittest.TestCase):
+    def test_route_fill_decode_matches_float64_reference(self):
+        rng = random.Random(7)
+        with ikv.Layout.synth(seq_len=SEQ_LEN, n_documents=4, n_tool_outputs=2, n_turns=3, seed=11) as layout, \
+                ikv.Router(page_size=PAGE, recent_window=128) as router, \
+                router.route(layout, SEQ_LEN) as plan, \
+                ikv.Pool(n_layers=N_LAYERS, n_kv_heads=N_KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE,
+                         capacity_bytes=64 << 20) as pool, \
+                ikv.Decoder(n_threads=1) as decoder:
+            layout.validate(SEQ_LEN)
+            summary = plan.summary()
+            self.assertEqual(summary["seq_len"], SEQ_LEN)
+            self.assertGreater(summary["tokens_selected"], 0)
+            self.assertGreater(summary["tokens_skipped"], 0, "the synthetic layout should skip something")
+            self.assertEqual(summary["tokens_selected"] + summary["tokens_skipped"], SEQ_LEN)
+
+            seq = pool.seq_create()
+            n = SEQ_LEN * N_LAYERS * N_KV_HEADS * HEAD_DIM
+            k, v = random_f32(rng, n), random_f32(rng, n)
+            self.assertEqual(pool.append(seq, k, memoryview(v), plan=plan), SEQ_LEN)
+            self.assertEqual(pool.seq_length(seq), SEQ_LEN)
+
+            layer = 1
+            k_read, v_read = pool.seq_read(seq, layer, 0, SEQ_LEN)
+            q = random_f32(rng, N_Q_HEADS * HEAD_DIM)
+            out, lse = decoder.decode(pool, [seq], q, N_Q_HEADS, layer=layer, plans=[plan], return_lse=True)
+            self.assertEqual(len(out), N_Q_HEADS * HEAD_DIM)
+            self.assertTrue(all(math.isfinite(x) for x in lse))
+            self.assertGreater(decoder.last_bytes_read(), 0)
+
+            tokens = sorted({t for p in plan.pages() for t in range(p.token_begin, p.token_end)})
+            self.assertEqual(len(tokens), summary["tokens_selected"])
+            ref = reference_attention(q, k_read, v_read, tokens, N_Q_HEADS, N_KV_HEADS, HEAD_DIM)
+            num = math.sqrt(sum((a - b) ** 2 for a, b in zip(out, ref)))
+            den = math.sqrt(sum(b * b for b in ref))
+            self.assertLess(num / den, 1e-5)
+
+    def test_dense_decode_of_exact_f32_pool_matches_inputs(self):
+        rng = random.Random(3)
+        with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, page_size=8, capacity_bytes=8 << 20,
+                      default_format=ikv.Format.F16) as pool, ikv.Decoder(n_threads=1) as decoder:
+            seq = pool.seq_create()
+            n_tokens = 20
+            k, v = random_f32(rng, n_tokens * 64), random_f32(rng, n_tokens * 64)
+            pool.append(seq, k, v, layer=0)
+            k_read, v_read = pool.read(seq, 0, 0, n_tokens)
+            for a, b in zip(k_read, k):  # F16 storage: half rounding of values in [-1, 1]
+                self.assertLessEqual(abs(a - b), 2.0 ** -11)
+            q = random_f32(rng, 2 * 64)
+            out = decoder.decode(pool, seq, q, n_q_heads=2)
+            ref = reference_attention(q, k_read, v_read, range(n_tokens), 2, 1, 64)
+            err = max(abs(a - b) for a, b in zip(out, ref)) / max(abs(b) for b in ref)
+            self.assertLess(err, 1e-5)
+
+
+class LayoutTest(unittest.TestCase):
+    def test_add_update_remove_iterate_find(self):
+        with ikv.Layout() as layout:
+            sys_id = layout.add("system", 0, 100, kind=ikv.Kind.SYSTEM_PROMPT, policy=ikv.Policy.ALWAYS, score=1.0)
+            doc_id = layout.add("doc", 200, 300, kind=ikv.Kind.RETRIEVED_DOC, score=0.7)
+            self.assertEqual(len(layout), 2)
+            self.assertEqual([b.name for b in layout], ["system", "doc"])
+            self.assertEqual(layout.find_token(250), doc_id)
+            layout.update(doc_id, start=150, score=0.25)
+            block = layout.get(doc_id)
+            self.assertEqual((block.start, block.end), (150, 300))
+            self.assertAlmostEqual(block.score, 0.25, places=6)
+            layout.set_score(doc_id, 0.9)
+            self.assertAlmostEqual(layout[-1].score, 0.9, places=6)
+            with layout.clone() as copy:
+                copy.remove(sys_id)
+                self.assertEqual(len(copy), 1)
+            self.assertEqual(len(layout), 2)
+            layout.remove(sys_id)
+            self.assertEqual([b.id for b in layout], [doc_id])
+
+    def test_synth_layout_tiles_the_sequence(self):
+        with ikv.Layout.synth(seq_len=2048, seed=5) as layout:
+            blocks = list(layout)
+            self.assertEqual(blocks[0].start, 0)
+            self.assertEqual(blocks[-1].end, 2048)
+            for a, b in zip(blocks, blocks[1:]):
+                self.assertEqual(a.end, b.start)
+
+
+class PlanTest(unittest.TestCase):
+    def test_decisions_cost_prefetch_and_ranges(self):
+        with ikv.Layout.synth(seq_len=4096) as layout, ikv.Router(page_size=16) as router, \
+                router.route(layout, 4096) as plan:
+            decisions = plan.decisions()
+            self.assertEqual(sum(d.end - d.start for d in decisions), 4096)
+            self.assertEqual(sum(d.tokens_selected for d in decisions), plan.summary()["tokens_selected"])
+            cost = plan.cost(n_layers=4)
+            self.assertEqual(cost["bytes_total"], sum(cost["bytes_by_format"]))
+            self.assertLessEqual(cost["flops"], cost["flops_dense"])
+            pages = {p.page for p in plan.pages()}
+            self.assertFalse(pages & set(plan.skipped_pages()))
+            self.assertFalse(pages & set(plan.prefetch()))
+            self.assertIsInstance(plan.page_format(0), ikv.Format)
+        with ikv.Plan.from_ranges([(0, 10), (40, 48)], 64, page_size=16, format=ikv.Format.INT8) as plan:
+            self.assertEqual([(p.page, p.token_begin, p.token_end) for p in plan.pages()],
+                             [(0, 0, 10), (2, 40, 48)])
+            self.assertEqual(plan.page_format(0), ikv.Format.INT8)
+
+    def test_router_config_and_pressure(self):
+        with ikv.Router(page_size=32, token_budget=1000, precision={"attend_mid": ikv.Format.INT4}) as router:
+            router.set_pressure(0.6)
+            config = router.config
+            self.assertEqual(config["page_size"], 32)
+            self.assertEqual(config["token_budget"], 1000)
+            self.assertAlmostEqual(config["memory_pressure"], 0.6, places=6)
+            self.assertEqual(config["precision"]["attend_mid"], ikv.Format.INT4)
+
+
+class PoolTest(unittest.TestCase):
+    def test_fork_truncate_evict_formats(self):
+        with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, page_size=8, capacity_bytes=8 << 20) as pool:
+            seq = pool.seq_create()
+            data = array.array("f", [0.01 * i for i in range(40 * 64)])
+            pool.append(seq, data, data, layer=0)
+            child = pool.fork(seq)
+            self.assertEqual(pool.seq_length(child), 40)
+            pool.truncate(child, 5)
+            self.assertEqual((pool.seq_length(child), pool.seq_length(seq)), (35, 40))
+            pool.evict(seq, 0, 16)
+            self.assertTrue(pool.is_evicted(seq, 3))
+            self.assertFalse(pool.is_evicted(seq, 20))
+            self.assertFalse(pool.is_evicted(child, 3))
+            with self.assertRaises(ikv.IntentKVError) as ctx:
+                pool.set_page_format(seq, 2, ikv.Format.INT8)  # page 2 is still shared with the fork
+            self.assertEqual(ctx.exception.status_name, "IKV_E_SHARED")
+            pool.seq_destroy(child)
+            pool.set_page_format(seq, 2, ikv.Format.INT8)
+            self.assertEqual(pool.page_format(seq, 2), ikv.Format.INT8)
+            stats = pool.stats()
+            self.assertEqual(stats["n_sequences"], 1)
+            self.assertEqual(stats["tokens_total"], 40)
+            self.assertGreater(pool.page_bytes(ikv.Format.F16), pool.page_bytes(ikv.Format.INT4))
+
+
+class ErrorTest(unittest.TestCase):
+    def assertFails(self, status_name, substring, fn, *args, **kwargs):
+        with self.assertRaises(ikv.IntentKVError) as ctx:
+            fn(*args, **kwargs)
+        self.assertEqual(ctx.exception.status_name, status_name)
+        self.assertIn(substring, ctx.exception.message)
+        self.assertIn(status_name, str(ctx.exception))
+        return ctx.exception
+
+    def test_layout_errors_leave_layout_unchanged(self):
+        with ikv.Layout() as layout:
+            first = layout.add("a", 0, 10)
+            self.assertEqual(self.assertFails("IKV_E_OVERLAP", "ikv_layout_add", layout.add, "b", 5, 15).status,
+                             _ffi.E_OVERLAP)
+            self.assertFails("IKV_E_RANGE", "ikv_layout_add", layout.add, "b", 30, 20)
+            self.assertFails("IKV_E_INVALID", "ikv_layout_add", layout.add, "b", 20, 30, score=1.5)
+            self.assertFails("IKV_E_NOT_FOUND", "ikv_layout_find_token", layout.find_token, 12)
+            self.assertFails("IKV_E_NOT_FOUND", "ikv_layout_remove", layout.remove, first + 100)
+            self.assertEqual([(b.id, b.start, b.end) for b in layout], [(first, 0, 10)])
+            self.assertFails("IKV_E_RANGE", "ikv_layout_validate", layout.validate, 5)
+
+    def test_router_pool_decoder_errors(self):
+        self.assertFails("IKV_E_INVALID", "page_size", ikv.Router, page_size=12)
+        self.assertFails("IKV_E_INVALID", "head_dim", ikv.Pool, head_dim=65)
+        with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, capacity_bytes=8 << 20) as pool, \
+                ikv.Decoder(n_threads=1) as decoder:
+            seq = pool.seq_create()
+            pool.append(seq, array.array("f", [0.5] * 64), array.array("f", [0.5] * 64), layer=0)
+            self.assertFails("IKV_E_RANGE", "ikv_seq_read", pool.read, seq, 0, 0, 2)
+            self.assertFails("IKV_E_NOT_FOUND", "ikv_seq_length", pool.seq_length, seq + 99)
+            bad = array.array("f", [float("nan")] * 64)
+            self.assertFails("IKV_E_INVALID", "ikv_pool_append", pool.append, seq, bad, bad, layer=0)
+            self.assertEqual(pool.seq_length(seq), 1)
+            # two query tokens but only one stored token
+            self.assertFails("IKV_E_INVALID", "ikv_decode", decoder.decode, pool, seq,
+                             array.array("f", [0.0] * 2 * 64), n_q_heads=1, n_query_tokens=2)
+            self.assertFails("IKV_E_INVALID", "holds", decoder.decode, pool, seq, array.array("f", [0.0] * 7), 1)
+            self.assertFails("IKV_E_INVALID", "expected F32", pool.append, seq, array.array("d", [0.0] * 64),
+                             array.array("d", [0.0] * 64), layer=0)
+
+    def test_closed_handle_raises(self):
+        layout = ikv.Layout()
+        layout.close()
+        layout.close()  # idempotent
+        self.assertFails("IKV_E_STATE", "closed", len, layout)
+        unclosed = ikv.Layout()
+        unclosed.add("x", 0, 4)
+        del unclosed
+        gc.collect()  # __del__ frees it without error
+
+
+class StructTest(unittest.TestCase):
+    def test_default_struct_sizes_match_ctypes_mirrors(self):
+        lib = _ffi.lib()
+        pairs = [
+            (lib.ikv_block_desc_default(), _ffi.BlockDesc),
+            (lib.ikv_synth_default_config(), _ffi.SynthConfig),
+            (lib.ikv_router_default_config(), _ffi.RouterConfig),
+            (lib.ikv_model_shape_default(), _ffi.ModelShape),
+            (lib.ikv_pool_default_config(), _ffi.PoolConfig),
+            (lib.ikv_decoder_default_config(), _ffi.DecoderConfig),
+            (lib.ikv_decode_args_default(), _ffi.DecodeArgs),
+        ]
+        for value, cls in pairs:
+            self.assertEqual(value.struct_size, ctypes.sizeof(cls), cls.__name__)
+        with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, capacity_bytes=1 << 20) as pool:
+            args = lib.ikv_append_default(pool.handle, 3)
+            self.assertEqual(args.struct_size, ctypes.sizeof(_ffi.Append))
+            self.assertEqual((args.n_tokens, args.token_stride, args.head_stride, args.layer_stride), (3, 64, 64, 192))
+
+    def test_plain_structs_have_c_sizes(self):
+        # Structs without struct_size: sizes follow from the header's field lists (no padding surprises).
+        expected = {_ffi.BlockInfo: 4 + 64 + 4 * 7, _ffi.PlanPage: 16, _ffi.BlockDecision: 20,
+                    _ffi.PlanSummary: 4 * 6 + 4 * 5 + 4 * 3, _ffi.PlanCost: 8 * 9, _ffi.TokenRange: 8,
+                    _ffi.PrecisionPolicy: 40}
+        for cls, size in expected.items():
+            self.assertEqual(ctypes.sizeof(cls), size, cls.__name__)
+
+    def test_runtime_info(self):
+        info = ikv.runtime_info()
+        self.assertEqual(info["version"], ikv.version())
+        self.assertIn(info["cpu_isa"], ("avx512", "avx2", "neon", "scalar"))
+        self.assertIn(info["cpu_isa"], info["cpu_isa_available"].split(","))
+        self.assertEqual(ikv.version_string().count("."), 2)
+        small = _ffi.RuntimeInfo()
+        small.struct_size = 4
+        status = _ffi.lib().ikv_runtime_info_get(ctypes.byref(small))
+        self.assertEqual(_ffi.lib().ikv_status_name(status), b"IKV_E_INVALID")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,244 @@
+//! Route a synthetic layout, fill a pool, decode one step, and compare with a plain f64 attention
+//! over the values read back; plus error paths and struct-size checks.
+
+use intentkv::{ffi, Block, DecodeRequest, Decoder, Error, Layout, Plan, Pool, Router, TokenRange};
+
+const SEQ_LEN: u32 = 1024;
+const N_LAYERS: u32 = 2;
+const N_KV_HEADS: usize = 2;
+const N_Q_HEADS: usize = 4;
+const HEAD_DIM: usize = 64;
+const PAGE: u32 = 16;
+
+/// Small deterministic generator (xorshift64*), uniform in [-1, 1).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let bits = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40; // 24 bits
+        (bits as f32 / (1u64 << 23) as f32) - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+/// softmax(q.k / sqrt(d)) v in f64 over `tokens`, per query head (GQA grouping as the header says).
+fn reference(q: &[f32], k: &[f32], v: &[f32], tokens: &[u32], n_q: usize, n_kv: usize, d: usize) -> Vec<f64> {
+    let group = n_q / n_kv;
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = Vec::with_capacity(n_q * d);
+    for h in 0..n_q {
+        let kvh = h / group;
+        let qh = &q[h * d..(h + 1) * d];
+        let row = |t: u32| (t as usize * n_kv + kvh) * d;
+        let logits: Vec<f64> = tokens
+            .iter()
+            .map(|&t| scale * (0..d).map(|i| qh[i] as f64 * k[row(t) + i] as f64).sum::<f64>())
+            .collect();
+        let peak = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let weights: Vec<f64> = logits.iter().map(|x| (x - peak).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        let mut acc = vec![0f64; d];
+        for (w, &t) in weights.iter().zip(tokens) {
+            for i in 0..d {
+                acc[i] += w * v[row(t) + i] as f64;
+            }
+        }
+        out.extend(acc.iter().map(|a| a / total));
+    }
+    out
+}
+
+fn rel_error(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(g, w)| (*g as f64 - w).powi(2)).sum();
+    let den: f64 = want.iter().map(|w| w * w).sum();
+    (num / den).sqrt()
+}
+
+#[test]
+fn route_fill_decode_matches_f64_reference() {
+    let mut synth = Layout::synth_default_config();
+    synth.seq_len = SEQ_LEN;
+    synth.n_documents = 4;
+    synth.n_tool_outputs = 2;
+    synth.n_turns = 3;
+    synth.seed = 11;
+    let layout = Layout::synth(&synth).unwrap();
+    layout.validate(SEQ_LEN).unwrap();
+    let mut rc = Router::default_config();
+    rc.page_size = PAGE;
+    rc.recent_window = 128;
+    let router = Router::new(&rc).unwrap();
+    let plan = router.route(&layout, SEQ_LEN).unwrap();
+    let summary = plan.summary().unwrap();
+    assert_eq!(summary.seq_len, SEQ_LEN);
+    assert!(summary.tokens_selected > 0 && summary.tokens_skipped > 0);
+    assert_eq!(summary.tokens_selected + summary.tokens_skipped, SEQ_LEN);
+
+    let mut pc = Pool::default_config();
+    pc.n_layers = N_LAYERS;
+    pc.n_kv_heads = N_KV_HEADS as u32;
+    pc.head_dim = HEAD_DIM as u32;
+    pc.page_size = PAGE;
+    pc.capacity_bytes = 64 << 20;
+    let mut pool = Pool::new(&pc).unwrap();
+    let seq = pool.seq_create().unwrap();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let n = (SEQ_LEN * N_LAYERS) as usize * N_KV_HEADS * HEAD_DIM;
+    let (k, v) = (rng.vec(n), rng.vec(n));
+    assert_eq!(pool.append(seq, &k, &v, None, Some(&plan)).unwrap(), SEQ_LEN);
+    assert_eq!(pool.seq_length(seq).unwrap(), SEQ_LEN);
+
+    let layer = 1;
+    let (k_read, v_read) = pool.seq_read(seq, layer, 0, SEQ_LEN).unwrap();
+    let q = rng.vec(N_Q_HEADS * HEAD_DIM);
+    let seqs = [seq];
+    let plans = [Some(&plan)];
+    let mut req = DecodeRequest::new(&seqs, &q, N_Q_HEADS as u32);
+    req.layer = layer;
+    req.plans = &plans;
+    let mut decoder = Decoder::new(1).unwrap();
+    let mut out = vec![0f32; q.len()];
+    let mut lse = vec![0f32; N_Q_HEADS];
+    decoder.decode_into(&pool, &req, &mut out, Some(&mut lse)).unwrap();
+    assert!(lse.iter().all(|x| x.is_finite()));
+    assert!(decoder.last_bytes_read().unwrap() > 0);
+
+    let mut tokens: Vec<u32> = plan.pages().unwrap().iter().flat_map(|p| p.token_begin..p.token_end).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len() as u32, summary.tokens_selected);
+    let want = reference(&q, &k_read, &v_read, &tokens, N_Q_HEADS, N_KV_HEADS, HEAD_DIM);
+    let err = rel_error(&out, &want);
+    assert!(err < 1e-5, "relative error {err}");
+}
+
+#[test]
+fn layout_edit_and_plan_queries() {
+    let mut layout = Layout::new().unwrap();
+    let mut system = Block::new("system", 0, 100);
+    system.policy = ffi::IKV_POLICY_ALWAYS;
+    let sys_id = layout.add(&system).unwrap();
+    let doc_id = layout.add(&Block::new("doc", 200, 300)).unwrap();
+    assert_eq!(layout.len(), 2);
+    assert_eq!(layout.find_token(250).unwrap(), doc_id);
+    let mut doc = layout.get(doc_id).unwrap().block;
+    doc.start = 150;
+    layout.update(doc_id, &doc).unwrap();
+    layout.set_score(doc_id, 0.9).unwrap();
+    let blocks = layout.blocks().unwrap();
+    assert_eq!(blocks.iter().map(|b| (b.id, b.block.start)).collect::<Vec<_>>(), vec![(sys_id, 0), (doc_id, 150)]);
+    assert_eq!(blocks[1].block.score, 0.9);
+    let mut copy = layout.try_clone().unwrap();
+    copy.remove(sys_id).unwrap();
+    assert_eq!((copy.len(), layout.len()), (1, 2));
+
+    let plan = Plan::from_ranges(&[TokenRange { begin: 0, end: 10 }, TokenRange { begin: 40, end: 48 }], 64, 16,
+                                 ffi::IKV_FMT_INT8).unwrap();
+    let pages: Vec<(u32, u32, u32)> = plan.pages().unwrap().iter().map(|p| (p.page, p.token_begin, p.token_end)).collect();
+    assert_eq!(pages, vec![(0, 0, 10), (2, 40, 48)]);
+    assert_eq!(plan.page_format(0).unwrap(), ffi::IKV_FMT_INT8);
+    let mut shape = Plan::default_shape();
+    shape.n_layers = 4;
+    let cost = plan.cost(&shape).unwrap();
+    assert_eq!(cost.bytes_total, cost.bytes_by_format.iter().sum::<u64>());
+    assert!(cost.flops <= cost.flops_dense);
+}
+
+#[test]
+fn pool_fork_truncate_evict() {
+    let mut pc = Pool::default_config();
+    pc.n_layers = 1;
+    pc.n_kv_heads = 1;
+    pc.head_dim = 64;
+    pc.page_size = 8;
+    pc.capacity_bytes = 8 << 20;
+    let mut pool = Pool::new(&pc).unwrap();
+    let seq = pool.seq_create().unwrap();
+    let data: Vec<f32> = (0..40 * 64).map(|i| 0.01 * i as f32).collect();
+    pool.append(seq, &data, &data, Some(0), None).unwrap();
+    let child = pool.fork(seq).unwrap();
+    pool.truncate(child, 5).unwrap();
+    assert_eq!((pool.seq_length(child).unwrap(), pool.seq_length(seq).unwrap()), (35, 40));
+    pool.evict(seq, 0, 16).unwrap();
+    assert!(pool.is_evicted(seq, 3).unwrap());
+    assert!(!pool.is_evicted(child, 3).unwrap());
+    let err = pool.set_page_format(seq, 2, ffi::IKV_FMT_INT8).unwrap_err();
+    assert_eq!(err.status_name(), "IKV_E_SHARED");
+    pool.seq_destroy(child).unwrap();
+    pool.set_page_format(seq, 2, ffi::IKV_FMT_INT8).unwrap();
+    assert_eq!(pool.page_format(seq, 2).unwrap(), ffi::IKV_FMT_INT8);
+    let stats = pool.stats().unwrap();
+    assert_eq!((stats.n_sequences, stats.tokens_total), (1, 40));
+}
+
+fn expect_err<T: std::fmt::Debug>(result: intentkv::Result<T>, status: i32, substring: &str) -> Error {
+    let err = result.unwrap_err();
+    assert_eq!(err.status, status, "{err}");
+    assert!(err.message.contains(substring), "{err} lacks {substring:?}");
+    err
+}
+
+#[test]
+fn errors_carry_status_and_message_and_change_nothing() {
+    let mut layout = Layout::new().unwrap();
+    let first = layout.add(&Block::new("a", 0, 10)).unwrap();
+    let err = expect_err(layout.add(&Block::new("b", 5, 15)), ffi::IKV_E_OVERLAP, "ikv_layout_add");
+    assert_eq!(err.status_name(), "IKV_E_OVERLAP");
+    assert!(err.to_string().starts_with("IKV_E_OVERLAP: "));
+    expect_err(layout.add(&Block::new("b", 30, 20)), ffi::IKV_E_RANGE, "ikv_layout_add");
+    expect_err(layout.find_token(12), ffi::IKV_E_NOT_FOUND, "ikv_layout_find_token");
+    expect_err(layout.add(&Block::new("nul\0name", 20, 30)), ffi::IKV_E_INVALID, "NUL");
+    assert_eq!(layout.blocks().unwrap().iter().map(|b| (b.id, b.block.start, b.block.end)).collect::<Vec<_>>(),
+               vec![(first, 0, 10)]);
+
+    let mut rc = Router::default_config();
+    rc.page_size = 12;
+    expect_err(Router::new(&rc), ffi::IKV_E_INVALID, "page_size");
+
+    let mut pc = Pool::default_config();
+    pc.n_layers = 1;
+    pc.n_kv_heads = 1;
+    pc.head_dim = 64;
+    pc.capacity_bytes = 8 << 20;
+    let mut pool = Pool::new(&pc).unwrap();
+    let seq = pool.seq_create().unwrap();
+    pool.append(seq, &[0.5; 64], &[0.5; 64], Some(0), None).unwrap();
+    expect_err(pool.seq_read(seq, 0, 0, 2), ffi::IKV_E_RANGE, "ikv_seq_read");
+    expect_err(pool.append(seq, &[f32::NAN; 64], &[0.0; 64], Some(0), None), ffi::IKV_E_INVALID, "ikv_pool_append");
+    expect_err(pool.append(seq, &[0.0; 63], &[0.0; 63], Some(0), None), ffi::IKV_E_INVALID, "multiple of 64");
+    assert_eq!(pool.seq_length(seq).unwrap(), 1);
+    let mut decoder = Decoder::new(1).unwrap();
+    let q = [0.0f32; 128];
+    let seqs = [seq];
+    let mut req = DecodeRequest::new(&seqs, &q, 1);
+    req.n_query_tokens = 2; // two query tokens, one stored token
+    expect_err(decoder.decode(&pool, &req), ffi::IKV_E_INVALID, "ikv_decode");
+}
+
+#[test]
+fn struct_sizes_match_the_library() {
+    use std::mem::size_of;
+    unsafe {
+        assert_eq!(ffi::ikv_block_desc_default().struct_size as usize, size_of::<ffi::ikv_block_desc>());
+        assert_eq!(ffi::ikv_synth_default_config().struct_size as usize, size_of::<ffi::ikv_synth_config>());
+        assert_eq!(ffi::ikv_router_default_config().struct_size as usize, size_of::<ffi::ikv_router_config>());
+        assert_eq!(ffi::ikv_model_shape_default().struct_size as usize, size_of::<ffi::ikv_model_shape>());
+        assert_eq!(ffi::ikv_pool_default_config().struct_size as usize, size_of::<ffi::ikv_pool_config>());
+        assert_eq!(ffi::ikv_decoder_default_config().struct_size as usize, size_of::<ffi::ikv_decoder_config>());
+        assert_eq!(ffi::ikv_decode_args_default().struct_size as usize, size_of::<ffi::ikv_decode_args>());
+    }
+    assert_eq!(size_of::<ffi::ikv_block_info>(), 4 + 64 + 4 * 7);
+    assert_eq!(size_of::<ffi::ikv_plan_page>(), 16);
+    assert_eq!(size_of::<ffi::ikv_block_decision>(), 20);
+    assert_eq!(size_of::<ffi::ikv_plan_summary>(), 56);
+    assert_eq!(size_of::<ffi::ikv_plan_cost>(), 72);
+    let info = intentkv::runtime_info().unwrap();
+    assert_eq!(info.version, intentkv::version());
+    assert!(["avx512", "avx2", "neon", "scalar"].contains(&info.cpu_isa.as_str()));
+    assert!(info.cpu_isa_available.split(',').any(|isa| isa == info.cpu_isa));
+    assert_eq!(intentkv::version_string().matches('.').count(), 2);
+}
