@@ -23,7 +23,7 @@ echo "== library + tests + benchmarks (CUDA sm_90) =="
 cmake -S . -B build-dev -DIKV_ENABLE_CUDA=ON -DIKV_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$DEPS" >"$OUT/dev_build.log" 2>&1 && cmake --build build-dev -j"$JOBS" >>"$OUT/dev_build.log" 2>&1 \
   || { echo "library build failed"; tail -20 "$OUT/dev_build.log"; exit 1; }
-(cd build-dev && ctest -j4 --output-on-failure) >"$OUT/ctest_all.log" 2>&1
+(cd build-dev && ctest -j8 --output-on-failure) >"$OUT/ctest_all.log" 2>&1
 grep -E "tests passed|Failed|Skipped|Not Run" "$OUT/ctest_all.log" | head -20
 
 echo "== demo =="
@@ -31,8 +31,8 @@ echo "== demo =="
 ./build-dev/examples/intentkv-demo --cpu >"$OUT/demo_cpu.txt" 2>&1; tail -9 "$OUT/demo_cpu.txt"
 
 echo "== CPU benchmarks on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc) =="
-./build-dev/bench/bench_decode --benchmark_min_time=0.3 >"$OUT/bench_decode.txt" 2>&1
-./build-dev/bench/bench_pool --benchmark_min_time=0.2 >"$OUT/bench_pool.txt" 2>&1
-./build-dev/bench/bench_router --benchmark_min_time=0.2 >"$OUT/bench_router.txt" 2>&1
+timeout 200 ./build-dev/bench/bench_decode --benchmark_min_time=0.3 >"$OUT/bench_decode.txt" 2>&1
+timeout 60 ./build-dev/bench/bench_pool --benchmark_min_time=0.2 >"$OUT/bench_pool.txt" 2>&1
+timeout 30 ./build-dev/bench/bench_router --benchmark_min_time=0.2 >"$OUT/bench_router.txt" 2>&1
 grep -E "ReadBandwidth|32768|131072" "$OUT/bench_decode.txt" | head -30
 echo "outputs in $OUT"
