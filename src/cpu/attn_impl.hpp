@@ -4,9 +4,13 @@
 // after defining O, so each ISA's instantiations stay private to its file.
 //
 // O provides: type V, lane count W (4, 8 or 16; divides 16), zero(), set1(),
-// load(), store(), add(), mul(), fma(a, b, c) = a*b + c, hsum(), min(), max(),
-// round() (to nearest), pow2(n) (2^n for integral n in [-126, 127]),
-// zero_below(x, lo, y) (y where x >= lo, else 0), prefetch(p), and the
+// load(), store(), add(), mul(), fma(a, b, c) = a*b + c, hsum(), hmax()
+// (largest lane), hsum4(a, out, stride) (out[j * stride] = hsum(a[j]) for
+// j < 4, by one shuffle tree), min(), max(), round() (to nearest), pow2(n)
+// (2^n for integral n in [-126, 127]), kValueChunks (D-chunks per pass of
+// the value accumulation: 2 with 16 vector registers, 4 with 32),
+// zero_below(x, lo, y) (y where x >= lo, else 0), prefetch(p), FlushDenormals
+// (a guard type: subnormals flushed to zero for its lifetime), and the
 // format loaders, each returning W floats from the row bytes at p:
 //   f16(p), bf16(p), i8(p), u4(p) (W/2 packed bytes: channel 2j in the low
 //   nibble of byte j), e4m3_div256(p) (the E4M3 value times 2^-8: the codes
@@ -23,41 +27,53 @@
 
 // Where one sub-page's K (IsK) or V rows and their scales are. Built once per
 // span so the inner loops do address arithmetic only.
-// INT8 and FP8 scales are folded out of the inner loops: K's into the query
-// (per channel for INT8, the page scale for FP8) once per span, V's into the
-// softmax weights (per token / per page); the rows are then read raw.
+// Scales are folded out of the inner loops where the algebra allows: K's
+// into the query once per span (INT8 and INT4 per channel, FP8 the page's;
+// INT4's K minimum becomes one bias per query row, q.k_min), V's into the
+// softmax weights (INT8 per token, FP8 per page); those rows are then read raw.
 template <uint32_t F>
 constexpr bool kFoldScales = F == IKV_FMT_INT8 || F == IKV_FMT_FP8_E4M3;
+template <uint32_t F, bool IsK>
+constexpr bool kRawRows = kFoldScales<F> || (IsK && F == IKV_FMT_INT4);
 
 template <uint32_t F, bool IsK>
 struct RowSource {
     const uint8_t *data;  // row 0
     const float *sc, *mn;
-    uint32_t D, G;
+    size_t D, G, row_bytes;
     RowSource(const uint8_t *sub, const SubpageLayout &L, uint32_t D_)
         : data(sub + (IsK ? L.k : L.v)),
           sc(reinterpret_cast<const float *>(sub + (IsK ? L.k_scale : L.v_scale))),
           mn(reinterpret_cast<const float *>(sub + (IsK ? L.k_min : L.v_min))),
           D(D_),
-          G((D_ + kInt4VGroup - 1) / kInt4VGroup) {}
-    // W channels [d, d + W) of row t, as fp32.
-    typename O::V chunk(uint32_t t, uint32_t d) const {
-        if (F == IKV_FMT_F16) return O::f16(data + (uint64_t(t) * D + d) * 2);
-        if (F == IKV_FMT_BF16) return O::bf16(data + (uint64_t(t) * D + d) * 2);
-        if (F == IKV_FMT_FP8_E4M3) return O::e4m3_div256(data + uint64_t(t) * D + d);  // scale folded (kFoldScales)
-        if (F == IKV_FMT_INT8) return O::i8(data + uint64_t(t) * D + d);                // scale folded (kFoldScales)
-        // INT4: K per channel; V per token in groups of 32 channels (W divides
-        // 32: a chunk never straddles a group)
-        const typename O::V q = O::u4(data + (uint64_t(t) * D + d) / 2);
-        if (IsK) return O::fma(q, O::load(sc + d), O::load(mn + d));
-        const uint32_t i = t * G + d / kInt4VGroup;
-        return O::fma(q, O::set1(sc[i]), O::set1(mn[i]));
+          G((D_ + kInt4VGroup - 1) / kInt4VGroup),
+          row_bytes(row_bytes_of(D_)) {}
+    static size_t row_bytes_of(size_t D) {
+        return F == IKV_FMT_F16 || F == IKV_FMT_BF16 ? 2 * D : F == IKV_FMT_INT4 ? D / 2 : D;
     }
+    // One token row: the inner loops take W channels at a time from it.
+    struct Row {
+        const uint8_t *p;
+        const float *gsc, *gmn;  // INT4 V: this token's group scales and minimums
+        typename O::V at(size_t d) const {
+            if (F == IKV_FMT_F16) return O::f16(p + 2 * d);
+            if (F == IKV_FMT_BF16) return O::bf16(p + 2 * d);
+            if (F == IKV_FMT_FP8_E4M3) return O::e4m3_div256(p + d);  // scale folded (kFoldScales)
+            if (F == IKV_FMT_INT8) return O::i8(p + d);               // scale folded (kFoldScales)
+            // INT4: K raw (scale and minimum folded, kRawRows); V per token in
+            // groups of 32 channels (W divides 32: a chunk never straddles a group)
+            const typename O::V q = O::u4(p + d / 2);
+            if (IsK) return q;
+            return O::fma(q, O::set1(gsc[d / kInt4VGroup]), O::set1(gmn[d / kInt4VGroup]));
+        }
+    };
+    Row row(size_t t) const { return Row{data + t * row_bytes, sc + t * G, mn + t * G}; }
 };
 
 template <uint32_t F, bool IsK>
 inline void dequant_row(const RowSource<F, IsK> &src, uint32_t t, uint32_t D, float *out) {
-    for (uint32_t d = 0; d < D; d += O::W) O::store(out + d, src.chunk(t, d));
+    const auto r = src.row(t);
+    for (size_t d = 0; d < D; d += O::W) O::store(out + d, r.at(d));
 }
 
 // Two sources of the span's rows for the blocked loops below: straight from
@@ -67,13 +83,17 @@ inline void dequant_row(const RowSource<F, IsK> &src, uint32_t t, uint32_t D, fl
 template <uint32_t F, bool IsK>
 struct PageRows {
     RowSource<F, IsK> src;
-    uint32_t begin;
-    typename O::V at(uint32_t i, uint32_t d) const { return src.chunk(begin + i, d); }
+    size_t begin;
+    typename RowSource<F, IsK>::Row row(size_t i) const { return src.row(begin + i); }
 };
 struct BufRows {
     const float *base;
-    uint32_t D;
-    typename O::V at(uint32_t i, uint32_t d) const { return O::load(base + uint64_t(i) * D + d); }
+    size_t D;
+    struct Row {
+        const float *p;
+        typename O::V at(size_t d) const { return O::load(p + d); }
+    };
+    Row row(size_t i) const { return Row{base + i * D}; }
 };
 
 // e^x lane-wise (Cephes expf: range reduction by ln 2 in two parts and a
@@ -101,75 +121,93 @@ inline void scale_row(float *acc, float alpha, uint32_t D) {
 }
 
 // Logits of NR query rows (r0..) against the span's n K rows, two tokens at a
-// time so each q chunk load feeds two FMAs.
+// time so each q chunk load feeds two FMAs. Pointers and size_t indices
+// throughout: the inner loops are loads and FMAs, no index arithmetic.
 template <uint32_t NR, class Rows>
 inline void logits_block(const ChunkTask &T, const float *qbase, const Rows &rows, uint32_t n, uint32_t r0, float *S,
                          uint32_t SP) {
     using V = typename O::V;
-    const uint32_t D = T.D;
-    const float *q = qbase + uint64_t(r0) * D;
-    uint32_t i = 0;
+    const size_t D = T.D;
+    const float *q[NR];
+    float *out[NR];
+    for (uint32_t j = 0; j < NR; ++j) {
+        q[j] = qbase + (r0 + j) * D;
+        out[j] = S + size_t(r0 + j) * SP;
+    }
+    size_t i = 0;
     for (; i + 2 <= n; i += 2) {
+        const auto k0 = rows.row(i), k1 = rows.row(i + 1);
         V a[NR], b[NR];
         for (uint32_t j = 0; j < NR; ++j) a[j] = b[j] = O::zero();
-        for (uint32_t d = 0; d < D; d += O::W) {
-            const V x0 = rows.at(i, d), x1 = rows.at(i + 1, d);
+        for (size_t d = 0; d < D; d += O::W) {
+            const V x0 = k0.at(d), x1 = k1.at(d);
             for (uint32_t j = 0; j < NR; ++j) {
-                const V qj = O::load(q + j * D + d);
+                const V qj = O::load(q[j] + d);
                 a[j] = O::fma(qj, x0, a[j]);
                 b[j] = O::fma(qj, x1, b[j]);
             }
         }
-        for (uint32_t j = 0; j < NR; ++j) {
-            S[(r0 + j) * SP + i] = O::hsum(a[j]);
-            S[(r0 + j) * SP + i + 1] = O::hsum(b[j]);
+        if constexpr (NR == 4) {  // one shuffle tree per 4 sums instead of 4 horizontal sums
+            O::hsum4(a, out[0] + i, SP);
+            O::hsum4(b, out[0] + i + 1, SP);
+        } else {
+            for (uint32_t j = 0; j < NR; ++j) {
+                out[j][i] = O::hsum(a[j]);
+                out[j][i + 1] = O::hsum(b[j]);
+            }
         }
     }
     if (i < n) {
+        const auto k0 = rows.row(i);
         V a[NR];
         for (uint32_t j = 0; j < NR; ++j) a[j] = O::zero();
-        for (uint32_t d = 0; d < D; d += O::W) {
-            const V x0 = rows.at(i, d);
-            for (uint32_t j = 0; j < NR; ++j) a[j] = O::fma(O::load(q + j * D + d), x0, a[j]);
+        for (size_t d = 0; d < D; d += O::W) {
+            const V x0 = k0.at(d);
+            for (uint32_t j = 0; j < NR; ++j) a[j] = O::fma(O::load(q[j] + d), x0, a[j]);
         }
-        for (uint32_t j = 0; j < NR; ++j) S[(r0 + j) * SP + i] = O::hsum(a[j]);
+        for (uint32_t j = 0; j < NR; ++j) out[j][i] = O::hsum(a[j]);
     }
 }
 
-// acc[r0..r0+NR) += sum_i p[r][i] * v_i: accumulators of two D-chunks held in
-// registers across the span's tokens, each weight broadcast once per token.
+// acc[r0..r0+NR) += sum_i p[r][i] * v_i: accumulators of O::kValueChunks
+// D-chunks held in registers across the span's tokens (2 where there are 16
+// vector registers, 4 with 32), each weight broadcast once per token.
 template <uint32_t NR, class Rows>
 inline void values_block(const ChunkTask &T, const Rows &rows, uint32_t n, uint32_t r0, const float *S, uint32_t SP) {
     using V = typename O::V;
-    const uint32_t D = T.D;
-    uint32_t d = 0;
-    for (; d + 2 * O::W <= D; d += 2 * O::W) {
-        V a[NR], b[NR];
-        for (uint32_t j = 0; j < NR; ++j) {
-            a[j] = O::load(T.acc + uint64_t(r0 + j) * D + d);
-            b[j] = O::load(T.acc + uint64_t(r0 + j) * D + d + O::W);
-        }
-        for (uint32_t i = 0; i < n; ++i) {
-            const V v0 = rows.at(i, d), v1 = rows.at(i, d + O::W);
+    constexpr uint32_t NC = O::kValueChunks;
+    const size_t D = T.D;
+    const float *w[NR];
+    float *acc[NR];
+    for (uint32_t j = 0; j < NR; ++j) {
+        w[j] = S + size_t(r0 + j) * SP;
+        acc[j] = T.acc + (r0 + j) * D;
+    }
+    size_t d = 0;
+    for (; d + NC * O::W <= D; d += NC * O::W) {
+        V a[NC][NR];
+        for (uint32_t c = 0; c < NC; ++c)
+            for (uint32_t j = 0; j < NR; ++j) a[c][j] = O::load(acc[j] + d + c * O::W);
+        for (size_t i = 0; i < n; ++i) {
+            const auto vr = rows.row(i);
+            V v[NC];
+            for (uint32_t c = 0; c < NC; ++c) v[c] = vr.at(d + c * O::W);
             for (uint32_t j = 0; j < NR; ++j) {
-                const V p = O::set1(S[(r0 + j) * SP + i]);
-                a[j] = O::fma(p, v0, a[j]);
-                b[j] = O::fma(p, v1, b[j]);
+                const V p = O::set1(w[j][i]);
+                for (uint32_t c = 0; c < NC; ++c) a[c][j] = O::fma(p, v[c], a[c][j]);
             }
         }
-        for (uint32_t j = 0; j < NR; ++j) {
-            O::store(T.acc + uint64_t(r0 + j) * D + d, a[j]);
-            O::store(T.acc + uint64_t(r0 + j) * D + d + O::W, b[j]);
-        }
+        for (uint32_t c = 0; c < NC; ++c)
+            for (uint32_t j = 0; j < NR; ++j) O::store(acc[j] + d + c * O::W, a[c][j]);
     }
-    for (; d < D; d += O::W) {  // an odd chunk count (e.g. D = 80 with 16 lanes)
+    for (; d < D; d += O::W) {  // chunks left over (e.g. D = 80 with 16 lanes)
         V a[NR];
-        for (uint32_t j = 0; j < NR; ++j) a[j] = O::load(T.acc + uint64_t(r0 + j) * D + d);
-        for (uint32_t i = 0; i < n; ++i) {
-            const V v0 = rows.at(i, d);
-            for (uint32_t j = 0; j < NR; ++j) a[j] = O::fma(O::set1(S[(r0 + j) * SP + i]), v0, a[j]);
+        for (uint32_t j = 0; j < NR; ++j) a[j] = O::load(acc[j] + d);
+        for (size_t i = 0; i < n; ++i) {
+            const V v0 = rows.row(i).at(d);
+            for (uint32_t j = 0; j < NR; ++j) a[j] = O::fma(O::set1(w[j][i]), v0, a[j]);
         }
-        for (uint32_t j = 0; j < NR; ++j) O::store(T.acc + uint64_t(r0 + j) * D + d, a[j]);
+        for (uint32_t j = 0; j < NR; ++j) O::store(acc[j] + d, a[j]);
     }
 }
 
@@ -209,10 +247,10 @@ void attend_span(const ChunkTask &T, const SpanRef &s) {
     // ---- logits: every K row dequantized once for all rows ----
     const RowSource<F, true> ksrc(s.sub, L, D);
     const float *q = T.q;
-    if (kFoldScales<F>) {  // q' = q * k_scale: per channel (INT8) or the page's (FP8, times 2^8)
+    if (kRawRows<F, true>) {  // q' = q * k_scale: per channel (INT8, INT4) or the page's (FP8, times 2^8)
         for (uint32_t r = 0; r < R; ++r)
             for (uint32_t d = 0; d < D; d += O::W) {
-                const typename O::V ks = F == IKV_FMT_INT8 ? O::load(ksrc.sc + d) : O::set1(ksrc.sc[0] * 256.0f);
+                const typename O::V ks = F == IKV_FMT_FP8_E4M3 ? O::set1(ksrc.sc[0] * 256.0f) : O::load(ksrc.sc + d);
                 O::store(T.qfold + uint64_t(r) * D + d, O::mul(O::load(T.q + uint64_t(r) * D + d), ks));
             }
         q = T.qfold;
@@ -222,6 +260,14 @@ void attend_span(const ChunkTask &T, const SpanRef &s) {
     } else {
         for (uint32_t i = 0; i < n; ++i) dequant_row(ksrc, s.begin + i, D, T.kspan + uint64_t(i) * D);
         all_logits(T, q, BufRows{T.kspan, D}, n, S, SP);
+    }
+    if (F == IKV_FMT_INT4) {  // q.(c*s + min) = (q*s).c + q.min: add each row's bias q.min
+        for (uint32_t r = 0; r < R; ++r) {
+            typename O::V b = O::zero();
+            for (uint32_t d = 0; d < D; d += O::W) b = O::fma(O::load(T.q + uint64_t(r) * D + d), O::load(ksrc.mn + d), b);
+            const float bias = O::hsum(b);
+            for (uint32_t i = 0; i < n; ++i) S[r * SP + i] += bias;
+        }
     }
     const float cap = T.softcap;
     const bool all_past = s.pos0 + s.end - 1 <= T.q_pos0;  // no token of the span is in any query's future
@@ -239,8 +285,9 @@ void attend_span(const ChunkTask &T, const SpanRef &s) {
     // ---- one online-softmax update per row; S becomes the weights ----
     for (uint32_t r = 0; r < R; ++r) {
         float *Sr = S + r * SP;
-        float mloc = -INFINITY;
-        for (uint32_t i = 0; i < n; ++i) mloc = Sr[i] > mloc ? Sr[i] : mloc;
+        typename O::V mv = O::load(Sr);  // lanes [n, nv) hold -inf
+        for (uint32_t i = O::W; i < nv; i += O::W) mv = O::max(mv, O::load(Sr + i));
+        const float mloc = O::hmax(mv);
         if (mloc == -INFINITY) {  // every token of the span is in this row's future
             for (uint32_t i = 0; i < n; ++i) Sr[i] = 0.0f;
             continue;
@@ -297,6 +344,11 @@ inline void prefetch_span(const ChunkTask &T, const SpanRef &s) {
 constexpr uint32_t kPrefetchSpans = 2;  // spans ahead (~ memory latency x bandwidth / span bytes)
 
 void attend_chunk(const ChunkTask &T) {
+    // Subnormal operands and results flushed to zero while the kernel runs
+    // (restored on return): weights below ~1e-38 of the largest change no
+    // output measurably, and on x86 every FMA touching a subnormal takes a
+    // microcode assist (~100 cycles), which peaked softmax rows hit often.
+    [[maybe_unused]] const typename O::FlushDenormals ftz{};
     for (uint32_t r = 0; r < T.R; ++r) {
         T.m[r] = -INFINITY;
         T.l[r] = 0.0f;

@@ -5,6 +5,7 @@
 // on another path (one-definition-rule hazard of per-file ISA flags).
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/page_format.hpp"  // SubpageLayout (a plain struct) and ikv_format

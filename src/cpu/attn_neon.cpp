@@ -11,6 +11,7 @@ namespace {
 struct O {
     using V = float32x4_t;
     static constexpr uint32_t W = 4;
+    static constexpr uint32_t kValueChunks = 4;  // accumulator chunks per value pass
     static V zero() { return vdupq_n_f32(0.0f); }
     static V set1(float a) { return vdupq_n_f32(a); }
     static V load(const float *p) { return vld1q_f32(p); }
@@ -19,6 +20,13 @@ struct O {
     static V mul(V a, V b) { return vmulq_f32(a, b); }
     static V fma(V a, V b, V c) { return vfmaq_f32(c, a, b); }
     static float hsum(V a) { return vaddvq_f32(a); }
+    static float hmax(V a) { return vmaxvq_f32(a); }
+    static void hsum4(const V *a, float *out, size_t stride) {
+        const V s = vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3]));  // [sum a0, a1, a2, a3]
+        float t[4];
+        vst1q_f32(t, s);
+        for (int j = 0; j < 4; ++j) out[j * stride] = t[j];
+    }
     static V min(V a, V b) { return vminq_f32(a, b); }
     static V max(V a, V b) { return vmaxq_f32(a, b); }
     static V round(V a) { return vrndnq_f32(a); }
@@ -28,21 +36,30 @@ struct O {
     static V zero_below(V x, float lo, V y) {
         return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(y), vcgeq_f32(x, vdupq_n_f32(lo))));
     }
+    // FPCR.FZ (bit 24) for the guard's lifetime, then the caller's value.
+    struct FlushDenormals {
+        uint64_t saved;
+        FlushDenormals() {
+            __asm__ volatile("mrs %0, fpcr" : "=r"(saved));
+            __asm__ volatile("msr fpcr, %0" : : "r"(saved | (uint64_t(1) << 24)));
+        }
+        ~FlushDenormals() { __asm__ volatile("msr fpcr, %0" : : "r"(saved)); }
+        FlushDenormals(const FlushDenormals &) = delete;
+        FlushDenormals &operator=(const FlushDenormals &) = delete;
+    };
     static void prefetch(const void *p) { __asm__ volatile("prfm pldl1keep, %0" : : "Q"(*static_cast<const char *>(p))); }
     static V f16(const uint8_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t *>(p)))); }
     static V bf16(const uint8_t *p) {
         return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(reinterpret_cast<const uint16_t *>(p)), 16));
     }
-    static uint16x4_t bytes4_u16(const uint8_t *p) {
-        uint32_t w;
-        memcpy(&w, p, 4);
-        return vget_low_u16(vmovl_u8(vreinterpret_u8_u32(vdup_n_u32(w))));
-    }
     static V e4m3_div256(const uint8_t *p) {
         // E4M3 s.eeee.mmm -> half s.0eeee.mmm0000000: same value times 2^-8.
-        const uint16x4_t b = bytes4_u16(p);
-        const uint16x4_t h = vorr_u16(vshl_n_u16(vand_u16(b, vdup_n_u16(0x80)), 8),
-                                      vshl_n_u16(vand_u16(b, vdup_n_u16(0x7F)), 7));
+        // Sign-extended to 16 bits and shifted left 7, the sign lands in bit 15 and
+        // (for negatives) a stray copy in bit 14, which the mask clears.
+        uint32_t w;
+        memcpy(&w, p, 4);
+        const int16x4_t b = vget_low_s16(vmovl_s8(vreinterpret_s8_u32(vdup_n_u32(w))));
+        const uint16x4_t h = vand_u16(vreinterpret_u16_s16(vshl_n_s16(b, 7)), vdup_n_u16(0xBFFF));
         return vcvt_f32_f16(vreinterpret_f16_u16(h));
     }
     static V i8(const uint8_t *p) {

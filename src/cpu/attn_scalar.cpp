@@ -14,6 +14,7 @@ struct O {
         float x[4];
     };
     static constexpr uint32_t W = 4;
+    static constexpr uint32_t kValueChunks = 2;  // accumulator chunks per value pass
     static V zero() { return V{{0.0f, 0.0f, 0.0f, 0.0f}}; }
     static V set1(float a) { return V{{a, a, a, a}}; }
     static V load(const float *p) {
@@ -35,6 +36,13 @@ struct O {
         return c;
     }
     static float hsum(V a) { return (a.x[0] + a.x[2]) + (a.x[1] + a.x[3]); }
+    static float hmax(V a) {
+        const float x = a.x[0] > a.x[1] ? a.x[0] : a.x[1], y = a.x[2] > a.x[3] ? a.x[2] : a.x[3];
+        return x > y ? x : y;
+    }
+    static void hsum4(const V *a, float *out, size_t stride) {
+        for (int j = 0; j < 4; ++j) out[j * stride] = hsum(a[j]);
+    }
     static V min(V a, V b) {
         for (int i = 0; i < 4; ++i) a.x[i] = b.x[i] < a.x[i] ? b.x[i] : a.x[i];
         return a;
@@ -55,6 +63,7 @@ struct O {
         for (int i = 0; i < 4; ++i) y.x[i] = x.x[i] >= lo ? y.x[i] : 0.0f;
         return y;
     }
+    struct FlushDenormals {};  // portable path: the floating-point environment is left as is
     static void prefetch(const void *p) {
 #if defined(__x86_64__)
         __asm__ volatile("prefetcht0 %0" : : "m"(*static_cast<const char *>(p)));  // GCC 12 drops the builtin here
