@@ -136,6 +136,21 @@ static ikv_pool *make_pool(ikv_backend backend, uint32_t n_tokens, ikv_format fm
     return pool;
 }
 
+/* Route the session under one demo config (the router is only needed for that). */
+static ikv_plan *route_config(const demo_config *cfg, const ikv_layout *layout, uint32_t n_tokens) {
+    ikv_router_config rc = ikv_router_default_config();
+    rc.token_budget = (uint32_t)((uint64_t)n_tokens * cfg->budget_per_mille / 1000);
+    rc.memory_pressure = cfg->pressure;
+    rc.over_budget = IKV_OVER_BUDGET_KEEP;
+    rc.recent_window = RECENT_WINDOW;
+    ikv_router *router = NULL;
+    ikv_plan *plan = NULL;
+    CHECK(ikv_router_create(&rc, &router));
+    CHECK(ikv_router_route(router, layout, n_tokens, &plan));
+    ikv_router_destroy(router);
+    return plan;
+}
+
 /* Run `steps` decode steps; returns ms per step and leaves the output in out_host. */
 static double decode_ms(ikv_decoder *dec, ikv_pool *pool, ikv_seq_id seq, const ikv_plan *plan, const float *q,
                         float *out_host, const device_bufs *dev, int steps, uint64_t *bytes) {
@@ -253,15 +268,7 @@ int main(int argc, char **argv) {
     printf("  %-21s %8s %8s %7s %6s %6s %6s %6s %6s %9s %8s\n", "config", "tokens", "skipped", "pages", "f16", "bf16",
            "fp8", "int8", "int4", "bytes/dns", "flop/dns");
     for (size_t c = 0; c < sizeof kConfigs / sizeof *kConfigs; ++c) {
-        ikv_router_config rc = ikv_router_default_config();
-        rc.token_budget = (uint32_t)((uint64_t)n_tokens * kConfigs[c].budget_per_mille / 1000);
-        rc.memory_pressure = kConfigs[c].pressure;
-        rc.over_budget = IKV_OVER_BUDGET_KEEP;
-        rc.recent_window = RECENT_WINDOW;
-        ikv_router *router = NULL;
-        ikv_plan *plan = NULL;
-        CHECK(ikv_router_create(&rc, &router));
-        CHECK(ikv_router_route(router, layout, n_tokens, &plan));
+        ikv_plan *plan = route_config(&kConfigs[c], layout, n_tokens);
         ikv_plan_summary s;
         ikv_plan_cost cost;
         CHECK(ikv_plan_get_summary(plan, &s));
@@ -271,7 +278,6 @@ int main(int argc, char **argv) {
                s.tokens_by_format[IKV_FMT_FP8_E4M3], s.tokens_by_format[IKV_FMT_INT8], s.tokens_by_format[IKV_FMT_INT4],
                100.0 * cost.bytes_total / cost.bytes_dense_f16, 100.0 * cost.flops / cost.flops_dense);
         ikv_plan_destroy(plan);
-        ikv_router_destroy(router);
     }
 
     printf("\nPool and decode (1 layer, %u kv-heads, %u q-heads, head_dim %u, page 16; %d steps each)\n", N_KV_HEADS,
@@ -282,15 +288,7 @@ int main(int argc, char **argv) {
            100.0, dense_ms, dense_bytes / 1e6, 1.0, "0", "0");
     ikv_pool_stats mem[sizeof kConfigs / sizeof *kConfigs];
     for (size_t c = 0; c < sizeof kConfigs / sizeof *kConfigs; ++c) {
-        ikv_router_config rc = ikv_router_default_config();
-        rc.token_budget = (uint32_t)((uint64_t)n_tokens * kConfigs[c].budget_per_mille / 1000);
-        rc.memory_pressure = kConfigs[c].pressure;
-        rc.over_budget = IKV_OVER_BUDGET_KEEP;
-        rc.recent_window = RECENT_WINDOW;
-        ikv_router *router = NULL;
-        ikv_plan *plan = NULL;
-        CHECK(ikv_router_create(&rc, &router));
-        CHECK(ikv_router_route(router, layout, n_tokens, &plan));
+        ikv_plan *plan = route_config(&kConfigs[c], layout, n_tokens);
         ikv_seq_id seq;
         ikv_pool *pool = make_pool(backend, n_tokens, IKV_FMT_F16, plan, k, v, &seq);
         ikv_pool_stats st;
@@ -306,7 +304,6 @@ int main(int argc, char **argv) {
                dense_ms / ms, sel_err, rel_err(out, out_dense, N_Q_HEADS * HEAD_DIM));
         ikv_pool_destroy(pool);
         ikv_plan_destroy(plan);
-        ikv_router_destroy(router);
     }
     printf("\nPool memory by page format, MiB (pages store every token, each page at the plan's precision)\n");
     printf("  %-21s %8s %8s %8s %8s %8s %9s %8s\n", "config", "f16", "bf16", "fp8", "int8", "int4", "total",

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu/x86_support.hpp"
 #include "cpu/attn_kernel.hpp"
 
 namespace ikv {
@@ -46,16 +47,8 @@ struct O {
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
     }
     static V zero_below(V x, float lo, V y) { return _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_GE_OQ)); }
-    // MXCSR FTZ (bit 15) and DAZ (bit 6) for the guard's lifetime, then the caller's value.
-    struct FlushDenormals {
-        unsigned saved = _mm_getcsr();
-        FlushDenormals() { _mm_setcsr(saved | 0x8040u); }
-        ~FlushDenormals() { _mm_setcsr(saved); }
-        FlushDenormals(const FlushDenormals &) = delete;
-        FlushDenormals &operator=(const FlushDenormals &) = delete;
-    };
-    // GCC 12 drops __builtin_prefetch inside these kernels; the asm stays.
-    static void prefetch(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*static_cast<const char *>(p))); }
+    using FlushDenormals = x86::FlushDenormals;
+    static void prefetch(const void *p) { x86::prefetch(p); }
     static V f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
     static V bf16(const uint8_t *p) {
         const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));

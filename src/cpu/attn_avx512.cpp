@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu/x86_support.hpp"
 #include "cpu/attn_kernel.hpp"
 
 namespace ikv {
@@ -47,16 +48,8 @@ struct O {
     static V zero_below(V x, float lo, V y) {
         return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_GE_OQ), y);
     }
-    // MXCSR FTZ (bit 15) and DAZ (bit 6) for the guard's lifetime, then the caller's value.
-    struct FlushDenormals {
-        unsigned saved = _mm_getcsr();
-        FlushDenormals() { _mm_setcsr(saved | 0x8040u); }
-        ~FlushDenormals() { _mm_setcsr(saved); }
-        FlushDenormals(const FlushDenormals &) = delete;
-        FlushDenormals &operator=(const FlushDenormals &) = delete;
-    };
-    // GCC 12 drops __builtin_prefetch inside these kernels; the asm stays.
-    static void prefetch(const void *p) { __asm__ volatile("prefetcht0 %0" : : "m"(*static_cast<const char *>(p))); }
+    using FlushDenormals = x86::FlushDenormals;
+    static void prefetch(const void *p) { x86::prefetch(p); }
     static V f16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
     static V bf16(const uint8_t *p) {
         const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)));
