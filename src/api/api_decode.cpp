@@ -132,12 +132,12 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
     IKV_CHECK_STRUCT(args, sizeof(ikv_decode_args), fn);
     const ikv_decode_args a = ikv::read_config(*args, ikv_decode_args_default());
     try {
-        std::vector<ikv::SeqSnapshot> snaps;
+        std::vector<ikv::SeqSnapshot> &snaps = decoder->snaps;
         ikv_status st = check_args(pool, a, snaps);
         if (st != IKV_OK) return st;
         uint64_t bytes = 0;
         if (ikv::pool_backend(pool) == IKV_BACKEND_CUDA)
-            st = ikv::cuda_decode(&decoder->cuda, pool, &a, &bytes);
+            st = ikv::cuda_decode(&decoder->cuda, pool, &a, snaps, &bytes);
         else
             st = ikv::cpu_decode(decoder->threads, decoder->scratch, pool, a, snaps, &bytes);
         if (st == IKV_OK) decoder->last_bytes = bytes;

@@ -5,7 +5,10 @@
 
 #include <cstdint>
 
+#include <vector>
+
 #include "intentkv.h"
+#include "pool/pool_view.hpp"
 
 namespace ikv {
 
@@ -14,9 +17,11 @@ struct CudaDecoderState;
 void cuda_decoder_state_destroy(CudaDecoderState *state);
 
 // Decode on a CUDA pool: args were checked by src/api/ against the pool's
-// shape; *state is created on first use. Enqueues on args->stream without
+// shape, which took snaps[b] (sequence b's block table at args->layer, device
+// page addresses); *state is created on first use. Enqueues on args->stream without
 // host synchronization. *bytes_read: K/V bytes the step reads (host-computed).
-ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, uint64_t *bytes_read);
+ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args,
+                       const std::vector<SeqSnapshot> &snaps, uint64_t *bytes_read);
 
 
 }  // namespace ikv

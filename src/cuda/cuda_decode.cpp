@@ -94,7 +94,8 @@ ikv_status ensure_state(CudaDecoderState **state, int device) {
 
 }  // namespace
 
-ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, uint64_t *bytes_read) {
+ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args,
+                       const std::vector<SeqSnapshot> &snaps, uint64_t *bytes_read) {
     const ikv_decode_args &a = *args;
     const PageShape &shape = pool_shape(pool);
     const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
@@ -115,9 +116,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     std::vector<uint64_t> list_begin(B + 1, 0);
     uint64_t bytes = 0;
     for (uint32_t b = 0; b < B; ++b) {
-        SeqSnapshot snap;
-        st = pool_snapshot(pool, a.seqs[b], a.layer, &snap);
-        if (st != IKV_OK) return st;
+        const SeqSnapshot &snap = snaps[b];
         const ikv_plan *plan = a.plans ? a.plans[b] : nullptr;
         collect_entries(snap, plan, P, s.entries);
         lens[b] = snap.length;

@@ -43,6 +43,9 @@ struct ikv_decoder {
     ~ikv_decoder() { ikv::cuda_decoder_state_destroy(cuda); }
     ikv::ThreadPool threads;
     ikv::DecodeScratch scratch;
+    // Block-table snapshots of the step's sequences; kept so that steady-state
+    // steps reuse their capacity instead of allocating.
+    std::vector<ikv::SeqSnapshot> snaps;
     ikv::CudaDecoderState *cuda = nullptr;
     uint64_t last_bytes = 0;
 };

@@ -6,7 +6,8 @@ namespace ikv {
 
 void cuda_decoder_state_destroy(CudaDecoderState *) {}
 
-ikv_status cuda_decode(CudaDecoderState **, ikv_pool *, const ikv_decode_args *, uint64_t *) {
+ikv_status cuda_decode(CudaDecoderState **, ikv_pool *, const ikv_decode_args *, const std::vector<SeqSnapshot> &,
+                      uint64_t *) {
     return fail(IKV_E_NO_DEVICE, "ikv_decode: this build of intentkv has no CUDA backend");
 }
 
