@@ -690,7 +690,13 @@ IKV_API ikv_decoder_config ikv_decoder_default_config(void);
 IKV_API ikv_status ikv_decoder_create(const ikv_decoder_config *config, ikv_decoder **out);
 IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
 
-#define IKV_MAX_QUERY_TOKENS 16
+/**
+ * Query tokens one ikv_decode step may carry: 2048, the chunk size of chunked
+ * prefill in common serving engines (512..2048 tokens per chunk) and far above
+ * any speculative-verification window. Multi-token steps on a CUDA pool run
+ * through cuBLASLt GEMMs once they have enough query rows (docs/CUDA.md).
+ */
+#define IKV_MAX_QUERY_TOKENS 2048
 
 /**
  * One decode step at one layer for a batch of sequences.

@@ -44,7 +44,7 @@ struct DecodeParams {
     PageShape shape;
     uint32_t layer;
     uint32_t n_seqs;
-    uint32_t n_query_tokens;  // T, 1..16
+    uint32_t n_query_tokens;  // T, 1..IKV_MAX_QUERY_TOKENS
     uint32_t n_q_heads;       // Hq
     DevLists lists;
     const uint32_t *seq_len;  // device [n_seqs]: tokens stored in the layer (query t sits at len - T + t)
@@ -67,6 +67,32 @@ uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits);
 // Enqueue the fused decode (+ merge). p.n_splits must be set (>= 1).
 // Returns cudaErrorInvalidValue for an unsupported head_dim.
 cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream);
+
+// ------------------------------------------- multi-token path (cuBLASLt) --
+// Device pieces around the cuBLASLt GEMMs of the multi-token path
+// (kernels/multi_token_attention.cu; orchestration in src/cuda/cuda_multi_token.cpp).
+// They read a DecodeParams (shape, layer, lists, seq_len, q, out, lse, softcap).
+// Operands are 16-bit: f16, or bf16 (bf16 = true) when q is bf16. A (seq,
+// kv-head) pair is bh = seq * n_kv_heads + head; M = T * G query rows per bh.
+
+// qs[bh][M][D] = q in operand precision (row r = t*G + g); O = 0, m = -inf, l = 0.
+cudaError_t launch_mt_stage(const DecodeParams &p, bool bf16, uint16_t *qs, float *O, float *m, float *l,
+                            cudaStream_t stream);
+// offsets[list][i] (stride lists.stride + 1) = rows of the list's entries before i, i <= count.
+cudaError_t launch_mt_offsets(const DecodeParams &p, uint32_t n_lists, uint32_t *offsets, cudaStream_t stream);
+// Key tile: tokens [tok0, tok0 + nk) of the lists of bh0 .. bh0+nbh-1, dequantized
+// into K, V [nbh][nk][D] with positions pos [nbh][nk] (0xFFFFFFFF past a list's end).
+cudaError_t launch_mt_gather(const DecodeParams &p, bool bf16, const uint32_t *offsets, uint32_t bh0, uint32_t nbh,
+                             uint32_t tok0, uint32_t nk, uint16_t *K, uint16_t *V, uint32_t *pos,
+                             cudaStream_t stream);
+// S [nbh][M][nk] (fp32 scaled logits) -> softcap, causal mask, online softmax
+// state m, l [bh][M]; P written in place (row i's 16-bit values at
+// (uint16_t *)(S + i*nk)); O [bh][M][D] rescaled for O += P V. nk % 128 == 0.
+cudaError_t launch_mt_softmax(const DecodeParams &p, bool bf16, uint32_t bh0, uint32_t nbh, uint32_t nk,
+                              const uint32_t *pos, float *S, float *O, float *m, float *l, cudaStream_t stream);
+// out = O / l in out_dtype, lse = m + log(l); out 0 and lse -inf where l == 0.
+cudaError_t launch_mt_finalize(const DecodeParams &p, const float *O, const float *m, const float *l,
+                               cudaStream_t stream);
 
 // --------------------------------------------------------- score + top-k --
 constexpr uint32_t kMaxTopkCandidates = 8192;

@@ -4,6 +4,7 @@
 #   2. gpu_decode_check --check     decode / quantize / top-k against float64 and host references
 #   3. gpu_decode_check --bench     the decode benchmark (CSV + markdown)
 #   4. bench/gpu/sdpa_peer.py       PyTorch SDPA dense peer + comparison table with the targets
+#   4b. gpu_multi_token_check --check [--bench]   cuBLASLt multi-token path vs float64; fused vs GEMM timing
 #   5. the library with CUDA + `ctest -R gpu` when its dependencies (mimalloc, cmocka) are found
 #      (IKV_DEPS=<prefix> adds a prefix holding them)
 #   6. compute-sanitizer memcheck on gpu_decode_check --check --quick (flag --sanitize, or --quick)
@@ -50,6 +51,15 @@ if [ "${RESULT[build]}" = ok ]; then
     PYTHONUNBUFFERED=1 python3 bench/gpu/sdpa_peer.py $QF --ours "$OUT/gpu_bench.csv" --out "$OUT" 2>&1 | tee "$OUT/sdpa.log"
     RESULT[sdpa]=$([ ${PIPESTATUS[0]} = 0 ] && echo ok || echo FAILED)
   fi
+  stamp "gpu_multi_token_check --check"
+  ./build-gpu/gpu_multi_token_check --check $QF 2>&1 | tee "$OUT/multi_token_check.log"
+  rc=${PIPESTATUS[0]}
+  RESULT[mt_check]=$([ $rc = 0 ] && echo "ok ($(grep -c ^PASS "$OUT/multi_token_check.log") PASS)" || echo "FAILED rc=$rc ($(grep -c ^FAIL "$OUT/multi_token_check.log") FAIL)")
+  if [ $BENCH = 1 ]; then
+    stamp "gpu_multi_token_check --bench"
+    ./build-gpu/gpu_multi_token_check --bench $QF --out "$OUT" 2>&1 | tee "$OUT/multi_token_bench.log"
+    RESULT[mt_bench]=$([ ${PIPESTATUS[0]} = 0 ] && echo ok || echo FAILED)
+  fi
   if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null; then
     stamp "compute-sanitizer memcheck (quick check set)"
     compute-sanitizer --tool memcheck --error-exitcode 9 ./build-gpu/gpu_decode_check --check --quick \
@@ -79,11 +89,11 @@ fi
 echo
 echo "==================== gpu_check summary ===================="
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/device: /'
-for k in build check bench sdpa sanitizer ctest_gpu; do
+for k in build check bench sdpa mt_check mt_bench sanitizer ctest_gpu; do
   [ -n "${RESULT[$k]:-}" ] && printf '%-10s %s\n' "$k" "${RESULT[$k]}"
 done
 [ -f "$OUT/gpu_vs_sdpa.md" ] && sed -n '/## Targets/,$p' "$OUT/gpu_vs_sdpa.md"
 echo "outputs in $OUT; total $(( $(date +%s) - t0 ))s"
-case "${RESULT[check]:-}${RESULT[sanitizer]:-}${RESULT[ctest_gpu]:-}" in *FAILED*) exit 1 ;; esac
+case "${RESULT[check]:-}${RESULT[mt_check]:-}${RESULT[sanitizer]:-}${RESULT[ctest_gpu]:-}" in *FAILED*) exit 1 ;; esac
 [ "${RESULT[build]}" = ok ] || exit 1
 exit 0

@@ -481,6 +481,28 @@ static void test_multi_token_causal(void **state) {
     }
 }
 
+/* Long multi-token causal steps (chunked prefill, IKV_MAX_QUERY_TOKENS > 16):
+ * T = 40 and 130 query tokens at the end of the sequence, dense and with a
+ * plan of partial pages whose last range ends inside the query window, so
+ * early query rows see a prefix of the plan and the last rows all of it. */
+static void test_long_multi_token_causal(void **state) {
+    (void)state;
+    static const ikv_token_range ranges[] = {{5, 21}, {64, 130}, {190, 333}, {401, 470}};
+    const uint32_t nqts[] = {40, 130};
+    for (int i = 0; i < 2; ++i)
+        for (int planned = 0; planned < 2; ++planned) {
+            step_cfg c = base_cfg();
+            c.nqt = nqts[i];
+            c.length = 470 + 3 * i;
+            c.fmt = planned ? IKV_FMT_INT8 : IKV_FMT_F16;
+            c.ranges = planned ? ranges : NULL;
+            c.n_ranges = 4;
+            c.out_dtype = i ? IKV_DTYPE_F16 : IKV_DTYPE_F32;
+            c.seed = 550 + 2 * i + planned;
+            run_step(&c);
+        }
+}
+
 static void test_softcap_and_scale(void **state) {
     (void)state;
     step_cfg c = base_cfg();
@@ -855,7 +877,7 @@ static void test_bad_inputs(void **state) {
     a.n_query_tokens = 0;
     IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "n_query_tokens");
     RESET_ARGS();
-    a.n_query_tokens = 17;
+    a.n_query_tokens = IKV_MAX_QUERY_TOKENS + 1;
     IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "n_query_tokens");
     EXPECT_UNTOUCHED();
     { /* more query tokens than stored tokens */
@@ -941,6 +963,7 @@ int main(void) {
         cmocka_unit_test(test_gqa_groups_and_page_sizes),
         cmocka_unit_test(test_partial_plans_and_evicted),
         cmocka_unit_test(test_multi_token_causal),
+        cmocka_unit_test(test_long_multi_token_causal),
         cmocka_unit_test(test_softcap_and_scale),
         cmocka_unit_test(test_q_and_out_dtypes),
         cmocka_unit_test(test_other_layer),

@@ -10,7 +10,11 @@
 //   2. one cudaMemcpyAsync of that buffer to the decoder's device buffer;
 //   3. with topk_token_budget > 0: score + top-k kernels turn the per-sequence
 //      candidate lists into per-(sequence, kv-head) lists on the device;
-//   4. the fused decode kernel (+ split-K merge) reads the lists directly.
+//   4. the fused decode kernel (+ split-K merge) reads the lists directly, or,
+//      for steps with many query rows, the multi-token path
+//      (cuda_multi_token.hpp: dequantized key tiles + cuBLASLt GEMMs) does.
+//      IKV_CUDA_MULTI_TOKEN=fused|gemm|auto (read once, default auto) forces
+//      either path so tests run both.
 // Device buffers grow with cudaMallocAsync/cudaFreeAsync on the stream. The
 // pinned staging buffer is double-buffered; before refilling one half the
 // host waits for the copy that last read it (issued two steps earlier, long
@@ -19,12 +23,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <vector>
 
 #include "common/error.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "cuda/cuda_multi_token.hpp"
 #include "cuda/cuda_util.hpp"
 #include "decode/selection.hpp"
 #include "ikv_kernels.h"
@@ -46,6 +52,7 @@ struct CudaDecoderState {
     uint64_t dev_bytes = 0;
     std::vector<cuda::DevPage> pages;  // host assembly of the lists
     dvec<Entry> entries;
+    cuda::MultiTokenGemm *gemm = nullptr;  // cuBLASLt state of the multi-token path, created on first use
 };
 
 void cuda_decoder_state_destroy(CudaDecoderState *s) {
@@ -63,6 +70,7 @@ void cuda_decoder_state_destroy(CudaDecoderState *s) {
             cudaDeviceSynchronize();  // the decoder's last steps may still read it
             cudaFree(s->dev);
         }
+        cuda::multi_token_destroy(s->gemm);
     }
     delete s;
 }
@@ -72,6 +80,29 @@ namespace {
 constexpr const char *kFn = "ikv_decode";
 
 uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
+
+enum class MultiTokenMode { Auto, Fused, Gemm };
+
+// IKV_CUDA_MULTI_TOKEN, read once (like IKV_CPU_ISA): fused, gemm or auto.
+MultiTokenMode multi_token_mode() {
+    static const MultiTokenMode mode = [] {
+        const char *env = std::getenv("IKV_CUDA_MULTI_TOKEN");
+        if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return MultiTokenMode::Auto;
+        if (std::strcmp(env, "fused") == 0) return MultiTokenMode::Fused;
+        if (std::strcmp(env, "gemm") == 0) return MultiTokenMode::Gemm;
+        log(IKV_LOG_WARN, "IKV_CUDA_MULTI_TOKEN=%s is not one of fused, gemm, auto; using auto", env);
+        return MultiTokenMode::Auto;
+    }();
+    return mode;
+}
+
+bool use_gemm(uint32_t query_rows) {
+    switch (multi_token_mode()) {
+        case MultiTokenMode::Fused: return false;
+        case MultiTokenMode::Gemm: return true;
+        default: return query_rows >= cuda::kMultiTokenGemmMinRows;
+    }
+}
 
 ikv_status ensure_state(CudaDecoderState **state, int device) {
     if (*state && (*state)->device == device) return IKV_OK;
@@ -115,6 +146,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     s.pages.clear();
     std::vector<uint64_t> list_begin(B + 1, 0);
     uint64_t bytes = 0;
+    uint32_t max_tokens = 0;  // rows of the longest list a kernel reads (after top-k: a bound)
     for (uint32_t b = 0; b < B; ++b) {
         const SeqSnapshot &snap = snaps[b];
         const ikv_plan *plan = a.plans ? a.plans[b] : nullptr;
@@ -136,6 +168,14 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         }
         counts[b] = uint32_t(s.entries.size());
         max_count = std::max(max_count, counts[b]);
+        uint64_t tokens = 0, mandatory = 0;
+        for (const Entry &e : s.entries) {
+            tokens += e.end - e.begin;
+            if (e.mandatory) mandatory += e.end - e.begin;
+        }
+        // Top-k keeps the mandatory rows and others only while within the budget.
+        if (a.topk_token_budget > 0) tokens = std::min<uint64_t>(tokens, std::max<uint64_t>(mandatory, a.topk_token_budget));
+        max_tokens = std::max(max_tokens, uint32_t(tokens));
     }
     list_begin[B] = s.pages.size();
     const bool topk = a.topk_token_budget > 0;
@@ -161,7 +201,14 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     p.scale = a.scale > 0.0f ? a.scale : 1.0f / std::sqrt(float(D));
     p.softcap = a.softcap;
     p.max_pages = stride;
-    p.n_splits = cuda::decode_choose_splits(p, s.n_sms);
+    const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv));
+    p.n_splits = gemm ? 1 : cuda::decode_choose_splits(p, s.n_sms);
+    if (gemm && s.gemm == nullptr) {
+        cudaError_t e = cuda::multi_token_create(&s.gemm);
+        if (e == cudaErrorUnknown)
+            return fail(IKV_E_DEVICE, "%s: creating the cuBLASLt handle failed: %s", kFn, cuda::multi_token_error(s.gemm));
+        if (e != cudaSuccess) return cuda_fail(e, kFn, "creating the multi-token path's cuBLASLt state");
+    }
 
     // Staging layout (host and device alike): counts[B] | lens[B] | pages[B][stride].
     const uint64_t off_lens = align256(4ull * B);
@@ -172,7 +219,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint64_t off_sel = off_scores + (topk ? align256(4ull * B * Hkv * stride) : 0);
     const uint64_t off_selc = off_sel + (topk ? align256(uint64_t(B) * Hkv * stride * sizeof(cuda::DevPage)) : 0);
     const uint64_t off_ws = off_selc + (topk ? align256(4ull * B * Hkv) : 0);
-    const uint64_t total = off_ws + align256(cuda::decode_workspace_bytes(p, p.n_splits));
+    const uint64_t total = off_ws + align256(gemm ? cuda::multi_token_workspace_bytes(p, max_tokens)
+                                                  : cuda::decode_workspace_bytes(p, p.n_splits));
 
     // 2. Pinned staging half, filled on the host.
     const int half = s.next;
@@ -248,9 +296,16 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
                 uint64_t(s.pages.size()) * Hkv * 2ull * D * 4;
     }
 
-    // 4. Fused decode + split-K merge.
-    err = cuda::launch_decode(p, stream);
-    if (err != cudaSuccess) return cuda_fail(err, kFn, "the decode kernels");
+    // 4. Fused decode + split-K merge, or the multi-token GEMM path.
+    if (gemm) {
+        err = cuda::multi_token_run(s.gemm, p, max_tokens, stream);
+        if (err == cudaErrorUnknown && cuda::multi_token_error(s.gemm)[0] != '\0')
+            return fail(IKV_E_DEVICE, "%s: the multi-token path's %s", kFn, cuda::multi_token_error(s.gemm));
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "the multi-token attention kernels");
+    } else {
+        err = cuda::launch_decode(p, stream);
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "the decode kernels");
+    }
     *bytes_read = bytes;
     return IKV_OK;
 }

@@ -88,7 +88,14 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
     }
 
     // ---- work items: split each (b, h) at span boundaries ----
-    const uint64_t cut = chunk_tokens(total_tokens, threads.size());
+    // Each item keeps R*(D+2) floats of partial state, so with many query rows
+    // (chunked prefill: R = T*group up to 2048*group) the cut grows until the
+    // partials of the extra items fit kMaxPartialBytes; one item per (b, h),
+    // the size of the output itself, is always allowed.
+    constexpr uint64_t kMaxPartialBytes = 256ull << 20;
+    const uint64_t item_bytes = (RD + 2ull * R) * sizeof(float);
+    const uint64_t extra_items = std::max<uint64_t>(1, kMaxPartialBytes / item_bytes);
+    const uint64_t cut = std::max(chunk_tokens(total_tokens, threads.size()), (total_tokens + extra_items - 1) / extra_items);
     S.items.clear();
     S.item_lo.assign(1, 0);
     for (uint32_t bh = 0; bh < BH; ++bh) {

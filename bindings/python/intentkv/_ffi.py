@@ -13,7 +13,7 @@ from ctypes import (POINTER, Structure, c_char, c_char_p, c_float, c_int, c_int6
 IKV_NAME_MAX = 63
 IKV_FMT_COUNT = 5
 IKV_ALL_LAYERS = 0xFFFFFFFF
-IKV_MAX_QUERY_TOKENS = 16
+IKV_MAX_QUERY_TOKENS = 2048
 IKV_PAGE_MANDATORY = 0x1
 IKV_PAGE_PARTIAL = 0x2
 

@@ -68,7 +68,7 @@ pub type ikv_seq_id = u32;
 
 pub const IKV_NAME_MAX: usize = 63;
 pub const IKV_ALL_LAYERS: u32 = u32::MAX;
-pub const IKV_MAX_QUERY_TOKENS: u32 = 16;
+pub const IKV_MAX_QUERY_TOKENS: u32 = 2048;
 pub const IKV_PAGE_MANDATORY: u8 = 0x1;
 pub const IKV_PAGE_PARTIAL: u8 = 0x2;
 
