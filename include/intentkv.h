@@ -530,7 +530,7 @@ typedef struct ikv_pool_stats {
     uint64_t pages_by_format[IKV_FMT_COUNT];
     uint64_t bytes_by_format[IKV_FMT_COUNT];
     uint64_t reserved_bytes;                  /**< slab memory held, >= used_bytes */
-    uint64_t staging_bytes;                   /**< fp32 copies of partial tail pages (see ikv_pool_append) */
+    uint64_t staging_bytes;                   /**< fp32 copies of partial tail pages (device memory on CUDA pools) */
     uint32_t n_sequences;
     uint64_t tokens_total;                    /**< sum of sequence lengths */
 } ikv_pool_stats;
@@ -563,8 +563,8 @@ typedef struct ikv_append {
     int64_t token_stride;       /**< default n_kv_heads*head_dim */
     int64_t head_stride;        /**< default head_dim */
     int64_t layer_stride;       /**< default n_tokens*n_kv_heads*head_dim */
-    int src_on_device;          /**< CUDA pools: 1 if k/v are device pointers */
-    void *stream;               /**< CUDA pools: cudaStream_t, NULL = default stream */
+    int src_on_device;          /**< CUDA pools: 1 if k/v are device pointers (never copied to the host) */
+    void *stream;               /**< CUDA pools: cudaStream_t that wrote k/v (waited for), NULL = default stream */
     const ikv_plan *formats;    /**< optional: new pages take ikv_plan_page_format(); else default_format */
 } ikv_append;
 

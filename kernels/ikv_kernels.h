@@ -130,6 +130,45 @@ cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream);
 // computes them) are written.
 cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer,
                                   const float *k, const float *v, uint32_t n_valid, cudaStream_t stream);
+// Every layer of a fresh page as launch_quantize_layer with n_valid = 0 writes it.
+cudaError_t launch_quantize_empty_page(const PageShape &shape, ikv_format f, uint8_t *page, cudaStream_t stream);
+
+// ------------------------------------------------ appends from the device --
+// An append's engine rows (ikv_append addressing, strides in elements):
+// element (t, h, d) of layer l at k[(all_layers ? l*layer_stride : 0) +
+// t*token_stride + h*head_stride + d], dtype F32/F16/BF16.
+struct AppendRows {
+    const void *k;
+    const void *v;
+    ikv_dtype dtype;
+    uint32_t all_layers;
+    int64_t token_stride, head_stride, layer_stride;
+};
+
+// One page write of an append: input tokens [token0, token0+rows) of `layer`
+// go to rows [row0, row0+rows) of every head of `stage` (K [H][P][D] then V),
+// then the layer of `page` is quantized from stage rows [0, row0+rows).
+struct AppendJob {
+    uint8_t *page;
+    float *stage;
+    uint32_t layer, token0, row0, rows;
+    uint32_t format;  // ikv_format
+    uint32_t pad;
+};
+
+// First non-finite element of layers [l0, l0+n_layers) x n_tokens x heads x
+// head_dim of K, then V, in that order: *first (device) is lowered by
+// atomicMin to ((((which*n_layers + l-l0)*n_tokens + t)*H + h)*D + d)*2 + (inf ? 1 : 0);
+// the caller sets it to ~0 first.
+cudaError_t launch_find_nonfinite(const PageShape &shape, const AppendRows &in, uint32_t l0, uint32_t n_layers,
+                                  uint32_t n_tokens, unsigned long long *first, cudaStream_t stream);
+// The staging part of n_jobs jobs (their stages must be distinct): input rows
+// converted to fp32 into each job's stage.
+cudaError_t launch_stage_rows(const PageShape &shape, const AppendRows &in, const AppendJob *jobs, uint32_t n_jobs,
+                              cudaStream_t stream);
+// The quantize part of n_jobs jobs (after launch_stage_rows on the same stream).
+cudaError_t launch_quantize_jobs(const PageShape &shape, const AppendJob *jobs, uint32_t n_jobs,
+                                 cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace ikv

@@ -1,4 +1,6 @@
-// Quantize-on-write: one layer of a page from fp32 rows in device memory.
+// Quantize-on-write: one layer of a page from fp32 rows in device memory
+// (one launch per page layer, or one launch for all page writes of an append
+// from their staging buffers, or the empty layers of a fresh page).
 // One block per kv-head (sub-page). Every byte equals what the host's
 // write_subpage() (common/quant.hpp) writes for the same input: the same
 // scalar functions, the same per-group reductions (max/min are exact in any
@@ -48,10 +50,11 @@ __device__ float stored_key(ikv_format f, const SubpageLayout &L, uint32_t D, co
     }
 }
 
-__global__ void quantize_layer_kernel(PageShape shape, ikv_format f, uint8_t *page, uint32_t layer, const float *k,
-                                      const float *v, uint32_t n_valid) {
+// Sub-page h of one layer of a page (one block of kThreads threads).
+__device__ void quantize_subpage(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer, uint32_t h,
+                                 const float *k, const float *v, uint32_t n_valid) {
     __shared__ float red[kThreads / 32];
-    const uint32_t P = shape.page_size, D = shape.head_dim, h = blockIdx.x;
+    const uint32_t P = shape.page_size, D = shape.head_dim;
     const SubpageLayout L = subpage_layout(f, P, D);
     uint8_t *sub = page + subpage_offset(shape, f, layer, h);
     const uint32_t tid = threadIdx.x;
@@ -158,12 +161,51 @@ __global__ void quantize_layer_kernel(PageShape shape, ikv_format f, uint8_t *pa
     }
 }
 
+__global__ void quantize_layer_kernel(PageShape shape, ikv_format f, uint8_t *page, uint32_t layer, const float *k,
+                                      const float *v, uint32_t n_valid) {
+    quantize_subpage(shape, f, page, layer, blockIdx.x, k, v, n_valid);
+}
+
+// Grids of (item, kv-head) pairs are flat in x (block = item * H + head):
+// n_layers and n_kv_heads may each exceed grid y's 65535 limit.
+bool flat_grid_ok(uint64_t items, uint32_t H) { return items * H <= 0x7FFFFFFFull; }
+
+// Every layer of a fresh page: empty sub-pages and zero summaries (item = layer).
+__global__ void empty_page_kernel(PageShape shape, ikv_format f, uint8_t *page) {
+    const uint32_t H = shape.n_kv_heads;
+    quantize_subpage(shape, f, page, blockIdx.x / H, blockIdx.x % H, nullptr, nullptr, 0);
+}
+
+// The page writes of an append (item = job): quantize from the job's staging.
+__global__ void quantize_jobs_kernel(PageShape shape, const AppendJob *jobs) {
+    const uint32_t H = shape.n_kv_heads;
+    const AppendJob j = jobs[blockIdx.x / H];
+    const uint64_t half = uint64_t(H) * shape.page_size * shape.head_dim;
+    quantize_subpage(shape, ikv_format(j.format), j.page, j.layer, blockIdx.x % H, j.stage, j.stage + half,
+                     j.row0 + j.rows);
+}
+
+bool shape_ok(const PageShape &shape) { return shape.page_size <= kMaxRowsPerPage && shape.head_dim % 16 == 0; }
+
 }  // namespace
+
+cudaError_t launch_quantize_empty_page(const PageShape &shape, ikv_format f, uint8_t *page, cudaStream_t stream) {
+    if (!shape_ok(shape) || !flat_grid_ok(shape.n_layers, shape.n_kv_heads)) return cudaErrorInvalidValue;
+    empty_page_kernel<<<shape.n_layers * shape.n_kv_heads, kThreads, 0, stream>>>(shape, f, page);
+    return cudaGetLastError();
+}
+
+cudaError_t launch_quantize_jobs(const PageShape &shape, const AppendJob *jobs, uint32_t n_jobs,
+                                 cudaStream_t stream) {
+    if (!shape_ok(shape) || !flat_grid_ok(n_jobs, shape.n_kv_heads)) return cudaErrorInvalidValue;
+    if (n_jobs == 0) return cudaSuccess;
+    quantize_jobs_kernel<<<n_jobs * shape.n_kv_heads, kThreads, 0, stream>>>(shape, jobs);
+    return cudaGetLastError();
+}
 
 cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer,
                                   const float *k, const float *v, uint32_t n_valid, cudaStream_t stream) {
-    if (shape.page_size > kMaxRowsPerPage || n_valid > shape.page_size || shape.head_dim % 16 != 0)
-        return cudaErrorInvalidValue;
+    if (!shape_ok(shape) || n_valid > shape.page_size) return cudaErrorInvalidValue;
     quantize_layer_kernel<<<shape.n_kv_heads, kThreads, 0, stream>>>(shape, f, page, layer, k, v, n_valid);
     return cudaGetLastError();
 }

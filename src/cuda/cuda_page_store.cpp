@@ -1,15 +1,26 @@
 // Device page storage for IKV_BACKEND_CUDA pools: pages of one format are
 // carved from cudaMalloc'd slabs (never managed memory) on the pool's device by
-// the same SlabAllocator as the host store. Writes quantize on the
-// device: the pool core's fp32 staging of one layer is uploaded and the
-// quantize-on-write kernel (kernels/quantize_pages.cu) writes bytes identical
-// to write_subpage() plus the key summaries. Reads copy the needed bytes back
-// and dequantize with the reference reader, so ikv_seq_read and
-// ikv_seq_page_summary return exactly what the CPU store would.
+// the same SlabAllocator as the host store. The pool core's fp32 staging of
+// partial tail pages lives in device memory too (fixed-size buffers from
+// cudaMalloc'd chunks, reused through a free list), so an append never moves
+// K/V through the host:
+//   find_nonfinite  device input: one kernel finds the first NaN/inf (the
+//                   only device->host traffic: its 8-byte verdict); host
+//                   input is scanned on the host;
+//   write_append    host input is uploaded once; then per round (chunk j of
+//                   every layer) one kernel converts the input rows into the
+//                   staging buffers and one quantizes the page layers from
+//                   them (kernels/append_rows.cu, kernels/quantize_pages.cu).
+// Quantize-on-write writes bytes identical to write_subpage() plus the key
+// summaries. Reads copy the needed bytes back and dequantize with the
+// reference reader, so ikv_seq_read and ikv_seq_page_summary return exactly
+// what the CPU store would; re-staging (truncate, format changes) goes the
+// same way and uploads the rows.
 //
 // The store works on its own non-blocking stream and waits for it before each
-// call returns (the PageStore calls are synchronous by contract); decode never
-// goes through here.
+// call returns (the PageStore calls are synchronous by contract); device input
+// is ordered after the engine's stream with an event. Decode never goes
+// through here.
 #include <algorithm>
 #include <mutex>
 #include <new>
@@ -60,11 +71,19 @@ public:
           device_(c.device),
           stream_(stream),
           memory_(c.device),
-          slabs_(shape_, c.capacity_bytes, kSlabAlign, kSlabTargetBytes, memory_) {}
+          slabs_(shape_, c.capacity_bytes, kSlabAlign, kSlabTargetBytes, memory_),
+          stage_bytes_(2ull * c.n_kv_heads * c.page_size * c.head_dim * sizeof(float)) {}
 
     ~CudaPageStore() override {
         DeviceGuard g(device_);
-        if (scratch_) cudaFree(scratch_);
+        cudaStreamSynchronize(stream_);
+        for (void *chunk : stage_chunks_) cudaFree(chunk);
+        if (input_) cudaFree(input_);
+        if (jobs_dev_) cudaFree(jobs_dev_);
+        if (jobs_host_) cudaFreeHost(jobs_host_);
+        if (verdict_dev_) cudaFree(verdict_dev_);
+        if (verdict_host_) cudaFreeHost(verdict_host_);
+        if (event_) cudaEventDestroy(event_);
         cudaStreamDestroy(stream_);
     }
 
@@ -72,36 +91,23 @@ public:
     void release(ikv_format f, uint8_t *page) override { slabs_.release(f, page); }
 
     ikv_status init(ikv_format f, uint8_t *page) override {
-        std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
         cudaError_t err = cudaMemsetAsync(page, 0, page_bytes(shape_, f), stream_);
         // Empty sub-pages as write_subpage writes them (unit scales), zero summaries.
-        for (uint32_t l = 0; l < shape_.n_layers && err == cudaSuccess; ++l)
-            err = cuda::launch_quantize_layer(shape_, f, page, l, nullptr, nullptr, 0, stream_);
+        if (err == cudaSuccess) err = cuda::launch_quantize_empty_page(shape_, f, page, stream_);
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "initializing a device page");
     }
 
+    // k, v: device staging (a stage_alloc buffer).
     ikv_status write_layer(ikv_format f, uint8_t *page, uint32_t layer, const float *k, const float *v,
                            uint32_t n_valid) override {
-        std::lock_guard<std::mutex> lock(mu_);  // one staging upload at a time through the scratch buffer
         DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool_append", "cudaSetDevice");
-        const uint64_t floats = uint64_t(shape_.n_kv_heads) * shape_.page_size * shape_.head_dim;
-        cudaError_t err = ensure_scratch(2 * floats * sizeof(float));
-        if (err != cudaSuccess) return cuda_fail(err, "ikv_pool_append", "cudaMalloc of the staging upload buffer");
-        float *dk = scratch_, *dv = scratch_ + floats;
-        const uint64_t bytes = uint64_t(n_valid) * shape_.head_dim * sizeof(float);
-        // Staging is [H][P][D]; only the first n_valid rows of each head matter.
-        for (uint32_t h = 0; h < shape_.n_kv_heads && err == cudaSuccess && bytes > 0; ++h) {
-            const uint64_t off = uint64_t(h) * shape_.page_size * shape_.head_dim;
-            err = cudaMemcpyAsync(dk + off, k + off, bytes, cudaMemcpyHostToDevice, stream_);
-            if (err == cudaSuccess) err = cudaMemcpyAsync(dv + off, v + off, bytes, cudaMemcpyHostToDevice, stream_);
-        }
-        if (err == cudaSuccess) err = cuda::launch_quantize_layer(shape_, f, page, layer, dk, dv, n_valid, stream_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        cudaError_t err = cuda::launch_quantize_layer(shape_, f, page, layer, k, v, n_valid, stream_);
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
-        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool_append", "quantize-on-write on the device");
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "quantize-on-write on the device");
     }
 
     ikv_status read_rows(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t head, uint32_t t0, uint32_t n,
@@ -129,35 +135,240 @@ public:
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_seq_page_summary", "cudaMemcpy of a key summary");
     }
 
+    // On the store's stream (a plain cudaMemcpy device-to-device would not be
+    // ordered with the non-blocking stream's later quantize kernels).
     ikv_status copy(ikv_format f, uint8_t *dst, const uint8_t *src) override {
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
-        const cudaError_t err = cudaMemcpy(dst, src, page_bytes(shape_, f), cudaMemcpyDeviceToDevice);
-        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "cudaMemcpy of a device page");
+        cudaError_t err = cudaMemcpyAsync(dst, src, page_bytes(shape_, f), cudaMemcpyDeviceToDevice, stream_);
+        if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of a device page");
     }
 
-    // Appends with src_on_device: bring the engine's device K/V to the host
-    // staging path, ordered after the engine's work on its stream.
-    ikv_status download(void *host_dst, const void *device_src, uint64_t bytes, void *stream) override {
+    // ---- staging in device memory ----
+
+    ikv_status stage_alloc(float **stage) override {
+        std::lock_guard<std::mutex> lock(stage_mu_);
+        if (stage_free_.empty()) {
+            const uint64_t stride = align_up(stage_bytes_, kSlabAlign);
+            const uint64_t per_chunk = std::max<uint64_t>(1, kStageChunkBytes / stride);
+            DeviceGuard g(device_);
+            if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+            void *chunk = nullptr;
+            const cudaError_t err = cudaMalloc(&chunk, per_chunk * stride);
+            if (err != cudaSuccess) {
+                cudaGetLastError();
+                return fail(IKV_E_NOMEM, "ikv_pool: cudaMalloc of %llu bytes of staging on device %d failed: %s",
+                            (unsigned long long)(per_chunk * stride), device_, cudaGetErrorString(err));
+            }
+            try {
+                stage_chunks_.push_back(chunk);
+                stage_free_.reserve(stage_chunks_.size() * per_chunk);
+            } catch (const std::bad_alloc &) {
+                if (!stage_chunks_.empty() && stage_chunks_.back() == chunk) stage_chunks_.pop_back();
+                cudaFree(chunk);
+                return fail(IKV_E_NOMEM, "ikv_pool: out of host memory");
+            }
+            for (uint64_t i = per_chunk; i-- > 0;)
+                stage_free_.push_back(reinterpret_cast<float *>(static_cast<uint8_t *>(chunk) + i * stride));
+        }
+        *stage = stage_free_.back();
+        stage_free_.pop_back();
+        return IKV_OK;
+    }
+
+    // Never fails: the free list has room for every buffer of every chunk.
+    void stage_free(float *stage) override {
+        std::lock_guard<std::mutex> lock(stage_mu_);
+        stage_free_.push_back(stage);
+    }
+
+    ikv_status stage_copy(float *dst, const float *src) override {
         DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool_append", "cudaSetDevice");
-        cudaStream_t s = static_cast<cudaStream_t>(stream);
-        cudaError_t err = cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, s);
-        if (err == cudaSuccess) err = cudaStreamSynchronize(s);
-        return err == cudaSuccess ? IKV_OK
-                                  : cuda_fail(err, "ikv_pool_append", "cudaMemcpyAsync of device K/V to the host");
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_seq_fork", "cudaSetDevice");
+        cudaError_t err = cudaMemcpyAsync(dst, src, stage_bytes_, cudaMemcpyDeviceToDevice, stream_);
+        if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_seq_fork", "cudaMemcpyAsync of device staging");
+    }
+
+    // Through the host: the reference reader dequantizes exactly what
+    // ikv_seq_read returns, and the rows go back up once.
+    ikv_status stage_from_page(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t n_valid,
+                               float *stage) override {
+        std::vector<float> rows;
+        try {
+            rows.assign(stage_bytes_ / sizeof(float), 0.0f);
+        } catch (const std::bad_alloc &) {
+            return fail(IKV_E_NOMEM, "ikv_pool: out of host memory");
+        }
+        const uint64_t head_floats = uint64_t(shape_.page_size) * shape_.head_dim;
+        float *k = rows.data(), *v = rows.data() + head_floats * shape_.n_kv_heads;
+        for (uint32_t h = 0; h < shape_.n_kv_heads; ++h) {
+            const ikv_status st =
+                read_rows(f, page, layer, h, 0, n_valid, k + h * head_floats, v + h * head_floats, shape_.head_dim);
+            if (st != IKV_OK) return st;
+        }
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        cudaError_t err = cudaMemcpyAsync(stage, rows.data(), stage_bytes_, cudaMemcpyHostToDevice, stream_);
+        if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of re-staged rows");
+    }
+
+    // ---- appends ----
+
+    ikv_status find_nonfinite(const AppendSource &src, uint32_t l0, uint32_t l1, NonFinite *out) override {
+        constexpr const char *fn = "ikv_pool_append";
+        if (!src.on_device) {
+            find_nonfinite_host(src, shape_, l0, l1, out);
+            return IKV_OK;
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        cudaError_t err = ensure_append_buffers(0);
+        if (err != cudaSuccess) return cuda_fail(err, fn, "allocating the append buffers");
+        err = order_after(src.stream);
+        if (err == cudaSuccess) err = cudaMemsetAsync(verdict_dev_, 0xFF, sizeof(unsigned long long), stream_);
+        if (err == cudaSuccess)
+            err = cuda::launch_find_nonfinite(shape_, rows_of(src), l0, l1 - l0, src.n_tokens, verdict_dev_, stream_);
+        if (err == cudaSuccess)
+            err = cudaMemcpyAsync(verdict_host_, verdict_dev_, sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                                  stream_);
+        if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+        if (err != cudaSuccess) return cuda_fail(err, fn, "the finiteness check of device K/V");
+        *out = NonFinite{};
+        const unsigned long long key = *verdict_host_;
+        if (key == ~0ull) return IKV_OK;
+        const uint32_t H = shape_.n_kv_heads, D = shape_.head_dim, n = src.n_tokens;
+        const uint64_t e = key >> 1, row = e / D, rows_per_array = uint64_t(l1 - l0) * n * H;
+        const uint64_t r = row % rows_per_array;
+        out->found = true;
+        out->is_nan = (key & 1) == 0;
+        out->which = int(row / rows_per_array);
+        out->channel = uint32_t(e % D);
+        out->head = uint32_t(r % H);
+        out->token = uint32_t(r / H % n);
+        out->layer = l0 + uint32_t(r / H / n);
+        return IKV_OK;
+    }
+
+    ikv_status write_append(const AppendSource &src, const AppendWrite *writes, size_t n_writes) override {
+        constexpr const char *fn = "ikv_pool_append";
+        if (n_writes == 0) return IKV_OK;
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        cudaError_t err = ensure_append_buffers(n_writes);
+        if (err != cudaSuccess) return cuda_fail(err, fn, "allocating the append buffers");
+        cuda::AppendRows in = rows_of(src);
+        if (src.on_device) {
+            err = order_after(src.stream);
+        } else {  // host input: upload the extent the strides address, once
+            const uint32_t l0 = src.all_layers ? 0 : writes[0].layer;
+            const uint32_t l1 = src.all_layers ? shape_.n_layers : l0 + 1;
+            const uint64_t bytes = source_extent(src, shape_, l0, l1) * dtype_bytes(src.dtype);
+            const uint64_t half = align_up(bytes, kSlabAlign);
+            err = ensure_input(2 * half);
+            if (err == cudaSuccess) err = cudaMemcpyAsync(input_, src.k, bytes, cudaMemcpyHostToDevice, stream_);
+            if (err == cudaSuccess)
+                err = cudaMemcpyAsync(input_ + half, src.v, bytes, cudaMemcpyHostToDevice, stream_);
+            in.k = input_;
+            in.v = input_ + half;
+        }
+        if (err != cudaSuccess) return cuda_fail(err, fn, "bringing K/V to the device");
+
+        // Rounds: round j holds chunk j of every layer, so the jobs of a round
+        // have distinct staging buffers and one launch of each kernel serves
+        // them; later chunks of a layer reuse its staging in stream order.
+        uint32_t rounds = 0, chunk = 0;
+        for (size_t i = 0; i < n_writes; ++i) {
+            chunk = i > 0 && writes[i].layer == writes[i - 1].layer ? chunk + 1 : 0;
+            rounds = std::max(rounds, chunk + 1);
+        }
+        try {
+            round_start_.assign(rounds + 1, 0);
+        } catch (const std::bad_alloc &) {
+            return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+        }
+        for (size_t i = 0; i < n_writes; ++i) {
+            chunk = i > 0 && writes[i].layer == writes[i - 1].layer ? chunk + 1 : 0;
+            ++round_start_[chunk + 1];
+        }
+        for (uint32_t r = 0; r < rounds; ++r) round_start_[r + 1] += round_start_[r];
+        std::vector<uint32_t> &next = round_next_;
+        try {
+            next.assign(round_start_.begin(), round_start_.end() - 1);
+        } catch (const std::bad_alloc &) {
+            return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+        }
+        for (size_t i = 0; i < n_writes; ++i) {
+            chunk = i > 0 && writes[i].layer == writes[i - 1].layer ? chunk + 1 : 0;
+            const AppendWrite &w = writes[i];
+            jobs_host_[next[chunk]++] =
+                cuda::AppendJob{w.page, w.stage, w.layer, w.token0, w.row0, w.rows, uint32_t(w.format), 0};
+        }
+        err = cudaMemcpyAsync(jobs_dev_, jobs_host_, n_writes * sizeof(cuda::AppendJob), cudaMemcpyHostToDevice,
+                              stream_);
+        for (uint32_t r = 0; r < rounds && err == cudaSuccess; ++r) {
+            const uint32_t first = round_start_[r], count = round_start_[r + 1] - first;
+            err = cuda::launch_stage_rows(shape_, in, jobs_dev_ + first, count, stream_);
+            if (err == cudaSuccess) err = cuda::launch_quantize_jobs(shape_, jobs_dev_ + first, count, stream_);
+        }
+        if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "staging and quantize-on-write on the device");
     }
 
     uint64_t reserved_bytes() const override { return slabs_.reserved_bytes(); }
 
 private:
-    cudaError_t ensure_scratch(uint64_t bytes) {
-        if (scratch_bytes_ >= bytes) return cudaSuccess;
-        if (scratch_) cudaFree(scratch_);
-        scratch_ = nullptr;
-        scratch_bytes_ = 0;
-        const cudaError_t err = cudaMalloc(reinterpret_cast<void **>(&scratch_), bytes);
-        if (err == cudaSuccess) scratch_bytes_ = bytes;
+    static constexpr uint64_t kStageChunkBytes = 8ull << 20;
+
+    cuda::AppendRows rows_of(const AppendSource &src) const {
+        return cuda::AppendRows{src.k,       src.v,     src.dtype, src.all_layers ? 1u : 0u, src.token_stride,
+                                src.head_stride, src.layer_stride};
+    }
+
+    // The store's stream waits for the engine's work on `stream` so far.
+    cudaError_t order_after(void *stream) {
+        cudaError_t err = cudaEventRecord(event_, static_cast<cudaStream_t>(stream));
+        if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, event_, 0);
+        return err;
+    }
+
+    // Under mu_. The event, the 8-byte verdict (device + pinned host) and
+    // room for n_jobs jobs (device + pinned host). Earlier calls synchronized
+    // their stream, so the old buffers are idle when replaced.
+    cudaError_t ensure_append_buffers(size_t n_jobs) {
+        cudaError_t err = cudaSuccess;
+        if (event_ == nullptr) err = cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
+        if (err == cudaSuccess && verdict_dev_ == nullptr)
+            err = cudaMalloc(reinterpret_cast<void **>(&verdict_dev_), sizeof(unsigned long long));
+        if (err == cudaSuccess && verdict_host_ == nullptr)
+            err = cudaMallocHost(reinterpret_cast<void **>(&verdict_host_), sizeof(unsigned long long));
+        if (err == cudaSuccess && n_jobs > jobs_cap_) {
+            const size_t cap = std::max<size_t>(n_jobs, 2 * jobs_cap_);
+            if (jobs_dev_) cudaFree(jobs_dev_);
+            if (jobs_host_) cudaFreeHost(jobs_host_);
+            jobs_dev_ = nullptr;
+            jobs_host_ = nullptr;
+            jobs_cap_ = 0;
+            err = cudaMalloc(reinterpret_cast<void **>(&jobs_dev_), cap * sizeof(cuda::AppendJob));
+            if (err == cudaSuccess)
+                err = cudaMallocHost(reinterpret_cast<void **>(&jobs_host_), cap * sizeof(cuda::AppendJob));
+            if (err == cudaSuccess) jobs_cap_ = cap;
+        }
+        return err;
+    }
+
+    // Under mu_: device room for host input of `bytes` bytes.
+    cudaError_t ensure_input(uint64_t bytes) {
+        if (input_bytes_ >= bytes) return cudaSuccess;
+        if (input_) cudaFree(input_);
+        input_ = nullptr;
+        input_bytes_ = 0;
+        const cudaError_t err = cudaMalloc(reinterpret_cast<void **>(&input_), bytes);
+        if (err == cudaSuccess) input_bytes_ = bytes;
         return err;
     }
 
@@ -166,9 +377,20 @@ private:
     cudaStream_t stream_;
     DeviceMemory memory_;  // declared before slabs_: outlives it
     SlabAllocator slabs_;
-    std::mutex mu_;
-    float *scratch_ = nullptr;
-    uint64_t scratch_bytes_ = 0;
+    uint64_t stage_bytes_;
+
+    std::mutex stage_mu_;  // leaf lock: stage_alloc/stage_free only
+    std::vector<void *> stage_chunks_;
+    std::vector<float *> stage_free_;
+
+    std::mutex mu_;  // one append's device work at a time through the buffers below
+    cudaEvent_t event_ = nullptr;
+    unsigned long long *verdict_dev_ = nullptr, *verdict_host_ = nullptr;
+    cuda::AppendJob *jobs_dev_ = nullptr, *jobs_host_ = nullptr;
+    size_t jobs_cap_ = 0;
+    uint8_t *input_ = nullptr;
+    uint64_t input_bytes_ = 0;
+    std::vector<uint32_t> round_start_, round_next_;
 };
 
 }  // namespace

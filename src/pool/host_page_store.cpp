@@ -36,7 +36,8 @@ class HostPageStore final : public PageStore {
 public:
     explicit HostPageStore(const ikv_pool_config &c)
         : shape_{c.n_layers, c.n_kv_heads, c.head_dim, c.page_size},
-          slabs_(shape_, c.capacity_bytes, kSlabAlign, kSlabTargetBytes, memory_) {}
+          slabs_(shape_, c.capacity_bytes, kSlabAlign, kSlabTargetBytes, memory_),
+          stage_bytes_(2ull * c.n_kv_heads * c.page_size * c.head_dim * sizeof(float)) {}
 
     ikv_status alloc(ikv_format f, uint8_t **page) override { return slabs_.alloc(f, page); }
     void release(ikv_format f, uint8_t *page) override { slabs_.release(f, page); }
@@ -100,6 +101,45 @@ public:
         return IKV_OK;
     }
 
+    ikv_status stage_alloc(float **stage) override {
+        *stage = static_cast<float *>(mi_malloc_aligned(stage_bytes_, kSlabAlign));
+        if (*stage == nullptr)
+            return fail(IKV_E_NOMEM, "ikv_pool: out of host memory for a %llu-byte staging buffer",
+                        (unsigned long long)stage_bytes_);
+        return IKV_OK;
+    }
+    void stage_free(float *stage) override { mi_free(stage); }
+    ikv_status stage_copy(float *dst, const float *src) override {
+        std::memcpy(dst, src, stage_bytes_);
+        return IKV_OK;
+    }
+    ikv_status stage_from_page(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t n_valid,
+                               float *stage) override {
+        const uint64_t head_floats = uint64_t(shape_.page_size) * shape_.head_dim;
+        float *k = stage, *v = stage + head_floats * shape_.n_kv_heads;
+        for (uint32_t h = 0; h < shape_.n_kv_heads; ++h)
+            read_rows(f, page, layer, h, 0, n_valid, k + h * head_floats, v + h * head_floats, shape_.head_dim);
+        return IKV_OK;
+    }
+
+    ikv_status find_nonfinite(const AppendSource &src, uint32_t l0, uint32_t l1, NonFinite *out) override {
+        if (src.on_device)
+            return fail(IKV_E_UNSUPPORTED, "ikv_pool_append: args->src_on_device is set but this pool's storage "
+                        "is host memory");
+        find_nonfinite_host(src, shape_, l0, l1, out);
+        return IKV_OK;
+    }
+
+    ikv_status write_append(const AppendSource &src, const AppendWrite *writes, size_t n_writes) override {
+        const uint64_t half = uint64_t(shape_.n_kv_heads) * shape_.page_size * shape_.head_dim;
+        for (size_t i = 0; i < n_writes; ++i) {
+            const AppendWrite &w = writes[i];
+            stage_rows_host(src, shape_, w);
+            write_layer_tail(w.format, w.page, w.layer, w.stage, w.stage + half, w.row0 + w.rows, w.row0);
+        }
+        return IKV_OK;
+    }
+
     uint64_t reserved_bytes() const override { return slabs_.reserved_bytes(); }
 
 private:
@@ -130,6 +170,7 @@ private:
     PageShape shape_;
     MimallocMemory memory_;  // declared before slabs_: outlives it
     SlabAllocator slabs_;
+    uint64_t stage_bytes_;
 };
 
 }  // namespace

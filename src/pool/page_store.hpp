@@ -5,13 +5,19 @@
 // in device memory and is created by make_cuda_store() (src/cuda/, or the
 // stand-in in src/cuda/absent/ that fails with IKV_E_NO_DEVICE).
 //
-// Staging buffers handed to write_layer() are host fp32 arrays laid out
-// [n_kv_heads][page_size][head_dim] for K and the same for V.
+// Staging (the fp32 copy of a partial tail page, one buffer per sequence and
+// layer: K [n_kv_heads][page_size][head_dim] then V the same) lives in the
+// store's memory too: host memory for the host store, device memory for a
+// CUDA store, so an append from device pointers never goes through the host.
+// The core owns staging buffers through stage_alloc/stage_free and hands them
+// to write_layer / write_append.
 //
 // Thread-safety a store must provide: alloc/release/reserved_bytes are called
 // under the pool's accounting mutex (never concurrently with each other);
-// init/write_layer/read_rows/read_summary/copy may run concurrently on
-// different pages.
+// init/write_layer/write_append/find_nonfinite/read_rows/read_summary/copy
+// and the stage_* calls may run concurrently on different pages and buffers
+// (stage_alloc/stage_free sometimes under the accounting mutex: a store's own
+// lock for them must be a leaf).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +25,7 @@
 
 #include "common/page_format.hpp"
 #include "intentkv.h"
+#include "pool/append_rows.hpp"
 
 namespace ikv {
 
@@ -35,8 +42,9 @@ public:
     // every summary record zero.
     virtual ikv_status init(ikv_format f, uint8_t *page) = 0;
     // Quantize the first n_valid rows of every kv-head of one layer from
-    // host fp32 staging (k, v: [H][P][D]) into the page, then recompute the
-    // layer's key summaries from the stored (dequantized) keys.
+    // fp32 staging of this store (k, v: [H][P][D], inside a stage_alloc
+    // buffer) into the page, then recompute the layer's key summaries from
+    // the stored (dequantized) keys.
     virtual ikv_status write_layer(ikv_format f, uint8_t *page, uint32_t layer, const float *k, const float *v,
                                    uint32_t n_valid) = 0;
     // As write_layer, with a hint: the previous write of this layer of this
@@ -56,13 +64,29 @@ public:
     // The summary record of (layer, head): k_min[D], k_max[D], k_mean[D] into host memory.
     virtual ikv_status read_summary(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t head,
                                     float *out) const = 0;
-    // Copy `bytes` bytes of an engine array in device memory (an append with
-    // src_on_device) to host memory, ordered after work on `stream` (a
-    // cudaStream_t or NULL). Stores without device memory refuse.
-    virtual ikv_status download(void *host_dst, const void *device_src, uint64_t bytes, void *stream) {
-        (void)host_dst, (void)device_src, (void)bytes, (void)stream;
-        return IKV_E_UNSUPPORTED;
-    }
+
+    // ---- staging buffers: 2*H*P*D floats each, in this store's memory ----
+    // On failure IKV_E_NOMEM / IKV_E_DEVICE with the message set.
+    virtual ikv_status stage_alloc(float **stage) = 0;
+    virtual void stage_free(float *stage) = 0;
+    // dst = src, whole buffers (a fork's child copies the parent's staging).
+    virtual ikv_status stage_copy(float *dst, const float *src) = 0;
+    // Rows [0, n_valid) of every kv-head of `stage` = the stored (dequantized)
+    // rows of `layer` of page (re-staging after truncate or a format change).
+    virtual ikv_status stage_from_page(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t n_valid,
+                                       float *stage) = 0;
+
+    // ---- appends ----
+    // The first non-finite element of layers [l0, l1) of the input (out->found
+    // false if none). Reads the input only. A store that cannot read
+    // src.on_device input returns IKV_E_UNSUPPORTED with the message set.
+    virtual ikv_status find_nonfinite(const AppendSource &src, uint32_t l0, uint32_t l1, NonFinite *out) = 0;
+    // Carry out the writes in order (see AppendWrite): the input rows into
+    // staging, then quantize-on-write of each page layer from staging. The
+    // input was checked finite. Returns when the pages are written (device
+    // input: ordered after the engine's work on src.stream).
+    virtual ikv_status write_append(const AppendSource &src, const AppendWrite *writes, size_t n_writes) = 0;
+
     // Byte copy of a whole page of format f.
     virtual ikv_status copy(ikv_format f, uint8_t *dst, const uint8_t *src) = 0;
     // Memory held for pages (slabs), live or free.

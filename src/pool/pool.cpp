@@ -51,19 +51,6 @@ void unref_page_locked(ikv_pool *pool, PageRec *rec) {
     delete rec;
 }
 
-ikv_status restage_from_page(ikv_pool *pool, Seq &seq, uint32_t layer, const PageRec &rec, uint32_t n_valid) {
-    const PageShape &s = pool->shape;
-    StageVec &st = seq.layers[layer].stage;
-    const uint64_t head_floats = uint64_t(s.page_size) * s.head_dim;
-    float *k = st.data(), *v = st.data() + stage_floats(s) / 2;
-    for (uint32_t h = 0; h < s.n_kv_heads; ++h) {
-        const ikv_status r = pool->store->read_rows(rec.format, rec.bytes, layer, h, 0, n_valid, k + h * head_floats,
-                                                    v + h * head_floats, s.head_dim);
-        if (r != IKV_OK) return r;
-    }
-    return IKV_OK;
-}
-
 ikv_status pool_create(const ikv_pool_config &config, ikv_pool **out) {
     ikv_pool *pool = new (std::nothrow) ikv_pool;
     if (pool == nullptr) return fail(IKV_E_NOMEM, "ikv_pool_create: out of host memory");
@@ -83,8 +70,10 @@ ikv_status pool_create(const ikv_pool_config &config, ikv_pool **out) {
 void pool_destroy(ikv_pool *pool) {
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
-        for (auto &kv : pool->seqs)
+        for (auto &kv : pool->seqs) {
             for (PageRec *rec : kv.second->pages) unref_page_locked(pool, rec);
+            free_stages(pool, *kv.second);  // before the store goes
+        }
     }
     pool->seqs.clear();
     delete pool;  // the store frees its slabs
@@ -133,8 +122,7 @@ ikv_status seq_destroy(ikv_pool *pool, ikv_seq_id id) {
     }
     std::lock_guard<std::mutex> lock(pool->state_mu);
     for (PageRec *rec : seq->pages) unref_page_locked(pool, rec);
-    for (const LayerState &l : seq->layers)
-        if (!l.stage.empty()) pool->staging_bytes -= stage_bytes(pool->shape);
+    pool->staging_bytes -= free_stages(pool, *seq) * stage_bytes(pool->shape);
     pool->tokens_total -= seq->length;
     return IKV_OK;
 }
@@ -147,10 +135,32 @@ ikv_status seq_length(const ikv_pool *pool, ikv_seq_id id, uint32_t *length_out)
 }
 
 ikv_status seq_fork(ikv_pool *pool, ikv_seq_id parent_id, ikv_seq_id *child_out) {
+    constexpr const char *fn = "ikv_seq_fork";
     auto parent = find_seq(pool, parent_id);
-    if (!parent) return seq_not_found("ikv_seq_fork", parent_id);
+    if (!parent) return seq_not_found(fn, parent_id);
+    std::shared_ptr<Seq> child;
     try {
-        auto child = std::make_shared<Seq>(*parent);  // block table, lengths and staging copies
+        child = std::make_shared<Seq>();
+        child->pages = parent->pages;  // block table (refs taken below)
+        child->layers.resize(parent->layers.size());
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "%s: out of host memory copying sequence %u", fn, (unsigned)parent_id);
+    }
+    child->length = parent->length;
+    // Lengths and staging copies (the store's memory: host or device).
+    uint32_t n_stages = 0;
+    for (size_t l = 0; l < parent->layers.size(); ++l) {
+        child->layers[l].length = parent->layers[l].length;
+        if (parent->layers[l].stage == nullptr) continue;
+        ikv_status st = pool->store->stage_alloc(&child->layers[l].stage);
+        if (st == IKV_OK) st = pool->store->stage_copy(child->layers[l].stage, parent->layers[l].stage);
+        if (st != IKV_OK) {
+            free_stages(pool, *child);
+            return st;
+        }
+        ++n_stages;
+    }
+    try {
         std::unique_lock<std::shared_mutex> table(pool->table_mu);
         while (pool->seqs.count(pool->next_id) != 0) ++pool->next_id;
         const ikv_seq_id id = pool->next_id;
@@ -159,12 +169,12 @@ ikv_status seq_fork(ikv_pool *pool, ikv_seq_id parent_id, ikv_seq_id *child_out)
         std::lock_guard<std::mutex> lock(pool->state_mu);
         for (PageRec *rec : child->pages)
             if (rec != nullptr) ++rec->refs;
-        for (const LayerState &l : child->layers)
-            if (!l.stage.empty()) pool->staging_bytes += stage_bytes(pool->shape);
+        pool->staging_bytes += n_stages * stage_bytes(pool->shape);
         pool->tokens_total += child->length;
         *child_out = id;
     } catch (const std::bad_alloc &) {
-        return fail(IKV_E_NOMEM, "ikv_seq_fork: out of host memory copying sequence %u", (unsigned)parent_id);
+        free_stages(pool, *child);
+        return fail(IKV_E_NOMEM, "%s: out of host memory copying sequence %u", fn, (unsigned)parent_id);
     }
     return IKV_OK;
 }

@@ -14,8 +14,6 @@
 // writers copy it first (copy-on-write, decided under state_mu).
 #pragma once
 
-#include <mimalloc.h>
-
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -34,13 +32,13 @@ struct PageRec {
     uint32_t refs = 1;  // sequences whose block table holds this page (under state_mu)
 };
 
-using StageVec = std::vector<float, mi_stl_allocator<float>>;
-
 struct LayerState {
     uint32_t length = 0;  // tokens stored in this layer
     // fp32 copy of the tail page's tokens while it is partial: K [H][P][D]
-    // followed by V [H][P][D]; empty when length is a multiple of P.
-    StageVec stage;
+    // followed by V [H][P][D], a buffer of the pool's PageStore (host or
+    // device memory: PageStore::stage_alloc); null when length is a multiple
+    // of P. Freed by whoever clears it (stage_free).
+    float *stage = nullptr;
 };
 
 struct Seq {

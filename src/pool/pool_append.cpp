@@ -4,13 +4,17 @@
 // appending token by token stores the same bytes as one bulk append.
 //
 // Order of work, so that a rejected append changes nothing:
-//   1. check every input value is finite, and the plan's page size;
-//   2. reserve host memory (staging, block-table slots, page records);
+//   1. check every input value is finite (the store reads the input where it
+//      is: a CUDA store checks device input on the device), and the plan's
+//      page size;
+//   2. reserve memory (staging buffers of the store, block-table slots, page
+//      records);
 //   3. under state_mu: find pages to create and shared pages to copy, check
 //      capacity, allocate (undo all on failure);
 //   4. outside the lock: initialize new pages and copy shared ones;
 //   5. under state_mu: commit the block table (drop the shared pages' refs);
-//   6. outside the lock: quantize into pages this sequence now owns alone.
+//   6. outside the lock: the store stages the new rows and quantizes into
+//      pages this sequence now owns alone (PageStore::write_append).
 #include <algorithm>
 #include <new>
 
@@ -21,49 +25,6 @@ namespace {
 
 constexpr const char *kFn = "ikv_pool_append";
 
-int64_t row_offset(const ikv_append &a, bool all_layers, uint32_t l, uint32_t t, uint32_t h) {
-    return (all_layers ? int64_t(l) * a.layer_stride : 0) + int64_t(t) * a.token_stride + int64_t(h) * a.head_stride;
-}
-
-// True if any of D elements at src+off is NaN or inf, testing exponent bits
-// only (all ones) so no conversion is needed.
-bool row_has_nonfinite(const void *src, ikv_dtype dt, int64_t off, uint32_t D) {
-    uint32_t bad = 0;
-    if (dt == IKV_DTYPE_F32) {
-        const uint32_t *p = static_cast<const uint32_t *>(src) + off;
-        for (uint32_t d = 0; d < D; ++d) bad |= uint32_t((p[d] & 0x7F800000u) == 0x7F800000u);
-    } else {
-        const uint16_t mask = dt == IKV_DTYPE_F16 ? 0x7C00u : 0x7F80u;
-        const uint16_t *p = static_cast<const uint16_t *>(src) + off;
-        for (uint32_t d = 0; d < D; ++d) bad |= uint32_t((p[d] & mask) == mask);
-    }
-    return bad != 0;
-}
-
-ikv_status check_finite(const ikv_pool *pool, const ikv_append &a, uint32_t l0, uint32_t l1) {
-    const PageShape &s = pool->shape;
-    const bool all = a.layer == IKV_ALL_LAYERS;
-    const ikv_dtype dt = pool->config.kv_dtype;
-    for (int which = 0; which < 2; ++which) {
-        const void *src = which == 0 ? a.k : a.v;
-        for (uint32_t l = l0; l < l1; ++l)
-            for (uint32_t t = 0; t < a.n_tokens; ++t)
-                for (uint32_t h = 0; h < s.n_kv_heads; ++h) {
-                    const int64_t off = row_offset(a, all, l, t, h);
-                    if (!row_has_nonfinite(src, dt, off, s.head_dim)) continue;
-                    std::vector<float> row(s.head_dim);  // slow path: name the element
-                    load_row(src, dt, off, s.head_dim, row.data());
-                    uint32_t d = 0;
-                    while (d + 1 < s.head_dim && std::isfinite(row[d])) ++d;
-                    return fail(IKV_E_INVALID,
-                                "%s: %s[layer %u, token %u, head %u, channel %u] is %s; the pool stores finite "
-                                "values only",
-                                kFn, which == 0 ? "k" : "v", l, t, h, d, std::isnan(row[d]) ? "NaN" : "inf");
-                }
-    }
-    return IKV_OK;
-}
-
 ikv_format format_for_new_page(const ikv_pool *pool, const ikv_plan *plan, uint32_t pages_in_plan, uint32_t p) {
     if (plan != nullptr && p < pages_in_plan) {
         ikv_format f = IKV_FMT_AUTO;
@@ -72,44 +33,12 @@ ikv_format format_for_new_page(const ikv_pool *pool, const ikv_plan *plan, uint3
     return default_page_format(pool);
 }
 
-// Device input (CUDA pools, src_on_device): bring the extent of K and V the
-// strides address to host memory, then append from there (staging is on host).
-ikv_status download_input(ikv_pool *pool, ikv_append &a, std::vector<uint8_t> &k, std::vector<uint8_t> &v) {
-    const PageShape &s = pool->shape;
-    const bool all = a.layer == IKV_ALL_LAYERS;
-    const uint64_t elems = uint64_t(row_offset(a, all, all ? s.n_layers - 1 : 0, a.n_tokens - 1, s.n_kv_heads - 1)) +
-                           s.head_dim;
-    const uint64_t bytes = elems * (pool->config.kv_dtype == IKV_DTYPE_F32 ? 4 : 2);
-    try {
-        k.resize(bytes);
-        v.resize(bytes);
-    } catch (const std::bad_alloc &) {
-        return fail(IKV_E_NOMEM, "%s: out of host memory for a %llu-byte copy of device K/V", kFn,
-                    (unsigned long long)bytes);
-    }
-    ikv_status st = pool->store->download(k.data(), a.k, bytes, a.stream);
-    if (st == IKV_OK) st = pool->store->download(v.data(), a.v, bytes, a.stream);
-    if (st == IKV_E_UNSUPPORTED)
-        return fail(IKV_E_UNSUPPORTED, "%s: args->src_on_device is set but this pool's storage cannot read device "
-                    "pointers", kFn);
-    if (st != IKV_OK) return st;
-    a.k = k.data();
-    a.v = v.data();
-    a.src_on_device = 0;
-    return IKV_OK;
-}
-
 }  // namespace
 
 ikv_status seq_append(ikv_pool *pool, ikv_seq_id id, const ikv_append &args) {
     auto seqp = find_seq(pool, id);
     if (!seqp) return seq_not_found(kFn, id);
-    ikv_append a = args;
-    std::vector<uint8_t> host_k, host_v;
-    if (a.src_on_device) {
-        const ikv_status st = download_input(pool, a, host_k, host_v);
-        if (st != IKV_OK) return st;
-    }
+    const ikv_append &a = args;
     Seq &seq = *seqp;
     const PageShape &s = pool->shape;
     const uint32_t P = s.page_size, n = a.n_tokens;
@@ -129,8 +58,25 @@ ikv_status seq_append(ikv_pool *pool, ikv_seq_id id, const ikv_append &args) {
     for (uint32_t l = l0; l < l1; ++l)
         if (uint64_t(seq.layers[l].length) + n > UINT32_MAX)
             return fail(IKV_E_RANGE, "%s: layer %u would hold more than 2^32-1 tokens", kFn, l);
-    ikv_status st = check_finite(pool, a, l0, l1);
+    AppendSource src;
+    src.k = a.k;
+    src.v = a.v;
+    src.dtype = pool->config.kv_dtype;
+    src.all_layers = all;
+    src.on_device = a.src_on_device != 0;
+    src.stream = a.stream;
+    src.n_tokens = n;
+    src.token_stride = a.token_stride;
+    src.head_stride = a.head_stride;
+    src.layer_stride = a.layer_stride;
+    NonFinite bad;
+    ikv_status st = pool->store->find_nonfinite(src, l0, l1, &bad);
     if (st != IKV_OK) return st;
+    if (bad.found)
+        return fail(IKV_E_INVALID,
+                    "%s: %s[layer %u, token %u, head %u, channel %u] is %s; the pool stores finite values only", kFn,
+                    bad.which == 0 ? "k" : "v", bad.layer, bad.token, bad.head, bad.channel,
+                    bad.is_nan ? "NaN" : "inf");
 
     // Pages the tokens land in, over all layers appended.
     uint32_t pmin = UINT32_MAX, pmax = 0;
@@ -140,28 +86,41 @@ ikv_status seq_append(ikv_pool *pool, ikv_seq_id id, const ikv_append &args) {
     }
     const uint32_t n_touched = pmax - pmin + 1;
 
-    // Host memory first: nothing is visible yet, so a failure just unwinds.
+    // Memory first: nothing is visible yet, so a failure just unwinds.
     std::vector<uint32_t> new_stage;  // layers whose staging this call allocated
     std::vector<PageRec *> recs;      // spare page records
     std::vector<std::pair<uint32_t, PageRec *>> fresh, copies;
+    std::vector<AppendWrite> writes;  // one per (layer, page) the tokens land in
     auto unwind = [&]() {
-        for (uint32_t l : new_stage) StageVec().swap(seq.layers[l].stage);
+        for (uint32_t l : new_stage) {
+            pool->store->stage_free(seq.layers[l].stage);
+            seq.layers[l].stage = nullptr;
+        }
         for (PageRec *r : recs) delete r;
     };
     try {
         seq.pages.reserve(size_t(pmax) + 1);
         fresh.reserve(n_touched);
         copies.reserve(n_touched);
+        size_t n_writes = 0;
         for (uint32_t l = l0; l < l1; ++l)
-            if (seq.layers[l].stage.empty()) {
-                new_stage.push_back(l);
-                seq.layers[l].stage.resize(stage_floats(s));
-            }
+            n_writes += (uint64_t(seq.layers[l].length) + n - 1) / P - seq.layers[l].length / P + 1;
+        writes.reserve(n_writes);
+        new_stage.reserve(l1 - l0);
         for (uint32_t i = 0; i < n_touched; ++i) recs.push_back(new PageRec);
     } catch (const std::bad_alloc &) {
         unwind();
         return fail(IKV_E_NOMEM, "%s: out of host memory", kFn);
     }
+    for (uint32_t l = l0; l < l1; ++l)
+        if (seq.layers[l].stage == nullptr) {
+            st = pool->store->stage_alloc(&seq.layers[l].stage);
+            if (st != IKV_OK) {
+                unwind();
+                return st;
+            }
+            new_stage.push_back(l);
+        }
 
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
@@ -230,31 +189,20 @@ ikv_status seq_append(ikv_pool *pool, ikv_seq_id id, const ikv_append &args) {
         recs.clear();
     }
 
-    // Quantize, page by page, from staging. A device store can fail here;
-    // lengths are still committed (the pages hold what the store wrote) and
-    // the first failure is returned.
-    ikv_status write_status = IKV_OK;
-    const uint64_t head_floats = uint64_t(P) * s.head_dim;
+    // Stage and quantize, page by page, in the store. A device store can fail
+    // here; lengths are still committed (the pages hold what the store wrote)
+    // and the failure is returned.
     for (uint32_t l = l0; l < l1; ++l) {
-        LayerState &ls = seq.layers[l];
-        float *k = ls.stage.data(), *v = ls.stage.data() + stage_floats(s) / 2;
-        uint32_t pos = ls.length, t = 0;
+        uint32_t pos = seq.layers[l].length, t = 0;
         while (t < n) {
             const uint32_t p = pos / P, off = pos % P, take = std::min(P - off, n - t);
-            for (uint32_t i = 0; i < take; ++i)
-                for (uint32_t h = 0; h < s.n_kv_heads; ++h) {
-                    const int64_t src = row_offset(a, all, l, t + i, h);
-                    const uint64_t dst = h * head_floats + uint64_t(off + i) * s.head_dim;
-                    load_row(a.k, pool->config.kv_dtype, src, s.head_dim, k + dst);
-                    load_row(a.v, pool->config.kv_dtype, src, s.head_dim, v + dst);
-                }
             PageRec *rec = seq.pages[p];
-            const ikv_status ws = pool->store->write_layer_tail(rec->format, rec->bytes, l, k, v, off + take, off);
-            if (ws != IKV_OK && write_status == IKV_OK) write_status = ws;
+            writes.push_back(AppendWrite{rec->bytes, rec->format, seq.layers[l].stage, l, t, off, take});
             pos += take;
             t += take;
         }
     }
+    const ikv_status write_status = pool->store->write_append(src, writes.data(), writes.size());
 
     // Lengths, staging and token accounting.
     std::lock_guard<std::mutex> lock(pool->state_mu);
@@ -264,7 +212,8 @@ ikv_status seq_append(ikv_pool *pool, ikv_seq_id id, const ikv_append &args) {
         LayerState &ls = seq.layers[l];
         ls.length += n;
         if (ls.length % P == 0) {
-            StageVec().swap(ls.stage);
+            pool->store->stage_free(ls.stage);
+            ls.stage = nullptr;
             --stage_delta;
         }
     }

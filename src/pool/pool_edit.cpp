@@ -9,21 +9,17 @@ namespace ikv {
 namespace {
 
 // Re-store page src (owned by seq alone) into dst, of another format: every
-// layer's rows are dequantized and quantized again. src is not changed, so a
-// failure leaves the sequence as it was. Staging is not touched here; see
-// restage_partial_layers.
-ikv_status convert_page(ikv_pool *pool, const Seq &seq, uint32_t p, PageRec &dst, const PageRec &src,
-                        std::vector<float> &buf) {
+// layer's rows are dequantized into buf (a staging-sized buffer of the store)
+// and quantized again. src is not changed, so a failure leaves the sequence
+// as it was. Staging is not touched here; see restage_partial_layers.
+ikv_status convert_page(ikv_pool *pool, const Seq &seq, uint32_t p, PageRec &dst, const PageRec &src, float *buf) {
     const PageShape &s = pool->shape;
-    const uint64_t head_floats = uint64_t(s.page_size) * s.head_dim;
-    float *k = buf.data(), *v = buf.data() + stage_floats(s) / 2;
+    float *k = buf, *v = buf + stage_floats(s) / 2;
     ikv_status st = pool->store->init(dst.format, dst.bytes);
     for (uint32_t l = 0; l < s.n_layers && st == IKV_OK; ++l) {
         const uint32_t n = tokens_in_page(seq, s, l, p);
         if (n == 0) continue;
-        for (uint32_t h = 0; h < s.n_kv_heads && st == IKV_OK; ++h)
-            st = pool->store->read_rows(src.format, src.bytes, l, h, 0, n, k + h * head_floats, v + h * head_floats,
-                                        s.head_dim);
+        st = pool->store->stage_from_page(src.format, src.bytes, l, n, buf);
         if (st == IKV_OK) st = pool->store->write_layer(dst.format, dst.bytes, l, k, v, n);
     }
     return st;
@@ -34,7 +30,7 @@ ikv_status convert_page(ikv_pool *pool, const Seq &seq, uint32_t p, PageRec &dst
 void restage_partial_layers(ikv_pool *pool, Seq &seq, uint32_t p, const PageRec &rec) {
     for (uint32_t l = 0; l < pool->shape.n_layers; ++l) {
         const uint32_t n = tokens_in_page(seq, pool->shape, l, p);
-        if (n > 0 && n < pool->shape.page_size && !seq.layers[l].stage.empty())
+        if (n > 0 && n < pool->shape.page_size && seq.layers[l].stage != nullptr)
             restage_from_page(pool, seq, l, rec, n);
     }
 }
@@ -64,25 +60,33 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
         return fail(IKV_E_EVICTED, "%s: the new tail page %u of sequence %u was evicted; cannot cut inside it", fn,
                     tail, (unsigned)id);
 
-    // Host memory first (staging of every layer, a record for a tail copy).
+    // Memory first (staging of every layer, a record for a tail copy).
     std::vector<uint32_t> new_stage;
     PageRec *copy = nullptr;
     auto unwind = [&]() {
-        for (uint32_t l : new_stage) StageVec().swap(seq.layers[l].stage);
+        for (uint32_t l : new_stage) {
+            pool->store->stage_free(seq.layers[l].stage);
+            seq.layers[l].stage = nullptr;
+        }
         delete copy;
     };
-    try {
-        if (keep != 0) {
-            for (uint32_t l = 0; l < s.n_layers; ++l)
-                if (seq.layers[l].stage.empty()) {
-                    new_stage.push_back(l);
-                    seq.layers[l].stage.resize(stage_floats(s));
-                }
+    if (keep != 0) {
+        try {
+            new_stage.reserve(s.n_layers);
             copy = new PageRec;
+        } catch (const std::bad_alloc &) {
+            unwind();
+            return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
         }
-    } catch (const std::bad_alloc &) {
-        unwind();
-        return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+        for (uint32_t l = 0; l < s.n_layers; ++l)
+            if (seq.layers[l].stage == nullptr) {
+                const ikv_status st = pool->store->stage_alloc(&seq.layers[l].stage);
+                if (st != IKV_OK) {
+                    unwind();
+                    return st;
+                }
+                new_stage.push_back(l);
+            }
     }
 
     std::vector<PageRec *> dropped(seq.pages.begin() + keep_pages, seq.pages.end());
@@ -133,8 +137,7 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
             ikv_status st = restage_from_page(pool, seq, l, *rec, keep);
             const uint64_t half = stage_floats(s) / 2;
             if (st == IKV_OK)
-                st = pool->store->write_layer(rec->format, rec->bytes, l, ls.stage.data(), ls.stage.data() + half,
-                                              keep);
+                st = pool->store->write_layer(rec->format, rec->bytes, l, ls.stage, ls.stage + half, keep);
             if (st != IKV_OK && write_status == IKV_OK) write_status = st;
         }
     }
@@ -143,8 +146,9 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
     int64_t stage_delta = int64_t(new_stage.size());
     for (LayerState &ls : seq.layers) {
         ls.length = new_len;
-        if (keep == 0 && !ls.stage.empty()) {
-            StageVec().swap(ls.stage);
+        if (keep == 0 && ls.stage != nullptr) {
+            pool->store->stage_free(ls.stage);
+            ls.stage = nullptr;
             --stage_delta;
         }
     }
@@ -186,7 +190,7 @@ ikv_status seq_set_page_format(ikv_pool *pool, ikv_seq_id id, uint32_t page, ikv
     PageRec *rec = seq.pages[page];
     if (rec == nullptr)
         return fail(IKV_E_EVICTED, "%s: page %u of sequence %u was evicted", fn, page, (unsigned)id);
-    std::vector<float> buf;
+    TempStage buf(pool->store.get());
     PageRec fresh;
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
@@ -194,16 +198,13 @@ ikv_status seq_set_page_format(ikv_pool *pool, ikv_seq_id id, uint32_t page, ikv
             return fail(IKV_E_SHARED, "%s: page %u of sequence %u is shared with %u other sequence(s) by fork", fn,
                         page, (unsigned)id, rec->refs - 1);
         if (rec->format == format) return IKV_OK;
-        try {
-            buf.resize(stage_floats(pool->shape));
-        } catch (const std::bad_alloc &) {
-            return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-        }
-        ikv_status st = check_capacity_locked(pool, pool->page_bytes[format], pool->page_bytes[rec->format], fn);
+        ikv_status st = buf.alloc();
+        if (st != IKV_OK) return st;
+        st = check_capacity_locked(pool, pool->page_bytes[format], pool->page_bytes[rec->format], fn);
         if (st == IKV_OK) st = alloc_page_locked(pool, format, &fresh);
         if (st != IKV_OK) return st;
     }
-    const ikv_status st = convert_page(pool, seq, page, fresh, *rec, buf);
+    const ikv_status st = convert_page(pool, seq, page, fresh, *rec, buf.get());
     std::lock_guard<std::mutex> lock(pool->state_mu);
     if (st != IKV_OK) {
         free_page_bytes_locked(pool, &fresh);
@@ -230,12 +231,11 @@ ikv_status seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id id, const ikv_plan 
                     P);
     const uint32_t full_pages = seq.length / P;
     std::vector<std::pair<uint32_t, PageRec>> changes;  // page, new storage
-    std::vector<float> buf;
+    TempStage buf(pool->store.get());
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
         uint64_t extra = 0, freed = 0;
         try {
-            buf.resize(stage_floats(pool->shape));
             for (uint32_t p = 0; p < full_pages && p < sum.pages_total; ++p) {
                 PageRec *rec = seq.pages[p];
                 ikv_format f = IKV_FMT_AUTO;
@@ -251,7 +251,9 @@ ikv_status seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id id, const ikv_plan 
         } catch (const std::bad_alloc &) {
             return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
         }
-        st = check_capacity_locked(pool, extra, freed, fn);
+        if (changes.empty()) return IKV_OK;
+        st = buf.alloc();
+        if (st == IKV_OK) st = check_capacity_locked(pool, extra, freed, fn);
         if (st != IKV_OK) return st;
         for (size_t i = 0; i < changes.size(); ++i) {
             st = alloc_page_locked(pool, changes[i].second.format, &changes[i].second);
@@ -262,7 +264,7 @@ ikv_status seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id id, const ikv_plan 
         }
     }
     for (auto &c : changes)
-        if (st == IKV_OK) st = convert_page(pool, seq, c.first, c.second, *seq.pages[c.first], buf);
+        if (st == IKV_OK) st = convert_page(pool, seq, c.first, c.second, *seq.pages[c.first], buf.get());
     std::lock_guard<std::mutex> lock(pool->state_mu);
     if (st != IKV_OK) {
         for (auto &c : changes) free_page_bytes_locked(pool, &c.second);

@@ -41,23 +41,42 @@ inline uint32_t tokens_in_page(const Seq &seq, const PageShape &s, uint32_t laye
 }
 
 // Refill layer's staging from the stored (dequantized) rows of page rec.
-ikv_status restage_from_page(ikv_pool *pool, Seq &seq, uint32_t layer, const PageRec &rec, uint32_t n_valid);
+inline ikv_status restage_from_page(ikv_pool *pool, Seq &seq, uint32_t layer, const PageRec &rec, uint32_t n_valid) {
+    return pool->store->stage_from_page(rec.format, rec.bytes, layer, n_valid, seq.layers[layer].stage);
+}
+
+// Give every staging buffer of seq back to the store; returns how many there were.
+inline uint32_t free_stages(ikv_pool *pool, Seq &seq) {
+    uint32_t n = 0;
+    for (LayerState &ls : seq.layers)
+        if (ls.stage != nullptr) {
+            pool->store->stage_free(ls.stage);
+            ls.stage = nullptr;
+            ++n;
+        }
+    return n;
+}
+
+// A staging-sized scratch buffer of the store for one call (format changes).
+class TempStage {
+public:
+    explicit TempStage(PageStore *store) : store_(store) {}
+    ~TempStage() {
+        if (buf_ != nullptr) store_->stage_free(buf_);
+    }
+    ikv_status alloc() { return store_->stage_alloc(&buf_); }
+    float *get() const { return buf_; }
+    TempStage(const TempStage &) = delete;
+    TempStage &operator=(const TempStage &) = delete;
+
+private:
+    PageStore *store_;
+    float *buf_ = nullptr;
+};
 
 // The format of the pool's new pages when no plan says otherwise.
 inline ikv_format default_page_format(const ikv_pool *pool) {
     return pool->config.default_format == IKV_FMT_AUTO ? IKV_FMT_F16 : pool->config.default_format;
-}
-
-// Read D elements of an engine array in dtype dt starting at element index off.
-inline void load_row(const void *base, ikv_dtype dt, int64_t off, uint32_t D, float *out) {
-    if (dt == IKV_DTYPE_F32) {
-        std::memcpy(out, static_cast<const float *>(base) + off, D * sizeof(float));
-    } else if (dt == IKV_DTYPE_F16) {
-        decode_row_f16(static_cast<const uint16_t *>(base) + off, D, out);
-    } else {
-        const uint16_t *p = static_cast<const uint16_t *>(base) + off;
-        for (uint32_t d = 0; d < D; ++d) out[d] = bf16_to_f32(p[d]);
-    }
 }
 
 }  // namespace ikv

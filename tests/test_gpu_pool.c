@@ -1,0 +1,572 @@
+/* Appends to a CUDA pool from device pointers, through the public API.
+ *
+ * Everywhere (CI without a GPU included): an append with src_on_device to a
+ * CPU pool is refused with IKV_E_INVALID, and a CUDA pool is refused with
+ * IKV_E_NO_DEVICE where no GPU is usable; then, without a GPU, the program
+ * prints "SKIPPED: no CUDA device" and exits 77 (CTest: skipped).
+ *
+ * With a GPU, for every page format x kv dtype (F32, F16, BF16): a CUDA pool
+ * fed device pointers (and, for some appends, host pointers) and a CPU pool
+ * fed the same host data go through the same history -- token-by-token and
+ * bulk IKV_ALL_LAYERS appends with custom layer/token/head strides (the
+ * padding the strides skip holds NaN, so a stride bug is caught), single-layer
+ * appends, set_page_format on a full and on the partial tail page, fork +
+ * appends to the shared tail, truncate + append -- and must store exactly the
+ * same values and key summaries (ikv_seq_read, ikv_seq_page_summary) with the
+ * same accounting (ikv_pool_get_stats, slab sizes aside). A NaN or inf in
+ * device input is rejected with IKV_E_INVALID naming its position, and the
+ * pool is unchanged (length, stats, stored values).
+ *
+ * IKV_GPU_POOL_BENCH=1 adds a timing run (no assertion on times): one-token
+ * IKV_ALL_LAYERS append latency (32 layers, 8 kv-heads, head_dim 128, page 16,
+ * F16 input, F16 and INT8 pages) from device and from host pointers, and bulk
+ * append throughput (GB/s of K+V input). Lines start with "BENCH".
+ * Device memory comes from the CUDA runtime loaded with dlopen, so the test
+ * needs nothing beyond the public header.
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "support.h"
+
+/* ---- the few CUDA runtime calls the test needs, found at run time ---- */
+typedef int (*cuda_malloc_fn)(void **, size_t);
+typedef int (*cuda_free_fn)(void *);
+typedef int (*cuda_memcpy_fn)(void *, const void *, size_t, int);
+typedef int (*cuda_sync_fn)(void);
+static struct {
+    cuda_malloc_fn malloc_;
+    cuda_free_fn free_;
+    cuda_memcpy_fn memcpy_;
+    cuda_sync_fn sync_;
+} rt;
+enum { H2D = 1, D2H = 2 };
+
+static int load_cudart(void) {
+    static const char *names[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
+                                  "/usr/local/cuda/lib64/libcudart.so", NULL};
+    for (int i = 0; names[i]; ++i) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) continue;
+        rt.malloc_ = (cuda_malloc_fn)dlsym(h, "cudaMalloc");
+        rt.free_ = (cuda_free_fn)dlsym(h, "cudaFree");
+        rt.memcpy_ = (cuda_memcpy_fn)dlsym(h, "cudaMemcpy");
+        rt.sync_ = (cuda_sync_fn)dlsym(h, "cudaDeviceSynchronize");
+        if (rt.malloc_ && rt.free_ && rt.memcpy_ && rt.sync_) return 1;
+    }
+    return 0;
+}
+
+static void *dev_upload(const void *host, size_t bytes) {
+    void *d = NULL;
+    assert_int_equal(rt.malloc_(&d, bytes), 0);
+    if (host) assert_int_equal(rt.memcpy_(d, host, bytes, H2D), 0);
+    return d;
+}
+
+/* ---- runs everywhere ---- */
+
+static void test_refusals_everywhere(void **state) {
+    (void)state;
+    ikv_pool_config c = ikv_pool_default_config();
+    c.n_layers = 1;
+    c.n_kv_heads = 1;
+    c.head_dim = 64;
+    c.capacity_bytes = 1 << 20;
+    ikv_pool *pool = NULL;
+    IKVT_OK(ikv_pool_create(&c, &pool));
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    uint16_t k[64] = {0}, v[64] = {0};
+    ikv_append a = ikv_append_default(pool, 1);
+    a.k = k;
+    a.v = v;
+    a.src_on_device = 1;
+    IKVT_EXPECT_STATUS(ikv_pool_append(pool, s, &a), IKV_E_INVALID, "CPU pool");
+    uint32_t len = 99;
+    IKVT_OK(ikv_seq_length(pool, s, &len));
+    assert_int_equal(len, 0);
+    ikv_pool_destroy(pool);
+
+    ikv_runtime_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    IKVT_OK(ikv_runtime_info_get(&info));
+    if (!info.cuda_built || info.cuda_device_count == 0) {
+        c.backend = IKV_BACKEND_CUDA;
+        pool = NULL;
+        IKVT_EXPECT_STATUS(ikv_pool_create(&c, &pool), IKV_E_NO_DEVICE, "CUDA");
+        assert_null(pool);
+    }
+}
+
+/* ---- GPU: CUDA pool from device pointers == CPU pool from host pointers ---- */
+
+enum { L = 3, H = 2, D = 64, P = 16, MAX_PAGES = 16 };
+
+/* Engine input of n tokens in dtype dt, addressed by the given strides
+ * (elements). Every element the strides address is a random finite value;
+ * every other element of the extent is NaN, so reading outside the addressed
+ * rows would be caught by the finiteness check or the comparison. */
+typedef struct {
+    void *host, *k_dev, *v_dev;
+    uint8_t *k, *v; /* host copies */
+    size_t bytes;
+    ikv_append a; /* strides, n_tokens, layer; k/v set by the caller */
+} input_t;
+
+static size_t dtype_size(ikv_dtype dt) { return dt == IKV_DTYPE_F32 ? 4 : 2; }
+
+static void put(uint8_t *base, ikv_dtype dt, size_t i, float x) {
+    if (dt == IKV_DTYPE_F32) {
+        memcpy(base + 4 * i, &x, 4);
+    } else {
+        uint16_t h;
+        if (dt == IKV_DTYPE_F16 && isinf(x))
+            h = x > 0 ? 0x7C00u : 0xFC00u; /* ikvt_to_f16 saturates, as the library does */
+        else if (dt == IKV_DTYPE_F16)
+            ikvt_to_f16(&x, &h, 1);
+        else
+            ikvt_to_bf16(&x, &h, 1);
+        memcpy(base + 2 * i, &h, 2);
+    }
+}
+
+static int64_t elem_index(const ikv_append *a, uint32_t l, uint32_t t, uint32_t h) {
+    return (a->layer == IKV_ALL_LAYERS ? (int64_t)l * a->layer_stride : 0) + (int64_t)t * a->token_stride +
+           (int64_t)h * a->head_stride;
+}
+
+static input_t make_input(ikv_pool *pool, ikv_dtype dt, uint32_t layer, uint32_t n, int64_t ts, int64_t hs,
+                          int64_t ls, ikvt_rng *rng) {
+    input_t in;
+    memset(&in, 0, sizeof in);
+    in.a = ikv_append_default(pool, n);
+    in.a.layer = layer;
+    if (ts) in.a.token_stride = ts;
+    if (hs) in.a.head_stride = hs;
+    if (ls) in.a.layer_stride = ls;
+    const uint32_t nl = layer == IKV_ALL_LAYERS ? L : 1;
+    const size_t elems = (size_t)elem_index(&in.a, nl - 1, n - 1, H - 1) + D;
+    const size_t es = dtype_size(dt);
+    in.bytes = elems * es;
+    in.k = malloc(in.bytes);
+    in.v = malloc(in.bytes);
+    for (int w = 0; w < 2; ++w) {
+        uint8_t *b = w ? in.v : in.k;
+        for (size_t i = 0; i < elems; ++i) put(b, dt, i, NAN);
+        for (uint32_t l = 0; l < nl; ++l)
+            for (uint32_t t = 0; t < n; ++t)
+                for (uint32_t h = 0; h < H; ++h)
+                    for (uint32_t d = 0; d < D; ++d) {
+                        float x = (float)ikvt_normal(rng) * (1.0f + 0.5f * (float)(d % 5));
+                        if (d % 7 == 3) x += 2.5f; /* uneven channels */
+                        put(b, dt, (size_t)elem_index(&in.a, l, t, h) + d, x);
+                    }
+    }
+    in.k_dev = dev_upload(in.k, in.bytes);
+    in.v_dev = dev_upload(in.v, in.bytes);
+    return in;
+}
+
+static void upload_again(input_t *in) {
+    assert_int_equal(rt.memcpy_(in->k_dev, in->k, in->bytes, H2D), 0);
+    assert_int_equal(rt.memcpy_(in->v_dev, in->v, in->bytes, H2D), 0);
+}
+
+static void free_input(input_t *in) {
+    rt.free_(in->k_dev);
+    rt.free_(in->v_dev);
+    free(in->k);
+    free(in->v);
+}
+
+typedef struct {
+    ikv_pool *cpu, *gpu;
+    ikv_dtype dt;
+    ikvt_rng rng;
+} pools_t;
+
+typedef struct {
+    ikv_seq_id c, g;
+    uint32_t len[L]; /* tokens per layer (the test keeps track) */
+} seq_t;
+
+static pools_t make_pools(ikv_format fmt, ikv_dtype dt, uint64_t seed) {
+    pools_t p;
+    p.dt = dt;
+    p.rng.state = seed;
+    for (int b = 0; b < 2; ++b) {
+        ikv_pool_config c = ikv_pool_default_config();
+        c.backend = b ? IKV_BACKEND_CUDA : IKV_BACKEND_CPU;
+        c.n_layers = L;
+        c.n_kv_heads = H;
+        c.head_dim = D;
+        c.page_size = P;
+        c.capacity_bytes = 16u << 20;
+        c.default_format = fmt;
+        c.kv_dtype = dt;
+        ikv_pool *pool = NULL;
+        IKVT_OK(ikv_pool_create(&c, &pool));
+        if (b)
+            p.gpu = pool;
+        else
+            p.cpu = pool;
+    }
+    return p;
+}
+
+static seq_t new_seq(pools_t *p) {
+    seq_t s;
+    memset(&s, 0, sizeof s);
+    IKVT_OK(ikv_seq_create(p->cpu, &s.c));
+    IKVT_OK(ikv_seq_create(p->gpu, &s.g));
+    return s;
+}
+
+/* The same tokens into both pools: the CPU pool from host memory, the CUDA
+ * pool from device memory (or from host memory when gpu_from_host). */
+static void append_both(pools_t *p, seq_t *s, uint32_t layer, uint32_t n, int64_t ts, int64_t hs, int64_t ls,
+                        int gpu_from_host) {
+    input_t in = make_input(p->cpu, p->dt, layer, n, ts, hs, ls, &p->rng);
+    ikv_append a = in.a;
+    a.k = in.k;
+    a.v = in.v;
+    IKVT_OK(ikv_pool_append(p->cpu, s->c, &a));
+    if (!gpu_from_host) {
+        a.k = in.k_dev;
+        a.v = in.v_dev;
+        a.src_on_device = 1;
+    }
+    IKVT_OK(ikv_pool_append(p->gpu, s->g, &a));
+    for (uint32_t l = 0; l < L; ++l)
+        if (layer == IKV_ALL_LAYERS || layer == l) s->len[l] += n;
+    free_input(&in);
+}
+
+static void expect_same_stats(ikv_pool *cpu, ikv_pool *gpu) {
+    ikv_pool_stats a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    a.struct_size = b.struct_size = sizeof a;
+    IKVT_OK(ikv_pool_get_stats(cpu, &a));
+    IKVT_OK(ikv_pool_get_stats(gpu, &b));
+    assert_int_equal(a.used_bytes, b.used_bytes);
+    assert_int_equal(a.pages_used, b.pages_used);
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) {
+        assert_int_equal(a.pages_by_format[f], b.pages_by_format[f]);
+        assert_int_equal(a.bytes_by_format[f], b.bytes_by_format[f]);
+    }
+    assert_int_equal(a.staging_bytes, b.staging_bytes);
+    assert_int_equal(a.n_sequences, b.n_sequences);
+    assert_int_equal(a.tokens_total, b.tokens_total);
+}
+
+/* Stored values and key summaries of every layer, page and head, byte for byte. */
+static void expect_same_seq(pools_t *p, const seq_t *s) {
+    uint32_t lc = 0, lg = 0;
+    IKVT_OK(ikv_seq_length(p->cpu, s->c, &lc));
+    IKVT_OK(ikv_seq_length(p->gpu, s->g, &lg));
+    assert_int_equal(lc, lg);
+    for (uint32_t l = 0; l < L; ++l) {
+        const uint32_t n = s->len[l];
+        const size_t floats = (size_t)n * H * D + 1;
+        float *k1 = malloc(4 * floats), *v1 = malloc(4 * floats), *k2 = malloc(4 * floats), *v2 = malloc(4 * floats);
+        IKVT_OK(ikv_seq_read(p->cpu, s->c, l, 0, n, k1, v1));
+        IKVT_OK(ikv_seq_read(p->gpu, s->g, l, 0, n, k2, v2));
+        assert_memory_equal(k1, k2, 4 * (floats - 1));
+        assert_memory_equal(v1, v2, 4 * (floats - 1));
+        free(k1), free(v1), free(k2), free(v2);
+        for (uint32_t pg = 0; pg * P < n; ++pg)
+            for (uint32_t h = 0; h < H; ++h) {
+                float a[3][D], b[3][D];
+                uint32_t na = 0, nb = 0;
+                IKVT_OK(ikv_seq_page_summary(p->cpu, s->c, l, h, pg, a[0], a[1], a[2], &na));
+                IKVT_OK(ikv_seq_page_summary(p->gpu, s->g, l, h, pg, b[0], b[1], b[2], &nb));
+                assert_int_equal(na, nb);
+                assert_memory_equal(a, b, sizeof a);
+            }
+    }
+    expect_same_stats(p->cpu, p->gpu);
+}
+
+static void set_format_both(pools_t *p, const seq_t *s, uint32_t page, ikv_format f) {
+    IKVT_OK(ikv_seq_set_page_format(p->cpu, s->c, page, f));
+    IKVT_OK(ikv_seq_set_page_format(p->gpu, s->g, page, f));
+}
+
+static void test_device_appends_match_cpu(void **state) {
+    (void)state;
+    static const ikv_dtype dts[] = {IKV_DTYPE_F32, IKV_DTYPE_F16, IKV_DTYPE_BF16};
+    for (int f = 0; f < IKV_FMT_COUNT; ++f)
+        for (int di = 0; di < 3; ++di) {
+            const ikv_format fmt = (ikv_format)f;
+            pools_t p = make_pools(fmt, dts[di], 0x5eed0000u + 16u * f + di);
+            seq_t s = new_seq(&p);
+            /* token by token, default strides (tail page re-quantized each time) */
+            for (int i = 0; i < 5; ++i) append_both(&p, &s, IKV_ALL_LAYERS, 1, 0, 0, 0, 0);
+            expect_same_seq(&p, &s);
+            /* bulk over three pages, padded token/head/layer strides */
+            append_both(&p, &s, IKV_ALL_LAYERS, 37, H * (D + 16) + 32, D + 16, 37 * (H * (D + 16) + 32) + 64, 0);
+            /* head-major engine layout: heads outer, tokens inner */
+            append_both(&p, &s, IKV_ALL_LAYERS, 6, D + 8, 6 * (D + 8), 6 * H * (D + 8) + 8, 0);
+            expect_same_seq(&p, &s);
+            /* one layer at a time, custom strides; the middle one from host pointers */
+            for (uint32_t l = 0; l < L; ++l) append_both(&p, &s, l, 3, H * D + 8, D, 0, l == 1);
+            expect_same_seq(&p, &s); /* 51 tokens: pages 0-2 full, page 3 holds 3 */
+            /* format changes: a full page and the partial tail page, then more tokens */
+            set_format_both(&p, &s, 0, (ikv_format)((f + 1) % IKV_FMT_COUNT));
+            set_format_both(&p, &s, 3, (ikv_format)((f + 3) % IKV_FMT_COUNT));
+            expect_same_seq(&p, &s);
+            append_both(&p, &s, IKV_ALL_LAYERS, 20, 0, 0, 0, 0); /* 71 */
+            append_both(&p, &s, IKV_ALL_LAYERS, 9, 0, 0, 0, 1);  /* 80: tail page ends full */
+            append_both(&p, &s, IKV_ALL_LAYERS, 2, 0, 0, 0, 0);  /* 82 */
+            expect_same_seq(&p, &s);
+
+            /* fork at a partial tail, then both append to the shared tail page */
+            seq_t c = s;
+            IKVT_OK(ikv_seq_fork(p.cpu, s.c, &c.c));
+            IKVT_OK(ikv_seq_fork(p.gpu, s.g, &c.g));
+            expect_same_seq(&p, &c);
+            append_both(&p, &c, IKV_ALL_LAYERS, 4, 0, 0, 0, 0);
+            append_both(&p, &s, IKV_ALL_LAYERS, 1, 0, 0, 0, 0);
+            expect_same_seq(&p, &s);
+            expect_same_seq(&p, &c);
+            /* truncate into a page shared with the parent, then append */
+            IKVT_OK(ikv_seq_truncate(p.cpu, c.c, 7));
+            IKVT_OK(ikv_seq_truncate(p.gpu, c.g, 7));
+            for (uint32_t l = 0; l < L; ++l) c.len[l] -= 7; /* 79 */
+            expect_same_seq(&p, &c);
+            append_both(&p, &c, IKV_ALL_LAYERS, 9, 0, 0, 0, 0);
+            append_both(&p, &c, IKV_ALL_LAYERS, 1, 0, 0, 0, 0);
+            expect_same_seq(&p, &c);
+            expect_same_seq(&p, &s);
+            /* truncate to a page boundary (staging released), then append */
+            IKVT_OK(ikv_seq_truncate(p.cpu, c.c, 9));
+            IKVT_OK(ikv_seq_truncate(p.gpu, c.g, 9));
+            for (uint32_t l = 0; l < L; ++l) c.len[l] -= 9; /* 80 */
+            append_both(&p, &c, IKV_ALL_LAYERS, 3, 0, 0, 0, 0);
+            expect_same_seq(&p, &c);
+            IKVT_OK(ikv_seq_destroy(p.cpu, c.c));
+            IKVT_OK(ikv_seq_destroy(p.gpu, c.g));
+            expect_same_seq(&p, &s);
+            IKVT_OK(ikv_seq_destroy(p.cpu, s.c));
+            IKVT_OK(ikv_seq_destroy(p.gpu, s.g));
+            expect_same_stats(p.cpu, p.gpu);
+            ikv_pool_destroy(p.cpu);
+            ikv_pool_destroy(p.gpu);
+        }
+}
+
+/* Everything an append could change, to compare before and after a refused one. */
+typedef struct {
+    ikv_pool_stats stats;
+    uint32_t length;
+    float *k[L], *v[L];
+} pool_image_t;
+
+static pool_image_t take_image(ikv_pool *pool, const seq_t *s) {
+    pool_image_t im;
+    memset(&im, 0, sizeof im);
+    im.stats.struct_size = sizeof im.stats;
+    IKVT_OK(ikv_pool_get_stats(pool, &im.stats));
+    IKVT_OK(ikv_seq_length(pool, s->g, &im.length));
+    for (uint32_t l = 0; l < L; ++l) {
+        const size_t n = (size_t)s->len[l] * H * D + 1;
+        im.k[l] = malloc(4 * n);
+        im.v[l] = malloc(4 * n);
+        IKVT_OK(ikv_seq_read(pool, s->g, l, 0, s->len[l], im.k[l], im.v[l]));
+    }
+    return im;
+}
+
+static void expect_same_image(const pool_image_t *a, const pool_image_t *b, const seq_t *s) {
+    assert_memory_equal(&a->stats, &b->stats, sizeof a->stats);
+    assert_int_equal(a->length, b->length);
+    for (uint32_t l = 0; l < L; ++l) {
+        assert_memory_equal(a->k[l], b->k[l], 4 * (size_t)s->len[l] * H * D);
+        assert_memory_equal(a->v[l], b->v[l], 4 * (size_t)s->len[l] * H * D);
+    }
+}
+
+static void free_image(pool_image_t *im) {
+    for (uint32_t l = 0; l < L; ++l) free(im->k[l]), free(im->v[l]);
+}
+
+static void test_nonfinite_device_input_rejected(void **state) {
+    (void)state;
+    static const ikv_dtype dts[] = {IKV_DTYPE_F32, IKV_DTYPE_F16, IKV_DTYPE_BF16};
+    static const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8, IKV_FMT_INT4};
+    for (int fi = 0; fi < 3; ++fi)
+        for (int di = 0; di < 3; ++di) {
+            pools_t p = make_pools(fmts[fi], dts[di], 0xbad0000u + 16u * fi + di);
+            seq_t s = new_seq(&p);
+            append_both(&p, &s, IKV_ALL_LAYERS, 21, 0, 0, 0, 0); /* a partial tail page with staging */
+            pool_image_t before = take_image(p.gpu, &s);
+
+            /* NaN in V at (layer 1, token 2, head 1, channel 5) of an all-layer append, padded strides */
+            input_t in = make_input(p.cpu, p.dt, IKV_ALL_LAYERS, 4, H * D + 8, D, 4 * (H * D + 8) + 16, &p.rng);
+            put(in.v, p.dt, (size_t)elem_index(&in.a, 1, 2, 1) + 5, NAN);
+            put(in.v, p.dt, (size_t)elem_index(&in.a, 2, 0, 0) + 1, INFINITY); /* later in check order */
+            upload_again(&in);
+            ikv_append a = in.a;
+            a.k = in.k_dev;
+            a.v = in.v_dev;
+            a.src_on_device = 1;
+            IKVT_EXPECT_STATUS(ikv_pool_append(p.gpu, s.g, &a), IKV_E_INVALID,
+                               "v[layer 1, token 2, head 1, channel 5] is NaN");
+            a.k = in.k; /* the CPU pool names the same element */
+            a.v = in.v;
+            a.src_on_device = 0;
+            IKVT_EXPECT_STATUS(ikv_pool_append(p.cpu, s.c, &a), IKV_E_INVALID,
+                               "v[layer 1, token 2, head 1, channel 5] is NaN");
+            pool_image_t after = take_image(p.gpu, &s);
+            expect_same_image(&before, &after, &s);
+            free_image(&after);
+            free_input(&in);
+
+            /* +inf in K of a single-layer append (last channel), from device memory */
+            in = make_input(p.cpu, p.dt, 2, 3, 0, 0, 0, &p.rng);
+            put(in.k, p.dt, (size_t)elem_index(&in.a, 0, 1, 0) + D - 1, INFINITY);
+            upload_again(&in);
+            a = in.a;
+            a.k = in.k_dev;
+            a.v = in.v_dev;
+            a.src_on_device = 1;
+            IKVT_EXPECT_STATUS(ikv_pool_append(p.gpu, s.g, &a), IKV_E_INVALID,
+                               "k[layer 2, token 1, head 0, channel 63] is inf");
+            /* the same refused from host memory */
+            a.k = in.k;
+            a.v = in.v;
+            a.src_on_device = 0;
+            IKVT_EXPECT_STATUS(ikv_pool_append(p.gpu, s.g, &a), IKV_E_INVALID,
+                               "k[layer 2, token 1, head 0, channel 63] is inf");
+            after = take_image(p.gpu, &s);
+            expect_same_image(&before, &after, &s);
+            free_image(&after);
+            free_image(&before);
+            free_input(&in);
+
+            /* the staging survived: later appends still match the CPU pool */
+            append_both(&p, &s, IKV_ALL_LAYERS, 5, 0, 0, 0, 0);
+            expect_same_seq(&p, &s);
+            ikv_pool_destroy(p.cpu);
+            ikv_pool_destroy(p.gpu);
+        }
+}
+
+/* ---- IKV_GPU_POOL_BENCH=1: append latency and throughput (reported, not asserted) ---- */
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void run_bench(void) {
+    enum { BL = 32, BH = 8, BD = 128, BP = 16, STEPS = 512, WARM = 32, BULK = 2048, REPS = 5 };
+    static const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
+    const size_t tok_elems = (size_t)BL * BH * BD; /* one token of every layer */
+    const size_t bulk_bytes = (size_t)BULK * tok_elems * 2;
+    uint16_t *host = malloc(bulk_bytes);
+    ikvt_rng rng = {42};
+    for (size_t i = 0; i < bulk_bytes / 2; ++i) {
+        const float x = (float)ikvt_normal(&rng);
+        ikvt_to_f16(&x, &host[i], 1);
+    }
+    void *dk = dev_upload(host, bulk_bytes), *dv = dev_upload(host, bulk_bytes);
+    printf("BENCH shape: %d layers, %d kv-heads, head_dim %d, page %d, F16 input, IKV_ALL_LAYERS\n", BL, BH, BD, BP);
+    for (int fi = 0; fi < 2; ++fi) {
+        ikv_pool_config c = ikv_pool_default_config();
+        c.backend = IKV_BACKEND_CUDA;
+        c.n_layers = BL;
+        c.n_kv_heads = BH;
+        c.head_dim = BD;
+        c.page_size = BP;
+        c.capacity_bytes = 3ull << 30;
+        c.default_format = fmts[fi];
+        c.kv_dtype = IKV_DTYPE_F16;
+        ikv_pool *pool = NULL;
+        IKVT_OK(ikv_pool_create(&c, &pool));
+        const char *fname = fmts[fi] == IKV_FMT_F16 ? "F16" : "INT8";
+        for (int from_host = 0; from_host < 2; ++from_host) {
+            ikv_seq_id s;
+            IKVT_OK(ikv_seq_create(pool, &s));
+            double t[STEPS];
+            for (int i = 0; i < WARM + STEPS; ++i) {
+                ikv_append a = ikv_append_default(pool, 1);
+                a.layer = IKV_ALL_LAYERS;
+                const size_t off = (size_t)(i % BULK) * tok_elems;
+                a.k = from_host ? (const void *)(host + off) : (const void *)((uint16_t *)dk + off);
+                a.v = from_host ? (const void *)(host + off) : (const void *)((uint16_t *)dv + off);
+                a.layer_stride = BH * BD;
+                a.token_stride = (int64_t)BL * BH * BD; /* unused for one token */
+                a.src_on_device = !from_host;
+                const double t0 = now_us();
+                IKVT_OK(ikv_pool_append(pool, s, &a));
+                if (i >= WARM) t[i - WARM] = now_us() - t0;
+            }
+            qsort(t, STEPS, sizeof t[0], cmp_double);
+            printf("BENCH one-token append, %-4s pages, from %s pointers: median %.1f us  p10 %.1f  p90 %.1f  "
+                   "(%d appends)\n",
+                   fname, from_host ? "host  " : "device", t[STEPS / 2], t[STEPS / 10], t[STEPS * 9 / 10], STEPS);
+            IKVT_OK(ikv_seq_destroy(pool, s));
+        }
+        double tb[REPS];
+        for (int r = 0; r < REPS; ++r) {
+            ikv_seq_id s;
+            IKVT_OK(ikv_seq_create(pool, &s));
+            ikv_append a = ikv_append_default(pool, BULK);
+            a.layer = IKV_ALL_LAYERS;
+            a.k = dk;
+            a.v = dv;
+            a.token_stride = (int64_t)BH * BD;
+            a.layer_stride = (int64_t)BULK * BH * BD;
+            a.src_on_device = 1;
+            const double t0 = now_us();
+            IKVT_OK(ikv_pool_append(pool, s, &a));
+            tb[r] = now_us() - t0;
+            IKVT_OK(ikv_seq_destroy(pool, s));
+        }
+        qsort(tb, REPS, sizeof tb[0], cmp_double);
+        printf("BENCH bulk append of %d tokens, %-4s pages, from device pointers: median %.2f ms = %.2f GB/s of "
+               "K+V input (%d runs)\n",
+               BULK, fname, tb[REPS / 2] * 1e-3, 2.0 * bulk_bytes / (tb[REPS / 2] * 1e3), REPS);
+        ikv_pool_destroy(pool);
+    }
+    rt.free_(dk);
+    rt.free_(dv);
+    free(host);
+}
+
+int main(void) {
+    const struct CMUnitTest everywhere[] = {
+        cmocka_unit_test(test_refusals_everywhere),
+    };
+    const int failed = cmocka_run_group_tests_name("gpu_pool_everywhere", everywhere, NULL, NULL);
+    if (failed) return failed;
+    ikv_runtime_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    if (ikv_runtime_info_get(&info) != IKV_OK || !info.cuda_built || info.cuda_device_count == 0)
+        ikvt_skip_program("no CUDA device");
+    if (!load_cudart()) ikvt_skip_program("no CUDA device (libcudart could not be loaded for device buffers)");
+    const struct CMUnitTest gpu[] = {
+        cmocka_unit_test(test_device_appends_match_cpu),
+        cmocka_unit_test(test_nonfinite_device_input_rejected),
+    };
+    const int rc = cmocka_run_group_tests_name("gpu_pool", gpu, NULL, NULL);
+    const char *bench = getenv("IKV_GPU_POOL_BENCH");
+    if (rc == 0 && bench && strcmp(bench, "1") == 0) run_bench();
+    return rc;
+}
