@@ -31,7 +31,11 @@
 // asks the occupancy calculator and fills the resident CTA slots.
 //
 // Templated on head_dim, the row-chunk size R (query rows = tokens x group
-// heads per CTA) and the page format; one dispatch table.
+// heads per CTA), the compute mode and the page format; one dispatch table.
+// Compute modes: the SIMT compute described above (fp32 FMAs), or tensor
+// cores for F16/BF16 queries (kernels/decode_mma.cuh: mma.sync m16n8k16,
+// 8 or 16 query rows per CTA, the slot's rows stored swizzled), chosen by
+// DecodeParams::compute; everything else (ring, lists, split-K, merge) is shared.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -39,9 +43,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "common/quant.hpp"
 #include "decode_formats.cuh"
+#include "decode_mma.cuh"
 #include "ikv_kernels.h"
 
 namespace ikv {
@@ -83,11 +89,18 @@ struct Smem {
     static constexpr int kBytes = kMetaOff + kWarps * Cfg<D>::kStages * int(sizeof(ChunkMeta));
 };
 
+// How a CTA computes: fp32 FMAs (F32 queries, or forced), or tensor cores
+// with f16 / bf16 operands (F16 / BF16 queries; kernels/decode_mma.cuh).
+enum Mode : int { kSimt = 0, kTcF16 = 1, kTcBF16 = 2 };
+
 // CTAs per SM the register budget is sized for (launch bounds): 3 for the
-// one-token GQA shapes (R <= 4, D <= 128), else 1.
-template <int D, int R>
+// one-token GQA shapes (SIMT R <= 4, tensor cores R = 8; D <= 128), 2 for
+// 16 tensor-core rows at D <= 128, else 1.
+template <int D, int R, int kMode>
 constexpr int min_blocks() {
-    return R <= 4 && D <= 128 ? 3 : 1;
+    if (D > 128) return 1;
+    if (kMode == kSimt) return R <= 4 ? 3 : 1;
+    return R <= 8 ? 3 : 2;
 }
 
 // 2^x with one MUFU.EX2 (ex2.approx: ~2 ulp; 2^-inf = 0).
@@ -101,6 +114,19 @@ __device__ __forceinline__ float load_elem(const void *p, ikv_dtype dt, uint64_t
     if (dt == IKV_DTYPE_F32) return static_cast<const float *>(p)[i];
     const uint16_t b = static_cast<const uint16_t *>(p)[i];
     return dt == IKV_DTYPE_F16 ? __half2float(__ushort_as_half(b)) : bf16_to_f32(b);
+}
+
+// fn(std::integral_constant<int, F>{}) for the page format f: one switch,
+// warp-uniform, so the per-format code is compiled once per format.
+template <class Fn>
+__device__ __forceinline__ void with_format(int f, Fn &&fn) {
+    switch (f) {
+        case IKV_FMT_F16: fn(std::integral_constant<int, IKV_FMT_F16>{}); break;
+        case IKV_FMT_BF16: fn(std::integral_constant<int, IKV_FMT_BF16>{}); break;
+        case IKV_FMT_FP8_E4M3: fn(std::integral_constant<int, IKV_FMT_FP8_E4M3>{}); break;
+        case IKV_FMT_INT8: fn(std::integral_constant<int, IKV_FMT_INT8>{}); break;
+        default: fn(std::integral_constant<int, IKV_FMT_INT4>{}); break;
+    }
 }
 
 // Per-warp softmax state and the query slices, in registers.
@@ -295,9 +321,10 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
     }
 }
 
-template <int D, int R>
-__global__ void __launch_bounds__(kThreads, min_blocks<D, R>()) decode_kernel(const DecodeParams p, uint32_t rows_total, float *part_acc,
-                                                          float *part_ml) {
+template <int D, int R, int kMode>
+__global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
+    decode_kernel(const DecodeParams p, uint32_t rows_total, float *part_acc, float *part_ml) {
+    constexpr bool kTc = kMode != kSimt, kBF = kMode == kTcBF16;
     using C = Cfg<D>;
     extern __shared__ __align__(16) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -317,23 +344,29 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R>()) decode_kernel(co
     const uint32_t count = p.lists.counts[li];  // loaded here so its latency overlaps the query staging
     const int d0 = (lane % C::kLanesPerRow) * 8;
 
-    // Query rows (row r = t*G + g), pre-scaled into the base-2 domain; padding rows are zero and masked.
+    // Query rows (row r = t*G + g); padding rows are zero and masked. SIMT:
+    // pre-scaled into the base-2 domain; tensor cores: as given (exact in the
+    // operand type), the scale goes on the fp32 scores.
     const float qs = p.scale * kLog2e;
     for (int e = threadIdx.x; e < R * D; e += kThreads) {
         const uint32_t r = uint32_t(e / D), rr = row0 + r, t = rr / G, gi = rr % G;
         const uint64_t qi = ((uint64_t(seq) * T + t) * p.n_q_heads + head * G + gi) * D + uint32_t(e % D);
-        Qs[e] = int(r) < nrows ? load_elem(p.q, p.q_dtype, qi) * qs : 0.0f;
+        Qs[e] = int(r) < nrows ? load_elem(p.q, p.q_dtype, qi) * (kTc ? 1.0f : qs) : 0.0f;
     }
     __syncthreads();
-    WarpState<R> w;
+    auto qpos_of = [&](int r) { return r < nrows ? int(len - T + (row0 + uint32_t(r)) / G) : -1; };
+    std::conditional_t<kTc, tc::State<D, R>, WarpState<R>> w;
+    if constexpr (kTc) {
+        tc::init_state<D, R, kBF>(w, Qs, lane, qpos_of);
+    } else {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        const uint32_t t = (row0 + uint32_t(r)) / G;
-        w.qpos[r] = r < nrows ? int(len - T + t) : -1;
-        w.m[r] = -INFINITY;
-        w.l[r] = 0.0f;
+        for (int r = 0; r < R; ++r) {
+            w.qpos[r] = qpos_of(r);
+            w.m[r] = -INFINITY;
+            w.l[r] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) w.acc[r][j] = 0.0f;
+            for (int j = 0; j < 8; ++j) w.acc[r][j] = 0.0f;
+        }
     }
     const float cap2 = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
     const float inv_cap2 = p.softcap > 0.0f ? 1.0f / cap2 : 0.0f;
@@ -360,13 +393,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R>()) decode_kernel(co
         uint8_t *slot = ring + st * C::kSlotBytes;
         if (hi > lo) {
             const uint8_t *sub = pg.base + subpage_offset(p.shape, f, p.layer, head);
-            switch (f) {
-                case IKV_FMT_F16: dec::copy_chunk<D, IKV_FMT_F16>(sub, P, c0, lo, hi, slot, lane); break;
-                case IKV_FMT_BF16: dec::copy_chunk<D, IKV_FMT_BF16>(sub, P, c0, lo, hi, slot, lane); break;
-                case IKV_FMT_FP8_E4M3: dec::copy_chunk<D, IKV_FMT_FP8_E4M3>(sub, P, c0, lo, hi, slot, lane); break;
-                case IKV_FMT_INT8: dec::copy_chunk<D, IKV_FMT_INT8>(sub, P, c0, lo, hi, slot, lane); break;
-                default: dec::copy_chunk<D, IKV_FMT_INT4>(sub, P, c0, lo, hi, slot, lane); break;
-            }
+            with_format(f, [&](auto F) { dec::copy_chunk<D, F.value, kTc>(sub, P, c0, lo, hi, slot, lane); });
         }
         if (lane == 0) meta[st] = ChunkMeta{lo - c0, hi - c0, int(f), pg.pos0 + uint32_t(c0)};
     };
@@ -396,40 +423,44 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R>()) decode_kernel(co
         const ChunkMeta mt = meta[st];
         const uint8_t *slot = ring + st * C::kSlotBytes;
         if (mt.r1 > mt.r0) {
-            switch (mt.format) {
-                case IKV_FMT_F16: compute_chunk<D, R, IKV_FMT_F16>(slot, mt, Qs, w, lane, cap2, inv_cap2); break;
-                case IKV_FMT_BF16: compute_chunk<D, R, IKV_FMT_BF16>(slot, mt, Qs, w, lane, cap2, inv_cap2); break;
-                case IKV_FMT_FP8_E4M3: compute_chunk<D, R, IKV_FMT_FP8_E4M3>(slot, mt, Qs, w, lane, cap2, inv_cap2); break;
-                case IKV_FMT_INT8: compute_chunk<D, R, IKV_FMT_INT8>(slot, mt, Qs, w, lane, cap2, inv_cap2); break;
-                default: compute_chunk<D, R, IKV_FMT_INT4>(slot, mt, Qs, w, lane, cap2, inv_cap2); break;
-            }
+            with_format(mt.format, [&](auto F) {
+                if constexpr (kTc)
+                    tc::compute_chunk<D, R, kBF, F.value>(slot, mt.r0, mt.r1, mt.pos, w, lane, qs, cap2, inv_cap2);
+                else
+                    compute_chunk<D, R, F.value>(slot, mt, Qs, w, lane, cap2, inv_cap2);
+            });
         }
         st = st == C::kStages - 1 ? 0 : st + 1;
     }
     dec::cp_async_wait<0>();
     __syncwarp();
 
-    // Sum the warp's row slots (same max), then park the warp's (acc, m, l) in its own ring.
+    // Park the warp's (acc, m, l) in its own ring: [R][D] acc, [R] m, [R] l.
+    float *red = reinterpret_cast<float *>(ring);
+    if constexpr (kTc) {
+        tc::finish<D, R>(w, red, lane);
+    } else {
+        // Sum the warp's row slots (same max) first.
 #pragma unroll
-    for (int o = C::kLanesPerRow; o < 32; o <<= 1)
+        for (int o = C::kLanesPerRow; o < 32; o <<= 1)
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            w.l[r] += __shfl_xor_sync(0xFFFFFFFFu, w.l[r], o);
+            for (int r = 0; r < R; ++r) {
+                w.l[r] += __shfl_xor_sync(0xFFFFFFFFu, w.l[r], o);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) w.acc[r][j] += __shfl_xor_sync(0xFFFFFFFFu, w.acc[r][j], o);
+                for (int j = 0; j < 8; ++j) w.acc[r][j] += __shfl_xor_sync(0xFFFFFFFFu, w.acc[r][j], o);
+            }
+        if (lane < C::kLanesPerRow) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                float4 *o = reinterpret_cast<float4 *>(red + r * D + d0);
+                o[0] = make_float4(w.acc[r][0], w.acc[r][1], w.acc[r][2], w.acc[r][3]);
+                o[1] = make_float4(w.acc[r][4], w.acc[r][5], w.acc[r][6], w.acc[r][7]);
+            }
         }
-    float *red = reinterpret_cast<float *>(ring);  // [R][D] acc, [R] m, [R] l
-    if (lane < C::kLanesPerRow) {
+        if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            float4 *o = reinterpret_cast<float4 *>(red + r * D + d0);
-            o[0] = make_float4(w.acc[r][0], w.acc[r][1], w.acc[r][2], w.acc[r][3]);
-            o[1] = make_float4(w.acc[r][4], w.acc[r][5], w.acc[r][6], w.acc[r][7]);
+            for (int r = 0; r < R; ++r) red[R * D + r] = w.m[r], red[R * D + R + r] = w.l[r];
         }
-    }
-    if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) red[R * D + r] = w.m[r], red[R * D + R + r] = w.l[r];
     }
     __syncthreads();
 
@@ -523,28 +554,42 @@ __global__ void merge_kernel(const DecodeParams p, uint32_t n_splits, uint32_t r
     if (p.lse && threadIdx.x == 0) p.lse[oi] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
-uint32_t rows_per_cta(uint32_t rows_total) { return rows_total <= 1 ? 1 : rows_total <= 4 ? 4 : 8; }
+int decode_mode(const DecodeParams &p) {
+    if (p.compute != kComputeTensorCores || p.q_dtype == IKV_DTYPE_F32) return kSimt;
+    return p.q_dtype == IKV_DTYPE_BF16 ? kTcBF16 : kTcF16;
+}
+
+// Query rows per CTA: SIMT 1, 4 or 8 (its registers grow with R); tensor
+// cores 8 or 16 (the mma's M is 16; 8 keeps half of it for 3 CTAs per SM).
+uint32_t rows_per_cta(int mode, uint32_t rows_total) {
+    if (mode != kSimt) return rows_total <= 8 ? 8 : 16;
+    return rows_total <= 1 ? 1 : rows_total <= 4 ? 4 : 8;
+}
 
 using DecodeFn = void (*)(const DecodeParams, uint32_t, float *, float *);
 
 struct KernelEntry {
     uint32_t D, R;
+    int mode;
     DecodeFn fn;
     int smem;
 };
 
-// The dispatch table: head_dim x row-chunk size.
-#define IKV_DECODE_ENTRY(D, R) {D, R, decode_kernel<D, R>, Smem<D, R>::kBytes}
-const KernelEntry kTable[] = {
-    IKV_DECODE_ENTRY(64, 1),  IKV_DECODE_ENTRY(64, 4),  IKV_DECODE_ENTRY(64, 8),
-    IKV_DECODE_ENTRY(128, 1), IKV_DECODE_ENTRY(128, 4), IKV_DECODE_ENTRY(128, 8),
-    IKV_DECODE_ENTRY(256, 1), IKV_DECODE_ENTRY(256, 4), IKV_DECODE_ENTRY(256, 8),
-};
+// The dispatch table: head_dim x row-chunk size x compute mode.
+#define IKV_DECODE_ENTRY(D, R, M) {D, R, M, decode_kernel<D, R, M>, Smem<D, R>::kBytes}
+#define IKV_DECODE_D(D)                                                                                     \
+    IKV_DECODE_ENTRY(D, 1, kSimt), IKV_DECODE_ENTRY(D, 4, kSimt), IKV_DECODE_ENTRY(D, 8, kSimt),           \
+        IKV_DECODE_ENTRY(D, 8, kTcF16), IKV_DECODE_ENTRY(D, 16, kTcF16), IKV_DECODE_ENTRY(D, 8, kTcBF16), \
+        IKV_DECODE_ENTRY(D, 16, kTcBF16)
+const KernelEntry kTable[] = {IKV_DECODE_D(64), IKV_DECODE_D(128), IKV_DECODE_D(256)};
+#undef IKV_DECODE_D
 #undef IKV_DECODE_ENTRY
 
-const KernelEntry *find_kernel(uint32_t D, uint32_t R) {
+const KernelEntry *find_kernel(const DecodeParams &p, uint32_t rows_total) {
+    const int mode = decode_mode(p);
+    const uint32_t R = rows_per_cta(mode, rows_total);
     for (const KernelEntry &e : kTable)
-        if (e.D == D && e.R == R) return &e;
+        if (e.D == p.shape.head_dim && e.R == R && e.mode == mode) return &e;
     return nullptr;
 }
 
@@ -567,7 +612,7 @@ cudaError_t allow_smem(const KernelEntry *k) {
 uint32_t query_rows(const DecodeParams &p) { return p.n_query_tokens * (p.n_q_heads / p.shape.n_kv_heads); }
 
 uint32_t row_chunks(const DecodeParams &p) {
-    const uint32_t rows = query_rows(p), R = rows_per_cta(rows);
+    const uint32_t rows = query_rows(p), R = rows_per_cta(decode_mode(p), rows);
     return (rows + R - 1) / R;
 }
 
@@ -576,7 +621,7 @@ uint32_t row_chunks(const DecodeParams &p) {
 // device, the shared-memory bound (228 KB per SM, 1 KB reserved per CTA).
 uint64_t ctas_per_sm(const DecodeParams &p) {
     static std::atomic<int> cached[sizeof(kTable) / sizeof(kTable[0])];
-    const KernelEntry *k = find_kernel(p.shape.head_dim, rows_per_cta(query_rows(p)));
+    const KernelEntry *k = find_kernel(p, query_rows(p));
     if (!k) return 1;
     int n = cached[k - kTable].load(std::memory_order_relaxed);
     if (n == 0 && allow_smem(k) == cudaSuccess &&
@@ -623,7 +668,7 @@ uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits) {
 
 cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream) {
     const uint32_t rows = query_rows(p);
-    const KernelEntry *k = find_kernel(p.shape.head_dim, rows_per_cta(rows));
+    const KernelEntry *k = find_kernel(p, rows);
     // (the merge keeps one float per split in shared memory: at most kMaxSplits)
     if (!k || p.n_splits == 0 || p.n_splits > kMaxSplits || p.shape.page_size > 128) return cudaErrorInvalidValue;
     const uint32_t splits = p.n_splits;

@@ -57,9 +57,33 @@ struct Fmt {
     static constexpr int kG = int(int4_v_groups(D));
 };
 
+// XOR swizzle of the 16-byte pieces of a slot's K and V rows, for the
+// tensor-core path (kernels/decode_mma.cuh): piece p of chunk row r is stored
+// at piece p ^ swizzle(r). Its lanes read K rows {0,1,4,5,..} and V rows
+// {4c+i} at the same column, which without it land in the same banks (rows
+// are 32..512 bytes, multiples of the 128-byte bank line). The per-row XOR is
+// linear in r's bits, x0*r0 ^ x1*r1 ^ x2*r2 ^ x3*r3, with the x chosen by an
+// exhaustive search over both read patterns (wavefronts per load minimal:
+// e.g. D=128 F16 192 -> 64, INT8 128 -> 32, INT4 64 -> 24 per chunk).
+// Nibbles of the code: x0 | x1 << 4 | x2 << 8 | x3 << 12; rows: D = 64, 128,
+// 256; columns: 2-byte, 1-byte, half-byte elements.
+template <int D, int F>
+__host__ __device__ constexpr uint32_t swizzle_code() {
+    constexpr int cls = (F == IKV_FMT_F16 || F == IKV_FMT_BF16) ? 0 : F == IKV_FMT_INT4 ? 2 : 1;
+    constexpr uint32_t kCodes[3][3] = {{0x4204, 0x0200, 0x1000}, {0x4104, 0x2402, 0x2100}, {0x2104, 0x1402, 0x4201}};
+    return kCodes[D == 64 ? 0 : D == 128 ? 1 : 2][cls];
+}
+template <int D, int F>
+__device__ __forceinline__ int swizzle(int r) {
+    constexpr uint32_t c = swizzle_code<D, F>();
+    return int(((r & 1) ? c & 0xF : 0) ^ ((r & 2) ? (c >> 4) & 0xF : 0) ^ ((r & 4) ? (c >> 8) & 0xF : 0) ^
+               ((r & 8) ? (c >> 12) & 0xF : 0));
+}
+
 // Copy chunk rows [lo, hi) (page rows; the chunk starts at page row c0) of the
 // sub-page at `sub` (page of P rows) into `slot`, by the 32 lanes of a warp.
-template <int D, int F>
+// kSwz: store the rows' pieces swizzled (tensor-core path).
+template <int D, int F, bool kSwz = false>
 __device__ __forceinline__ void copy_chunk(const uint8_t *sub, int P, int c0, int lo, int hi, uint8_t *slot,
                                            int lane) {
     using M = Fmt<D, F>;
@@ -68,11 +92,12 @@ __device__ __forceinline__ void copy_chunk(const uint8_t *sub, int P, int c0, in
     const SubpageLayout L = subpage_layout(ikv_format(F), uint32_t(P), uint32_t(D));
 #pragma unroll
     for (int idx = lane; idx < kN; idx += 32) {
-        const int r = c0 + idx / kPieces;
+        const int cr = idx / kPieces, r = c0 + cr;
         const bool ok = r >= lo && r < hi;
         const uint64_t off = ok ? uint64_t(r) * M::kRowBytes + uint64_t(idx % kPieces) * 16 : 0;
-        cp_async16(slot + idx * 16, sub + L.k + off, ok);
-        cp_async16(slot + kChunkRows * M::kRowBytes + idx * 16, sub + L.v + off, ok);
+        const int dst = kSwz ? cr * kPieces + ((idx % kPieces) ^ swizzle<D, F>(cr)) : idx;
+        cp_async16(slot + dst * 16, sub + L.k + off, ok);
+        cp_async16(slot + kChunkRows * M::kRowBytes + dst * 16, sub + L.v + off, ok);
     }
     uint8_t *s = slot + M::kScaleOff;
     if (F == IKV_FMT_FP8_E4M3) {

@@ -58,7 +58,14 @@ struct DecodeParams {
     uint32_t max_pages;       // upper bound of any counts[i] (sizes the split-K grid)
     uint32_t n_splits;        // 0 = choose (see decode_choose_splits)
     void *workspace;          // device scratch of decode_workspace_bytes() bytes
+    uint32_t compute;         // DecodeCompute
 };
+
+// How the fused decode computes. F32 queries always use fp32 FMAs; F16/BF16
+// queries use tensor cores (mma.sync with operands in the query's type, fp32
+// accumulation; kernels/decode_mma.cuh) when asked. The default is fp32 FMAs
+// until the tensor-core path has been checked and measured on a GPU.
+enum DecodeCompute : uint32_t { kComputeDefault = 0, kComputeSimt = 1, kComputeTensorCores = 2 };
 
 // Splits the launcher picks for a shape on a device with n_sms SMs.
 uint32_t decode_choose_splits(const DecodeParams &p, int n_sms);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine runs in one call (it has CUDA, PyTorch and CMake,
 # but not mimalloc, CMocka or Google Benchmark: carry build-deps/, a prefix
-# holding copies of those Debian packages' files).
+# holding copies of those Debian packages' files, made here by
+# scripts/fetch_device_deps.sh).
 #   1. scripts/gpu_check.sh --sanitize --no-lib: kernel checks vs float64,
 #      GPU benchmark, PyTorch SDPA peer, compute-sanitizer memcheck;
 #   2. the whole library with CUDA (sm_90) + tests + benchmarks + demo:

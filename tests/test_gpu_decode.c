@@ -182,18 +182,22 @@ typedef struct {
     uint32_t T;
     const ikv_plan *plan;
     uint32_t topk;
+    ikv_dtype q_dtype; /* F32 or F16 (q must then hold f16-representable values) */
 } step_cfg;
 
 /* Tolerance (rel. L2 of out vs the CPU decode and vs float64) of a step of T
  * query tokens on the path IKV_CUDA_MULTI_TOKEN selects: the fused kernel
- * works in fp32 on fp32 queries (1e-4); the GEMM path multiplies 16-bit
- * operands (q rounded to f16, P in f16; 3e-3). Under auto the GEMM path is
- * taken from kMultiTokenGemmMinRows = 64 query rows (16 tokens at G = 4). */
-static double step_tol(uint32_t T) {
+ * works in fp32 on fp32 queries (1e-4); F16 queries get 2e-3, the bound of
+ * its tensor-core compute (f16 operands; IKV_CUDA_DECODE_COMPUTE=tensor-cores,
+ * CTest's test_gpu_decode_tensor_cores), also met by its fp32 compute; the GEMM path multiplies 16-bit operands (q rounded
+ * to f16, P in f16; 3e-3). Under auto the GEMM path is taken from
+ * kMultiTokenGemmMinRows = 64 query rows (16 tokens at G = 4). */
+static double step_tol(uint32_t T, ikv_dtype q_dtype) {
     const char *mode = getenv("IKV_CUDA_MULTI_TOKEN");
     const int gemm = mode && strcmp(mode, "gemm") == 0;
     const int fused = mode && strcmp(mode, "fused") == 0;
-    return gemm || (!fused && T * G >= 64) ? 3e-3 : 1e-4;
+    if (gemm || (!fused && T * G >= 64)) return 3e-3;
+    return q_dtype == IKV_DTYPE_F16 ? 2e-3 : 1e-4;
 }
 
 /* Decodes seqs on both pools; returns rel L2 of CUDA vs CPU output; fills the CUDA output and lse. */
@@ -207,16 +211,20 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     a.plans = cfg.plan ? plans : NULL;
     a.n_query_tokens = cfg.T;
     a.n_q_heads = HQ;
-    a.q_dtype = IKV_DTYPE_F32;
+    a.q_dtype = cfg.q_dtype == IKV_DTYPE_F16 ? IKV_DTYPE_F16 : IKV_DTYPE_F32;
     a.out_dtype = IKV_DTYPE_F32;
     a.topk_token_budget = cfg.topk;
     float *out_cpu = malloc(4 * n_out), *lse_cpu = malloc(4 * n_lse);
+    uint16_t *qh = malloc(2 * n_out);
+    ikvt_to_f16(q, qh, n_out);
+    const void *qin = a.q_dtype == IKV_DTYPE_F16 ? (const void *)qh : (const void *)q;
+    const size_t q_bytes = (a.q_dtype == IKV_DTYPE_F16 ? 2 : 4) * n_out;
     a.seqs = sc;
-    a.q = q;
+    a.q = qin;
     a.out = out_cpu;
     a.lse = lse_cpu;
     IKVT_OK(ikv_decode(dec, cpu, &a));
-    void *dq = dev_upload(q, 4 * n_out), *dout = dev_upload(NULL, 4 * n_out), *dlse = dev_upload(NULL, 4 * n_lse);
+    void *dq = dev_upload(qin, q_bytes), *dout = dev_upload(NULL, 4 * n_out), *dlse = dev_upload(NULL, 4 * n_lse);
     a.seqs = sg;
     a.q = dq;
     a.out = dout;
@@ -230,7 +238,7 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     for (size_t i = 0; i < n_out; ++i) ref[i] = out_cpu[i];
     const double err = ikvt_rel_l2(out_gpu, ref, n_out);
     for (size_t i = 0; i < n_lse; ++i) assert_true(fabs((double)lse_gpu[i] - lse_cpu[i]) <= 1e-3 * (1 + fabs(lse_cpu[i])));
-    free(ref), free(out_cpu), free(lse_cpu);
+    free(ref), free(out_cpu), free(lse_cpu), free(qh);
     return err;
 }
 
@@ -252,28 +260,38 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
             expect_same_storage(cpu, sc[b], gpu, sg[b], lens[b]);
         }
         const float scale = 1.0f / sqrtf((float)D);
-        /* Dense (T = 1), causal multi-token (T = 3), a plan with partial pages, and top-k. */
-        for (int variant = 0; variant < 4; ++variant) {
-            step_cfg cfg = {variant == 1 ? 3u : 1u, NULL, 0};
+        /* Dense (T = 1), causal multi-token (T = 3), a plan with partial pages, and top-k;
+         * F32 queries and F16 queries (tensor cores when IKV_CUDA_DECODE_COMPUTE asks for them). */
+        for (int variant = 0; variant < 8; ++variant) {
+            step_cfg cfg = {variant % 4 == 1 ? 3u : 1u, NULL, 0, variant < 4 ? IKV_DTYPE_F32 : IKV_DTYPE_F16};
             ikv_plan *plan = NULL;
             ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
-            if (variant == 2) {
+            if (variant % 4 == 2) {
                 IKVT_OK(ikv_plan_from_ranges(ranges, 3, 97, P, fmts[fi], &plan));
                 cfg.plan = plan;
             }
-            if (variant == 3) cfg.topk = 64;
+            if (variant % 4 == 3) cfg.topk = 64;
             const size_t n_out = (size_t)B * cfg.T * HQ * D;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * cfg.T * HQ);
             ikvt_fill_normal(&rng, q, n_out, 1.0f);
+            if (cfg.q_dtype == IKV_DTYPE_F16) /* the reference sees the values the decoders read */
+                for (size_t i = 0; i < n_out; ++i) {
+                    uint16_t h;
+                    ikvt_to_f16(q + i, &h, 1);
+                    q[i] = ikvt_f16_to_f32(h);
+                }
             const double vs_cpu = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
-            assert_true(vs_cpu <= step_tol(cfg.T));
-            if (variant != 3) { /* top-k has no independent float64 selection here; it is compared with the CPU */
+            if (!(vs_cpu <= step_tol(cfg.T, cfg.q_dtype)))
+                fail_msg("format %d variant %d vs CPU: rel L2 %.3g", (int)fmts[fi], variant, vs_cpu);
+            if (variant % 4 != 3) { /* top-k has no independent float64 selection here; it is compared with the CPU */
                 for (int b = 0; b < B; ++b) {
                     const size_t per = (size_t)cfg.T * HQ * D;
                     double *ref = malloc(8 * per), *rl = malloc(8 * (size_t)cfg.T * HQ);
                     reference(gpu, sg[b], 1, lens[b], plan ? ranges : NULL, plan ? 3 : 0, cfg.T, q + b * per, scale,
                               ref, rl);
-                    assert_true(ikvt_rel_l2(out + b * per, ref, per) <= step_tol(cfg.T));
+                    const double e = ikvt_rel_l2(out + b * per, ref, per);
+                    if (!(e <= step_tol(cfg.T, cfg.q_dtype)))
+                        fail_msg("format %d variant %d seq %d vs float64: rel L2 %.3g", (int)fmts[fi], variant, b, e);
                     free(ref), free(rl);
                 }
             }
@@ -309,17 +327,18 @@ static void test_long_multi_token_step(void **state) {
         for (int planned = 0; planned < 2; ++planned) {
             ikv_plan *plan = NULL;
             if (planned) IKVT_OK(ikv_plan_from_ranges(ranges, 3, 400, P, fmts[fi], &plan));
-            step_cfg cfg = {T, plan, 0};
+            step_cfg cfg = {T, plan, 0, IKV_DTYPE_F32};
             const size_t per = (size_t)T * HQ * D, n_out = B * per;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * T * HQ);
             ikvt_fill_normal(&rng, q, n_out, 1.0f);
             const double vs_cpu = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
-            if (!(vs_cpu <= step_tol(T))) fail_msg("T=%d vs CPU: rel L2 %.3g > %.3g", T, vs_cpu, step_tol(T));
+            const double tol = step_tol(T, IKV_DTYPE_F32);
+            if (!(vs_cpu <= tol)) fail_msg("T=%d vs CPU: rel L2 %.3g > %.3g", T, vs_cpu, tol);
             for (int b = 0; b < B; ++b) {
                 double *ref = malloc(8 * per), *rl = malloc(8 * (size_t)T * HQ);
                 reference(gpu, sg[b], 1, lens[b], plan ? ranges : NULL, plan ? 3 : 0, T, q + b * per, scale, ref, rl);
                 const double e = ikvt_rel_l2(out + b * per, ref, per);
-                if (!(e <= step_tol(T))) fail_msg("T=%d seq %d vs float64: rel L2 %.3g > %.3g", T, b, e, step_tol(T));
+                if (!(e <= tol)) fail_msg("T=%d seq %d vs float64: rel L2 %.3g > %.3g", T, b, e, tol);
                 for (size_t i = 0; i < (size_t)T * HQ; ++i)
                     assert_true(fabs((double)lse[b * T * HQ + i] - rl[i]) <= 1e-3 * (1 + fabs(rl[i])));
                 free(ref), free(rl);

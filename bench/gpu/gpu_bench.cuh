@@ -175,18 +175,26 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                 p.out = out;
 
                 const bool quarter_too = f == IKV_FMT_F16 || f == IKV_FMT_INT8;
-                for (int variant = 0; variant < (quarter_too ? 2 : 1); ++variant) {
+                // Variants: dense and (F16, INT8) a 25% selection, on the default compute path
+                // (fp32 FMAs) and on tensor cores (-tc; F16 queries -> f16 mma operands).
+                static const char *kVariant[] = {"dense", "sel25", "dense-tc", "sel25-tc"};
+                for (int variant = 0; variant < 4; ++variant) {
+                    if (variant % 2 == 1 && !quarter_too) continue;
                     uint64_t bytes = 0;
-                    auto lists = make_lists(variant == 1, &bytes);
+                    auto lists = make_lists(variant % 2 == 1, &bytes);
                     const uint32_t stride = n_pages;
                     auto step = [&](int k) {
                         ikv::cuda::DecodeParams q = p;
                         const uint32_t r = uint32_t(k) % nrot;
                         q.lists = DevLists{lists.first + size_t(r) * B * stride, lists.second + size_t(r) * B, stride, 1};
+                        if (variant >= 2) {
+                            q.compute = ikv::cuda::kComputeTensorCores;
+                            q.n_splits = ikv::cuda::decode_choose_splits(q, prop.multiProcessorCount);
+                        }
                         CK(ikv::cuda::launch_decode(q, 0));
                     };
                     const double ms = tm.median_ms(step, reps, batch);
-                    BenchRow row{variant ? "sel25" : "dense", B, ctx, fnames[f], ms, double(bytes), 0, 0, 0};
+                    BenchRow row{kVariant[variant], B, ctx, fnames[f], ms, double(bytes), 0, 0, 0};
                     row.gbps = bytes / (ms * 1e-3) / 1e9;
                     row.share = row.gbps / copy_gbps;
                     rows.push_back(row);

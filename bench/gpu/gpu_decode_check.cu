@@ -152,6 +152,7 @@ struct DecodeCase {
     uint32_t splits = 0;  // 0 = auto
     bool per_head = false, with_empty = false;
     float softcap = 0.0f;
+    bool force_simt = false;  // fp32 FMAs for F16/BF16 queries too (else tensor cores)
 };
 
 const char *fmt_name(ikv_format f) {
@@ -160,12 +161,22 @@ const char *fmt_name(ikv_format f) {
 }
 
 double out_tolerance(ikv_dtype dt) { return dt == IKV_DTYPE_F32 ? 1e-4 : dt == IKV_DTYPE_F16 ? 2e-3 : 1e-2; }
+// F16/BF16 queries run on tensor cores with operands in the query's type
+// (K, V and P rounded to it), fp32 accumulation: the error class of 16-bit
+// operands (rel. L2 ~5e-4 for f16, ~4e-3 for bf16 on these inputs).
+double operand_tolerance(ikv_dtype q_dtype) { return q_dtype == IKV_DTYPE_F32 ? 0.0 : q_dtype == IKV_DTYPE_F16 ? 2e-3 : 1e-2; }
+double decode_tolerance(ikv_dtype q_dtype, ikv_dtype out_dtype) {
+    return std::max(out_tolerance(out_dtype), operand_tolerance(q_dtype));
+}
+// lse: absolute error relative to 1 + |lse|; 16-bit operands move the logits by their rounding.
+double lse_tolerance(ikv_dtype q_dtype) { return q_dtype == IKV_DTYPE_BF16 ? 1e-2 : 1e-3; }
 
 // Runs the kernel on lists and compares with the float64 reference. Returns ok.
 bool run_decode_and_compare(const PageShape &s, uint32_t layer, const std::vector<HostSeq> &seqs,
                             const std::vector<HostList> &lists, uint32_t list_heads, uint32_t T, uint32_t Hq,
                             ikv_dtype q_dtype, ikv_dtype out_dtype, uint32_t splits, float softcap, int n_sms,
-                            double *err_out, std::vector<void *> *allocs, const DevLists *dev_lists_override) {
+                            double *err_out, std::vector<void *> *allocs, const DevLists *dev_lists_override,
+                            bool force_simt = false) {
     const uint32_t B = uint32_t(seqs.size()), D = s.head_dim;
     Rng rng(1234 + D + Hq + T);
     std::vector<float> q(size_t(B) * T * Hq * D), qr;
@@ -208,6 +219,7 @@ bool run_decode_and_compare(const PageShape &s, uint32_t layer, const std::vecto
     p.scale = 1.0f / sqrtf(float(D));
     p.softcap = softcap;
     p.max_pages = max_pages;
+    p.compute = force_simt ? ikv::cuda::kComputeSimt : ikv::cuda::kComputeTensorCores;
     p.n_splits = splits ? splits : ikv::cuda::decode_choose_splits(p, n_sms);
     const size_t n_out = size_t(B) * T * Hq * D, n_lse = size_t(B) * T * Hq;
     const size_t esz = out_dtype == IKV_DTYPE_F32 ? 4 : 2;
@@ -250,12 +262,12 @@ bool run_decode_and_compare(const PageShape &s, uint32_t layer, const std::vecto
     for (size_t i = 0; i < n_lse; ++i) {
         if (std::isinf(ref_lse[i])) {
             if (!(std::isinf(got_lse[i]) && got_lse[i] < 0)) ok = false;
-        } else if (!(fabs(got_lse[i] - ref_lse[i]) <= 1e-3 * (1.0 + fabs(ref_lse[i])))) {
+        } else if (!(fabs(got_lse[i] - ref_lse[i]) <= lse_tolerance(q_dtype) * (1.0 + fabs(ref_lse[i])))) {
             ok = false;
         }
     }
     *err_out = rel;
-    return ok && rel <= out_tolerance(out_dtype);
+    return ok && rel <= decode_tolerance(force_simt ? IKV_DTYPE_F32 : q_dtype, out_dtype);
 }
 
 bool decode_case(const DecodeCase &c, int n_sms, uint64_t seed) {
@@ -276,14 +288,16 @@ bool decode_case(const DecodeCase &c, int n_sms, uint64_t seed) {
             lists.push_back(random_list(s, seqs[b], rng, 0.6, c.with_empty && b == 1));
     double err = 0;
     const bool ok = run_decode_and_compare(s, 1, seqs, lists, list_heads, c.T, Hq, c.q_dtype, c.out_dtype, c.splits,
-                                           c.softcap, n_sms, &err, &allocs, nullptr);
+                                           c.softcap, n_sms, &err, &allocs, nullptr, c.force_simt);
     char what[256];
     std::string fm;
     for (ikv_format f : c.fmts) fm += std::string(fm.empty() ? "" : "+") + fmt_name(f);
     snprintf(what, sizeof what,
-             "decode D=%u G=%u P=%u T=%u fmt=%s q=%d out=%d splits=%u%s%s%s rel_l2=%.2e (tol %.0e)", c.D, c.G, c.P,
-             c.T, fm.c_str(), int(c.q_dtype), int(c.out_dtype), c.splits, c.per_head ? " per-head-lists" : "",
-             c.with_empty ? " empty-seq" : "", c.softcap > 0 ? " softcap" : "", err, out_tolerance(c.out_dtype));
+             "decode D=%u G=%u P=%u T=%u fmt=%s q=%d out=%d splits=%u%s%s%s %s rel_l2=%.2e (tol %.0e)", c.D, c.G,
+             c.P, c.T, fm.c_str(), int(c.q_dtype), int(c.out_dtype), c.splits, c.per_head ? " per-head-lists" : "",
+             c.with_empty ? " empty-seq" : "", c.softcap > 0 ? " softcap" : "",
+             c.force_simt || c.q_dtype == IKV_DTYPE_F32 ? "simt" : "tensor-cores", err,
+             decode_tolerance(c.force_simt ? IKV_DTYPE_F32 : c.q_dtype, c.out_dtype));
     report(ok, what);
     free_all(&allocs);
     return ok;
@@ -307,7 +321,11 @@ void check_decode(bool quick, int n_sms) {
                     c.per_head = k % 5 == 2;
                     c.with_empty = k % 7 == 3;
                     ++k;
-                    decode_case(c, n_sms, seed++);
+                    // Every case on each path: F32 queries (fp32 FMAs), F16 and BF16 (tensor cores).
+                    for (ikv_dtype qd : {IKV_DTYPE_F32, IKV_DTYPE_F16, IKV_DTYPE_BF16}) {
+                        c.q_dtype = qd;
+                        decode_case(c, n_sms, seed++);
+                    }
                 }
     // Query/output dtypes, softcap, 16 query tokens (row chunks), T x G over 16 rows.
     DecodeCase a{128, 4, 16, 1, {IKV_FMT_F16}};
@@ -315,18 +333,29 @@ void check_decode(bool quick, int n_sms) {
     decode_case(a, n_sms, seed++);
     a.q_dtype = IKV_DTYPE_BF16, a.out_dtype = IKV_DTYPE_BF16;
     decode_case(a, n_sms, seed++);
+    a.q_dtype = IKV_DTYPE_F16, a.out_dtype = IKV_DTYPE_F32, a.force_simt = true;  // the fp32 path for F16 queries
+    decode_case(a, n_sms, seed++);
     DecodeCase b{128, 4, 16, 1, {IKV_FMT_INT8}};
     b.softcap = 5.0f;
-    decode_case(b, n_sms, seed++);
-    DecodeCase m{64, 8, 16, 16, {IKV_FMT_F16, IKV_FMT_INT4}};
+    for (ikv_dtype qd : {IKV_DTYPE_F32, IKV_DTYPE_F16}) {
+        b.q_dtype = qd;
+        decode_case(b, n_sms, seed++);
+    }
+    DecodeCase m{64, 8, 16, 16, {IKV_FMT_F16, IKV_FMT_INT4}};  // 128 rows: 8 (16 on tensor cores) per CTA
     m.splits = 2;
-    decode_case(m, n_sms, seed++);
+    for (ikv_dtype qd : {IKV_DTYPE_F32, IKV_DTYPE_F16, IKV_DTYPE_BF16}) {
+        m.q_dtype = qd;
+        decode_case(m, n_sms, seed++);
+    }
     if (!quick) {
         DecodeCase w{256, 8, 64, 3, {IKV_FMT_BF16, IKV_FMT_FP8_E4M3}};
-        decode_case(w, n_sms, seed++);
         DecodeCase e{128, 1, 16, 16, {IKV_FMT_INT4}};
         e.splits = 5;
-        decode_case(e, n_sms, seed++);
+        for (ikv_dtype qd : {IKV_DTYPE_F32, IKV_DTYPE_F16, IKV_DTYPE_BF16}) {
+            w.q_dtype = e.q_dtype = qd;
+            decode_case(w, n_sms, seed++);
+            decode_case(e, n_sms, seed++);
+        }
     }
 }
 
@@ -543,8 +572,9 @@ void check_graph(int n_sms) {
     t.n_seqs = B;
     t.n_q_heads = Hq;
     t.n_query_tokens = 1;
-    t.q = to_device(q, &allocs);
-    t.q_dtype = IKV_DTYPE_F32;
+    std::vector<float> q_rounded;
+    t.q = upload_q(q, IKV_DTYPE_F16, &q_rounded, &allocs);  // F16 queries: the tensor-core decode
+    t.q_dtype = IKV_DTYPE_F16;
     t.candidates = DevLists{to_device(flat, &allocs), to_device(counts, &allocs), max_c, 1};
     t.max_candidates = max_c;
     t.token_budget = 16 * 20;
@@ -562,7 +592,8 @@ void check_graph(int n_sms) {
     p.lists = DevLists{t.out_pages, t.out_counts, max_c, s.n_kv_heads};
     p.seq_len = to_device(lens, &allocs);
     p.q = t.q;
-    p.q_dtype = IKV_DTYPE_F32;
+    p.q_dtype = t.q_dtype;
+    p.compute = ikv::cuda::kComputeTensorCores;
     p.out_dtype = IKV_DTYPE_F32;
     p.scale = 1.0f / sqrtf(128.0f);
     p.max_pages = max_c;

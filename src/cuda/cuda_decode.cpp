@@ -81,19 +81,35 @@ constexpr const char *kFn = "ikv_decode";
 
 uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
 
+// Index of the environment variable's value in choices (n of them; an unset
+// or empty variable means choices[0]); another value logs a warning and
+// means choices[0]. Read by callers once per process (like IKV_CPU_ISA).
+int env_choice(const char *name, const char *const *choices, int n) {
+    const char *env = std::getenv(name);
+    if (env == nullptr || env[0] == '\0') return 0;
+    for (int i = 0; i < n; ++i)
+        if (std::strcmp(env, choices[i]) == 0) return i;
+    log(IKV_LOG_WARN, "%s=%s is not a known value; using %s", name, env, choices[0]);
+    return 0;
+}
+
 enum class MultiTokenMode { Auto, Fused, Gemm };
 
-// IKV_CUDA_MULTI_TOKEN, read once (like IKV_CPU_ISA): fused, gemm or auto.
+// IKV_CUDA_MULTI_TOKEN: auto, fused or gemm.
 MultiTokenMode multi_token_mode() {
-    static const MultiTokenMode mode = [] {
-        const char *env = std::getenv("IKV_CUDA_MULTI_TOKEN");
-        if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return MultiTokenMode::Auto;
-        if (std::strcmp(env, "fused") == 0) return MultiTokenMode::Fused;
-        if (std::strcmp(env, "gemm") == 0) return MultiTokenMode::Gemm;
-        log(IKV_LOG_WARN, "IKV_CUDA_MULTI_TOKEN=%s is not one of fused, gemm, auto; using auto", env);
-        return MultiTokenMode::Auto;
-    }();
+    static const char *const kNames[] = {"auto", "fused", "gemm"};
+    static const MultiTokenMode mode = MultiTokenMode(env_choice("IKV_CUDA_MULTI_TOKEN", kNames, 3));
     return mode;
+}
+
+// IKV_CUDA_DECODE_COMPUTE: how the fused decode computes for F16/BF16
+// queries: simt (fp32 FMAs, the default until the tensor-core path is
+// measured on a GPU, see docs/CUDA.md) or tensor-cores (kernels/decode_mma.cuh).
+uint32_t decode_compute() {
+    static const char *const kNames[] = {"simt", "tensor-cores"};
+    static const uint32_t c =
+        env_choice("IKV_CUDA_DECODE_COMPUTE", kNames, 2) == 1 ? cuda::kComputeTensorCores : cuda::kComputeSimt;
+    return c;
 }
 
 bool use_gemm(uint32_t query_rows) {
@@ -199,6 +215,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     p.out_dtype = a.out_dtype;
     p.lse = a.lse;
     p.scale = a.scale > 0.0f ? a.scale : 1.0f / std::sqrt(float(D));
+    p.compute = decode_compute();
     p.softcap = a.softcap;
     p.max_pages = stride;
     const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv));
