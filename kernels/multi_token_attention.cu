@@ -63,17 +63,33 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
+// The query row of this warp in the kernels that take one warp per (bh, row):
+// w = bh * M + r, bh = b * Hkv + h, r = t * G + g (M = T * G rows per bh).
+struct WarpRow {
+    uint64_t w;
+    uint64_t qi;  // the row's index in q / out / lse: (b * T + t) * Hq + h * G + g
+    uint32_t lane, D;
+    bool valid;   // w < n_seqs * Hkv * M
+};
+__device__ __forceinline__ WarpRow warp_row(const DecodeParams &p) {
+    const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv, M = p.n_query_tokens * G;
+    WarpRow q{};
+    q.w = (uint64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+    q.lane = threadIdx.x % 32;
+    q.D = p.shape.head_dim;
+    q.valid = q.w < uint64_t(p.n_seqs) * Hkv * M;
+    const uint32_t r = uint32_t(q.w % M), bh = uint32_t(q.w / M), b = bh / Hkv, h = bh % Hkv;
+    q.qi = (uint64_t(b) * p.n_query_tokens + r / G) * p.n_q_heads + h * G + r % G;
+    return q;
+}
+
 // One warp per (bh, row): the query row in operand precision, and the row's
 // running state reset.
 __global__ void stage_kernel(const DecodeParams p, bool bf16, uint16_t *qs, float *O, float *m, float *l) {
-    const uint32_t Hkv = p.shape.n_kv_heads, D = p.shape.head_dim, G = p.n_q_heads / Hkv;
-    const uint32_t M = p.n_query_tokens * G;
-    const uint64_t w = (uint64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-    const uint32_t lane = threadIdx.x % 32;
-    if (w >= uint64_t(p.n_seqs) * Hkv * M) return;
-    const uint32_t r = uint32_t(w % M), bh = uint32_t(w / M), b = bh / Hkv, h = bh % Hkv;
-    const uint32_t t = r / G, g = r % G;
-    const uint64_t src = ((uint64_t(b) * p.n_query_tokens + t) * p.n_q_heads + h * G + g) * D;
+    const WarpRow q = warp_row(p);
+    if (!q.valid) return;
+    const uint32_t D = q.D, lane = q.lane;
+    const uint64_t w = q.w, src = q.qi * D;
     for (uint32_t d = lane; d < D; d += 32) {
         qs[w * D + d] = to_operand(load_elem(p.q, p.q_dtype, src + d), bf16);
         O[w * D + d] = 0.0f;
@@ -240,14 +256,10 @@ __global__ void softmax_kernel(const DecodeParams p, bool bf16, uint32_t bh0, ui
 
 // One warp per (bh, row).
 __global__ void finalize_kernel(const DecodeParams p, const float *O, const float *m, const float *l) {
-    const uint32_t Hkv = p.shape.n_kv_heads, D = p.shape.head_dim, G = p.n_q_heads / Hkv;
-    const uint32_t M = p.n_query_tokens * G;
-    const uint64_t w = (uint64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-    const uint32_t lane = threadIdx.x % 32;
-    if (w >= uint64_t(p.n_seqs) * Hkv * M) return;
-    const uint32_t r = uint32_t(w % M), bh = uint32_t(w / M), b = bh / Hkv, h = bh % Hkv;
-    const uint32_t t = r / G, g = r % G;
-    const uint64_t oi = (uint64_t(b) * p.n_query_tokens + t) * p.n_q_heads + h * G + g;
+    const WarpRow q = warp_row(p);
+    if (!q.valid) return;
+    const uint32_t D = q.D, lane = q.lane;
+    const uint64_t w = q.w, oi = q.qi;
     const float L = l[w];
     const float inv = L > 0.0f ? 1.0f / L : 0.0f;
     for (uint32_t d = lane; d < D; d += 32) store_elem(p.out, p.out_dtype, oi * D + d, O[w * D + d] * inv);

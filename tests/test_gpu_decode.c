@@ -17,48 +17,13 @@
  * Device memory for q/out/lse comes from the CUDA runtime loaded with dlopen,
  * so the test needs nothing beyond the public header.
  */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_rt.h"
 #include "support.h"
-
-/* ---- the few CUDA runtime calls the test needs, found at run time ---- */
-typedef int (*cuda_malloc_fn)(void **, size_t);
-typedef int (*cuda_free_fn)(void *);
-typedef int (*cuda_memcpy_fn)(void *, const void *, size_t, int);
-typedef int (*cuda_sync_fn)(void);
-static struct {
-    cuda_malloc_fn malloc_;
-    cuda_free_fn free_;
-    cuda_memcpy_fn memcpy_;
-    cuda_sync_fn sync_;
-} rt;
-enum { H2D = 1, D2H = 2 };
-
-static int load_cudart(void) {
-    static const char *names[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
-                                  "/usr/local/cuda/lib64/libcudart.so", NULL};
-    for (int i = 0; names[i]; ++i) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!h) continue;
-        rt.malloc_ = (cuda_malloc_fn)dlsym(h, "cudaMalloc");
-        rt.free_ = (cuda_free_fn)dlsym(h, "cudaFree");
-        rt.memcpy_ = (cuda_memcpy_fn)dlsym(h, "cudaMemcpy");
-        rt.sync_ = (cuda_sync_fn)dlsym(h, "cudaDeviceSynchronize");
-        if (rt.malloc_ && rt.free_ && rt.memcpy_ && rt.sync_) return 1;
-    }
-    return 0;
-}
-
-static void *dev_upload(const void *host, size_t bytes) {
-    void *d = NULL;
-    assert_int_equal(rt.malloc_(&d, bytes), 0);
-    if (host) assert_int_equal(rt.memcpy_(d, host, bytes, H2D), 0);
-    return d;
-}
 
 /* ---- runs everywhere ---- */
 
@@ -224,16 +189,16 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     a.out = out_cpu;
     a.lse = lse_cpu;
     IKVT_OK(ikv_decode(dec, cpu, &a));
-    void *dq = dev_upload(qin, q_bytes), *dout = dev_upload(NULL, 4 * n_out), *dlse = dev_upload(NULL, 4 * n_lse);
+    void *dq = ikvt_dev_upload(qin, q_bytes), *dout = ikvt_dev_upload(NULL, 4 * n_out), *dlse = ikvt_dev_upload(NULL, 4 * n_lse);
     a.seqs = sg;
     a.q = dq;
     a.out = dout;
     a.lse = dlse;
     IKVT_OK(ikv_decode(dec, gpu, &a));
-    assert_int_equal(rt.sync_(), 0);
-    assert_int_equal(rt.memcpy_(out_gpu, dout, 4 * n_out, D2H), 0);
-    assert_int_equal(rt.memcpy_(lse_gpu, dlse, 4 * n_lse, D2H), 0);
-    rt.free_(dq), rt.free_(dout), rt.free_(dlse);
+    assert_int_equal(ikvt_rt.sync_(), 0);
+    assert_int_equal(ikvt_rt.memcpy_(out_gpu, dout, 4 * n_out, IKVT_D2H), 0);
+    assert_int_equal(ikvt_rt.memcpy_(lse_gpu, dlse, 4 * n_lse, IKVT_D2H), 0);
+    ikvt_rt.free_(dq), ikvt_rt.free_(dout), ikvt_rt.free_(dlse);
     double *ref = malloc(8 * n_out);
     for (size_t i = 0; i < n_out; ++i) ref[i] = out_cpu[i];
     const double err = ikvt_rel_l2(out_gpu, ref, n_out);
@@ -358,12 +323,7 @@ int main(void) {
     };
     const int failed = cmocka_run_group_tests_name("cuda_everywhere", everywhere, NULL, NULL);
     if (failed) return failed;
-    ikv_runtime_info info;
-    memset(&info, 0, sizeof info);
-    info.struct_size = sizeof info;
-    if (ikv_runtime_info_get(&info) != IKV_OK || !info.cuda_built || info.cuda_device_count == 0)
-        ikvt_skip_program("no CUDA device");
-    if (!load_cudart()) ikvt_skip_program("no CUDA device (libcudart could not be loaded for device buffers)");
+    ikvt_require_cuda_device();
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_cuda_pool_and_decode_match_cpu),
         cmocka_unit_test(test_long_multi_token_step),

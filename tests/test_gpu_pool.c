@@ -25,49 +25,14 @@
  * needs nothing beyond the public header.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
-#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "cuda_rt.h"
 #include "support.h"
-
-/* ---- the few CUDA runtime calls the test needs, found at run time ---- */
-typedef int (*cuda_malloc_fn)(void **, size_t);
-typedef int (*cuda_free_fn)(void *);
-typedef int (*cuda_memcpy_fn)(void *, const void *, size_t, int);
-typedef int (*cuda_sync_fn)(void);
-static struct {
-    cuda_malloc_fn malloc_;
-    cuda_free_fn free_;
-    cuda_memcpy_fn memcpy_;
-    cuda_sync_fn sync_;
-} rt;
-enum { H2D = 1, D2H = 2 };
-
-static int load_cudart(void) {
-    static const char *names[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
-                                  "/usr/local/cuda/lib64/libcudart.so", NULL};
-    for (int i = 0; names[i]; ++i) {
-        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!h) continue;
-        rt.malloc_ = (cuda_malloc_fn)dlsym(h, "cudaMalloc");
-        rt.free_ = (cuda_free_fn)dlsym(h, "cudaFree");
-        rt.memcpy_ = (cuda_memcpy_fn)dlsym(h, "cudaMemcpy");
-        rt.sync_ = (cuda_sync_fn)dlsym(h, "cudaDeviceSynchronize");
-        if (rt.malloc_ && rt.free_ && rt.memcpy_ && rt.sync_) return 1;
-    }
-    return 0;
-}
-
-static void *dev_upload(const void *host, size_t bytes) {
-    void *d = NULL;
-    assert_int_equal(rt.malloc_(&d, bytes), 0);
-    if (host) assert_int_equal(rt.memcpy_(d, host, bytes, H2D), 0);
-    return d;
-}
 
 /* ---- runs everywhere ---- */
 
@@ -169,19 +134,19 @@ static input_t make_input(ikv_pool *pool, ikv_dtype dt, uint32_t layer, uint32_t
                         put(b, dt, (size_t)elem_index(&in.a, l, t, h) + d, x);
                     }
     }
-    in.k_dev = dev_upload(in.k, in.bytes);
-    in.v_dev = dev_upload(in.v, in.bytes);
+    in.k_dev = ikvt_dev_upload(in.k, in.bytes);
+    in.v_dev = ikvt_dev_upload(in.v, in.bytes);
     return in;
 }
 
 static void upload_again(input_t *in) {
-    assert_int_equal(rt.memcpy_(in->k_dev, in->k, in->bytes, H2D), 0);
-    assert_int_equal(rt.memcpy_(in->v_dev, in->v, in->bytes, H2D), 0);
+    assert_int_equal(ikvt_rt.memcpy_(in->k_dev, in->k, in->bytes, IKVT_H2D), 0);
+    assert_int_equal(ikvt_rt.memcpy_(in->v_dev, in->v, in->bytes, IKVT_H2D), 0);
 }
 
 static void free_input(input_t *in) {
-    rt.free_(in->k_dev);
-    rt.free_(in->v_dev);
+    ikvt_rt.free_(in->k_dev);
+    ikvt_rt.free_(in->v_dev);
     free(in->k);
     free(in->v);
 }
@@ -484,7 +449,7 @@ static void run_bench(void) {
         const float x = (float)ikvt_normal(&rng);
         ikvt_to_f16(&x, &host[i], 1);
     }
-    void *dk = dev_upload(host, bulk_bytes), *dv = dev_upload(host, bulk_bytes);
+    void *dk = ikvt_dev_upload(host, bulk_bytes), *dv = ikvt_dev_upload(host, bulk_bytes);
     printf("BENCH shape: %d layers, %d kv-heads, head_dim %d, page %d, F16 input, IKV_ALL_LAYERS\n", BL, BH, BD, BP);
     for (int fi = 0; fi < 2; ++fi) {
         ikv_pool_config c = ikv_pool_default_config();
@@ -544,8 +509,8 @@ static void run_bench(void) {
                BULK, fname, tb[REPS / 2] * 1e-3, 2.0 * bulk_bytes / (tb[REPS / 2] * 1e3), REPS);
         ikv_pool_destroy(pool);
     }
-    rt.free_(dk);
-    rt.free_(dv);
+    ikvt_rt.free_(dk);
+    ikvt_rt.free_(dv);
     free(host);
 }
 
@@ -555,12 +520,7 @@ int main(void) {
     };
     const int failed = cmocka_run_group_tests_name("gpu_pool_everywhere", everywhere, NULL, NULL);
     if (failed) return failed;
-    ikv_runtime_info info;
-    memset(&info, 0, sizeof info);
-    info.struct_size = sizeof info;
-    if (ikv_runtime_info_get(&info) != IKV_OK || !info.cuda_built || info.cuda_device_count == 0)
-        ikvt_skip_program("no CUDA device");
-    if (!load_cudart()) ikvt_skip_program("no CUDA device (libcudart could not be loaded for device buffers)");
+    ikvt_require_cuda_device();
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_device_appends_match_cpu),
         cmocka_unit_test(test_nonfinite_device_input_rejected),

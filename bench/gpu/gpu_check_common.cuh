@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <random>
 #include <vector>
@@ -27,6 +28,7 @@
 namespace gpucheck {
 
 using ikv::PageShape;
+using ikv::cuda::DevPage;
 
 // Summaries as the host store computes them (src/pool/host_page_store.cpp).
 inline void host_summaries(const PageShape &s, ikv_format f, uint8_t *page, uint32_t layer, uint32_t n_valid) {
@@ -123,6 +125,88 @@ T *to_device(const std::vector<T> &v, std::vector<void *> *allocs) {
 inline void free_all(std::vector<void *> *allocs) {
     for (void *p : *allocs) cudaFree(p);
     allocs->clear();
+}
+
+// Check outcomes: one PASS/FAIL line each; the counts make the exit status.
+inline int g_failures = 0, g_cases = 0;
+inline void report(bool ok, const char *what) {
+    ++g_cases;
+    if (!ok) ++g_failures;
+    printf("%s %s\n", ok ? "PASS" : "FAIL", what);
+    fflush(stdout);
+}
+
+// 16-bit dtype (F16 / BF16) bits of x, and back.
+inline uint16_t to_half_bits(float x, ikv_dtype dt) { return dt == IKV_DTYPE_F16 ? ikv::f32_to_f16(x) : ikv::f32_to_bf16(x); }
+inline float from_bits(uint16_t b, ikv_dtype dt) { return dt == IKV_DTYPE_F16 ? ikv::f16_to_f32(b) : ikv::bf16_to_f32(b); }
+
+// A work list in host memory: the DevPage entries (base = device pointer) and
+// the index of each entry's page in its HostSeq.
+struct HostList {
+    std::vector<DevPage> pages;
+    std::vector<uint32_t> page_idx;
+};
+
+// Each page kept with probability keep (the last page always: the newest
+// tokens), 30% of them with random partial bounds; empty: no pages.
+inline HostList random_list(const PageShape &s, const HostSeq &hs, Rng &rng, double keep, bool empty) {
+    HostList L;
+    if (empty) return L;
+    const uint32_t P = s.page_size;
+    for (uint32_t pg = 0; pg < hs.pages.size(); ++pg) {
+        const uint32_t n_valid = std::min(P, hs.length - pg * P);
+        const bool last = pg + 1 == hs.pages.size();
+        if (!last && rng.uniform(0, 1) > keep) continue;
+        uint32_t b = 0, e = n_valid;
+        if (rng.uniform(0, 1) < 0.3 && n_valid > 2) {
+            b = rng.below(n_valid - 1);
+            e = b + 1 + rng.below(n_valid - b);
+        }
+        DevPage d{};
+        d.base = hs.dev[pg];
+        d.pos0 = pg * P;
+        d.begin = uint8_t(b);
+        d.end = uint8_t(e);
+        d.format = uint8_t(hs.formats[pg]);
+        d.flags = (b > 0 || e < P) ? IKV_PAGE_PARTIAL : 0;
+        L.pages.push_back(d);
+        L.page_idx.push_back(pg);
+    }
+    return L;
+}
+
+// Command line of the GPU check programs: [--check] [--bench] [--quick] [--out DIR]
+// (--out defaults to $OUT; neither --check nor --bench means --check).
+struct CheckArgs {
+    bool check = false, bench = false, quick = false;
+    const char *out_dir = nullptr;
+};
+// Returns false (after printing the usage) on an unknown argument.
+inline bool parse_check_args(int argc, char **argv, CheckArgs *a) {
+    a->out_dir = getenv("OUT");
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--check")) a->check = true;
+        else if (!strcmp(argv[i], "--bench")) a->bench = true;
+        else if (!strcmp(argv[i], "--quick")) a->quick = true;
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc) a->out_dir = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--check] [--bench] [--quick] [--out DIR]\n", argv[0]);
+            return false;
+        }
+    }
+    if (!a->check && !a->bench) a->check = true;
+    return true;
+}
+// Device 0's properties, printed; false (after "SKIPPED: no CUDA device") without one.
+inline bool first_device(cudaDeviceProp *prop) {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return false;
+    }
+    CK(cudaGetDeviceProperties(prop, 0));
+    printf("device: %s, %d SMs, L2 %d MB\n", prop->name, prop->multiProcessorCount, prop->l2CacheSize >> 20);
+    return true;
 }
 
 }  // namespace gpucheck

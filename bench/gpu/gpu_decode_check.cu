@@ -28,18 +28,6 @@ using ikv::cuda::DevPage;
 
 namespace {
 
-int g_failures = 0;
-int g_cases = 0;
-
-void report(bool ok, const char *what) {
-    ++g_cases;
-    if (!ok) ++g_failures;
-    printf("%s %s\n", ok ? "PASS" : "FAIL", what);
-    fflush(stdout);
-}
-
-uint16_t to_half_bits(float x, ikv_dtype dt) { return dt == IKV_DTYPE_F16 ? ikv::f32_to_f16(x) : ikv::f32_to_bf16(x); }
-float from_bits(uint16_t b, ikv_dtype dt) { return dt == IKV_DTYPE_F16 ? ikv::f16_to_f32(b) : ikv::bf16_to_f32(b); }
 
 // Device copy of queries in a dtype; *rounded receives the values the kernel sees.
 void *upload_q(const std::vector<float> &q, ikv_dtype dt, std::vector<float> *rounded, std::vector<void *> *allocs) {
@@ -52,11 +40,6 @@ void *upload_q(const std::vector<float> &q, ikv_dtype dt, std::vector<float> *ro
     for (size_t i = 0; i < q.size(); ++i) b[i] = to_half_bits(q[i], dt), (*rounded)[i] = from_bits(b[i], dt);
     return to_device(b, allocs);
 }
-
-struct HostList {
-    std::vector<DevPage> pages;  // base = device pointer
-    std::vector<uint32_t> page_idx;
-};
 
 // Float64 attention over the pages of the lists (list per seq, or per seq x head).
 void reference(const PageShape &s, uint32_t layer, const std::vector<HostSeq> &seqs,
@@ -116,33 +99,6 @@ void reference(const PageShape &s, uint32_t layer, const std::vector<HostSeq> &s
                     (*lse)[oi] = m + log(l);
                 }
         }
-}
-
-// Random selection of pages with some partial bounds.
-HostList random_list(const PageShape &s, const HostSeq &hs, Rng &rng, double keep, bool empty) {
-    HostList L;
-    if (empty) return L;
-    const uint32_t P = s.page_size;
-    for (uint32_t pg = 0; pg < hs.pages.size(); ++pg) {
-        const uint32_t n_valid = std::min(P, hs.length - pg * P);
-        const bool last = pg + 1 == hs.pages.size();
-        if (!last && rng.uniform(0, 1) > keep) continue;
-        uint32_t b = 0, e = n_valid;
-        if (rng.uniform(0, 1) < 0.3 && n_valid > 2) {
-            b = rng.below(n_valid - 1);
-            e = b + 1 + rng.below(n_valid - b);
-        }
-        DevPage d{};
-        d.base = hs.dev[pg];
-        d.pos0 = pg * P;
-        d.begin = uint8_t(b);
-        d.end = uint8_t(e);
-        d.format = uint8_t(hs.formats[pg]);
-        d.flags = (b > 0 || e < P) ? IKV_PAGE_PARTIAL : 0;
-        L.pages.push_back(d);
-        L.page_idx.push_back(pg);
-    }
-    return L;
 }
 
 struct DecodeCase {
@@ -639,27 +595,12 @@ void check_graph(int n_sms) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    bool check = false, bench = false, quick = false;
-    const char *out_dir = getenv("OUT");
-    for (int i = 1; i < argc; ++i) {
-        if (!strcmp(argv[i], "--check")) check = true;
-        else if (!strcmp(argv[i], "--bench")) bench = true;
-        else if (!strcmp(argv[i], "--quick")) quick = true;
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i];
-        else {
-            fprintf(stderr, "usage: %s [--check] [--bench] [--quick] [--out DIR]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (!check && !bench) check = true;
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("SKIPPED: no CUDA device\n");
-        return 77;
-    }
+    CheckArgs args;
+    if (!parse_check_args(argc, argv, &args)) return 2;
+    const bool check = args.check, bench = args.bench, quick = args.quick;
+    const char *out_dir = args.out_dir;
     cudaDeviceProp prop{};
-    CK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    if (!first_device(&prop)) return 77;
     if (check) {
         check_quantize(quick);
         check_topk(quick, prop.multiProcessorCount);

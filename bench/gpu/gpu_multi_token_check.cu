@@ -39,48 +39,6 @@ using ikv::cuda::DevPage;
 
 namespace {
 
-int g_failures = 0, g_cases = 0;
-
-void report(bool ok, const char *what) {
-    ++g_cases;
-    if (!ok) ++g_failures;
-    printf("%s %s\n", ok ? "PASS" : "FAIL", what);
-    fflush(stdout);
-}
-
-uint16_t to_bits(float x, ikv_dtype dt) { return dt == IKV_DTYPE_F16 ? ikv::f32_to_f16(x) : ikv::f32_to_bf16(x); }
-float from_bits(uint16_t b, ikv_dtype dt) { return dt == IKV_DTYPE_F16 ? ikv::f16_to_f32(b) : ikv::bf16_to_f32(b); }
-
-struct HostList {
-    std::vector<DevPage> pages;
-    std::vector<uint32_t> page_idx;
-};
-
-// Random pages with some partial bounds; the last page always (the newest tokens).
-HostList random_list(const PageShape &s, const HostSeq &hs, Rng &rng, double keep, bool empty) {
-    HostList L;
-    if (empty) return L;
-    const uint32_t P = s.page_size;
-    for (uint32_t pg = 0; pg < hs.pages.size(); ++pg) {
-        const uint32_t n_valid = std::min(P, hs.length - pg * P);
-        if (pg + 1 < hs.pages.size() && rng.uniform(0, 1) > keep) continue;
-        uint32_t b = 0, e = n_valid;
-        if (rng.uniform(0, 1) < 0.3 && n_valid > 2) {
-            b = rng.below(n_valid - 1);
-            e = b + 1 + rng.below(n_valid - b);
-        }
-        DevPage d{};
-        d.base = hs.dev[pg];
-        d.pos0 = pg * P;
-        d.begin = uint8_t(b);
-        d.end = uint8_t(e);
-        d.format = uint8_t(hs.formats[pg]);
-        d.flags = (b > 0 || e < P) ? IKV_PAGE_PARTIAL : 0;
-        L.pages.push_back(d);
-        L.page_idx.push_back(pg);
-    }
-    return L;
-}
 
 // Float64 causal attention over the lists' rows, one thread per (seq, kv-head).
 void reference(const PageShape &s, uint32_t layer, const std::vector<HostSeq> &seqs,
@@ -167,7 +125,7 @@ void *upload_q(const std::vector<float> &q, ikv_dtype dt, std::vector<float> *se
     *seen = q;
     if (dt == IKV_DTYPE_F32) return to_device(q, allocs);
     std::vector<uint16_t> b(q.size());
-    for (size_t i = 0; i < q.size(); ++i) b[i] = to_bits(q[i], dt), (*seen)[i] = from_bits(b[i], dt);
+    for (size_t i = 0; i < q.size(); ++i) b[i] = to_half_bits(q[i], dt), (*seen)[i] = from_bits(b[i], dt);
     return to_device(b, allocs);
 }
 
@@ -592,27 +550,12 @@ void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_dir, ikv:
 }  // namespace
 
 int main(int argc, char **argv) {
-    bool check = false, bench = false, quick = false;
-    const char *out_dir = getenv("OUT");
-    for (int i = 1; i < argc; ++i) {
-        if (!strcmp(argv[i], "--check")) check = true;
-        else if (!strcmp(argv[i], "--bench")) bench = true;
-        else if (!strcmp(argv[i], "--quick")) quick = true;
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i];
-        else {
-            fprintf(stderr, "usage: %s [--check] [--bench] [--quick] [--out DIR]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (!check && !bench) check = true;
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        printf("SKIPPED: no CUDA device\n");
-        return 77;
-    }
+    CheckArgs args;
+    if (!parse_check_args(argc, argv, &args)) return 2;
+    const bool check = args.check, bench = args.bench, quick = args.quick;
+    const char *out_dir = args.out_dir;
     cudaDeviceProp prop{};
-    CK(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    if (!first_device(&prop)) return 77;
     ikv::cuda::MultiTokenGemm *gemm = nullptr;
     if (ikv::cuda::multi_token_create(&gemm) != cudaSuccess) {
         printf("FAIL: cuBLASLt handle: %s\n", ikv::cuda::multi_token_error(gemm));

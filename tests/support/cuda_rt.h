@@ -1,0 +1,32 @@
+/* The few CUDA runtime calls the GPU tests need (device buffers for q, out,
+ * lse and device-pointer appends), found at run time with dlopen so the tests
+ * build against nothing beyond the public header and run where no CUDA
+ * runtime is installed (they skip there). */
+#ifndef IKV_TEST_CUDA_RT_H
+#define IKV_TEST_CUDA_RT_H
+
+#include <stddef.h>
+
+typedef struct ikvt_cudart {
+    int (*malloc_)(void **, size_t);
+    int (*free_)(void *);
+    int (*memcpy_)(void *, const void *, size_t, int); /* kind: IKVT_H2D or IKVT_D2H */
+    int (*sync_)(void);
+} ikvt_cudart;
+
+enum { IKVT_H2D = 1, IKVT_D2H = 2 };
+
+/* Filled by ikvt_load_cudart(). */
+extern ikvt_cudart ikvt_rt;
+
+/* 1 if libcudart was found and every call resolved, else 0. */
+int ikvt_load_cudart(void);
+
+/* Skip the program (exit 77, visibly) unless the library was built with CUDA,
+ * sees a device, and libcudart loads. */
+void ikvt_require_cuda_device(void);
+
+/* cudaMalloc(bytes) (asserting success) and, when host is not NULL, a copy of host into it. */
+void *ikvt_dev_upload(const void *host, size_t bytes);
+
+#endif
