@@ -109,11 +109,13 @@ def compare(sdpa_rows, ours_csv, out_dir):
         if B >= 8 and ctx >= 32768:
             checks.append((f"{r['case']} {r['format']} B={B} ctx={ctx}: >= 85% of copy bandwidth",
                            float(r["share_of_copy"]) >= 0.85, f"{100*float(r['share_of_copy']):.1f}%"))
-        if r["case"] == "dense" and r["format"] == "f16" and (B, ctx) in sdpa:
-            checks.append((f"dense f16 B={B} ctx={ctx}: at least as fast as SDPA",
+        # Each compute path is checked (case "x" on fp32 FMAs, "x-tc" on tensor cores).
+        if r["case"] in ("dense", "dense-tc") and r["format"] == "f16" and (B, ctx) in sdpa:
+            checks.append((f"{r['case']} f16 B={B} ctx={ctx}: at least as fast as SDPA",
                            float(r["ms"]) <= sdpa[(B, ctx)], f"{sdpa[(B, ctx)] / float(r['ms']):.2f}x"))
-        if r["case"] == "sel25" and r["format"] == "f16" and B == 1 and ctx == 32768 and (B, ctx) in sdpa:
-            checks.append(("sel25 f16 B=1 ctx=32K: >= 3.5x faster than SDPA dense",
+        if r["case"] in ("sel25", "sel25-tc") and r["format"] == "f16" and B == 1 and ctx == 32768 \
+                and (B, ctx) in sdpa:
+            checks.append((f"{r['case']} f16 B=1 ctx=32K: >= 3.5x faster than SDPA dense",
                            sdpa[(B, ctx)] / float(r["ms"]) >= 3.5, f"{sdpa[(B, ctx)] / float(r['ms']):.2f}x"))
         if r["format"] == "int8":
             f16 = by.get((r["case"], "f16", B, ctx))
