@@ -317,6 +317,64 @@ static void test_long_multi_token_step(void **state) {
     ikv_decoder_destroy(dec);
 }
 
+/* CUDA-graph capture through the public API: an ikv_decode call on a CUDA
+ * pool (plan upload, query-aware scoring + top-k, decode, merge) captured on
+ * an engine stream and replayed must write exactly what the same call wrote
+ * eagerly. Two eager calls first (the decoder grows its device buffer and
+ * fills both staging halves; the captured call then allocates nothing and
+ * skips its host wait, as cuda_decode does while its stream is capturing);
+ * relaxed capture mode, the most permissive an engine may use. */
+static void test_decode_step_captured_in_cuda_graph(void **state) {
+    (void)state;
+    ikvt_rng rng = {0x6A7F};
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    ikv_decoder *dec = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, IKV_FMT_INT8), *gpu = make_pool(IKV_BACKEND_CUDA, IKV_FMT_INT8);
+    ikv_seq_id sc, sg;
+    fill_both(cpu, gpu, &sc, &sg, 333, &rng);
+    const size_t n_out = (size_t)HQ * D;
+    float *q = malloc(4 * n_out), *eager = malloc(4 * n_out), *replay = malloc(4 * n_out);
+    ikvt_fill_normal(&rng, q, n_out, 1.0f);
+    void *dq = ikvt_dev_upload(q, 4 * n_out), *dout = ikvt_dev_upload(NULL, 4 * n_out);
+    void *stream = NULL;
+    assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
+    ikv_decode_args a = ikv_decode_args_default();
+    a.layer = 1;
+    a.n_seqs = 1;
+    a.seqs = &sg;
+    a.n_q_heads = HQ;
+    a.q = dq;
+    a.out = dout;
+    a.topk_token_budget = 96;
+    a.stream = stream;
+    for (int warm = 0; warm < 2; ++warm) IKVT_OK(ikv_decode(dec, gpu, &a));
+    assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+    assert_int_equal(ikvt_rt.memcpy_(eager, dout, 4 * n_out, IKVT_D2H), 0);
+
+    assert_int_equal(ikvt_rt.memset_(dout, 0xFF, 4 * n_out), 0); /* NaN: the replay must write every element */
+    void *graph = NULL, *exec = NULL;
+    assert_int_equal(ikvt_rt.begin_capture_(stream, IKVT_CAPTURE_RELAXED), 0);
+    const ikv_status st = ikv_decode(dec, gpu, &a);
+    assert_int_equal(ikvt_rt.end_capture_(stream, &graph), 0);
+    IKVT_OK(st);
+    assert_int_equal(ikvt_rt.graph_instantiate_(&exec, graph, 0), 0);
+    assert_int_equal(ikvt_rt.graph_launch_(exec, stream), 0);
+    assert_int_equal(ikvt_rt.graph_launch_(exec, stream), 0); /* replays repeat */
+    assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+    assert_int_equal(ikvt_rt.memcpy_(replay, dout, 4 * n_out, IKVT_D2H), 0);
+    assert_memory_equal(eager, replay, 4 * n_out);
+
+    ikvt_rt.graph_exec_destroy_(exec);
+    ikvt_rt.graph_destroy_(graph);
+    ikvt_rt.stream_destroy_(stream);
+    ikvt_rt.free_(dq), ikvt_rt.free_(dout);
+    free(q), free(eager), free(replay);
+    ikv_pool_destroy(cpu);
+    ikv_pool_destroy(gpu);
+    ikv_decoder_destroy(dec);
+}
+
 int main(void) {
     const struct CMUnitTest everywhere[] = {
         cmocka_unit_test(test_cuda_pool_refused_without_device),
@@ -327,6 +385,7 @@ int main(void) {
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_cuda_pool_and_decode_match_cpu),
         cmocka_unit_test(test_long_multi_token_step),
+        cmocka_unit_test(test_decode_step_captured_in_cuda_graph),
     };
     return cmocka_run_group_tests_name("cuda_gpu", gpu, NULL, NULL);
 }

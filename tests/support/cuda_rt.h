@@ -12,9 +12,21 @@ typedef struct ikvt_cudart {
     int (*free_)(void *);
     int (*memcpy_)(void *, const void *, size_t, int); /* kind: IKVT_H2D or IKVT_D2H */
     int (*sync_)(void);
+    int (*memset_)(void *, int, size_t);
+    /* Streams and graphs (CUDA-graph capture through the public API). */
+    int (*stream_create_)(void **);
+    int (*stream_destroy_)(void *);
+    int (*stream_sync_)(void *);
+    int (*begin_capture_)(void *, int); /* mode: IKVT_CAPTURE_* */
+    int (*end_capture_)(void *, void **);
+    int (*graph_instantiate_)(void **, void *, unsigned long long);
+    int (*graph_launch_)(void *, void *);
+    int (*graph_exec_destroy_)(void *);
+    int (*graph_destroy_)(void *);
 } ikvt_cudart;
 
 enum { IKVT_H2D = 1, IKVT_D2H = 2 };
+enum { IKVT_CAPTURE_GLOBAL = 0, IKVT_CAPTURE_THREAD_LOCAL = 1, IKVT_CAPTURE_RELAXED = 2 };
 
 /* Filled by ikvt_load_cudart(). */
 extern ikvt_cudart ikvt_rt;
