@@ -165,6 +165,24 @@ static double step_tol(uint32_t T, ikv_dtype q_dtype) {
     return q_dtype == IKV_DTYPE_F16 ? 2e-3 : 1e-4;
 }
 
+/* CUDA output (and lse, unless NULL) of each of n_seqs sequences, layer 1, vs
+ * the float64 reference over the given token ranges (NULL: dense): rel. L2
+ * within tol, lse within 1e-3 x (1 + |lse|). */
+static void expect_reference(ikv_pool *gpu, const ikv_seq_id *sg, const uint32_t *lens, int n_seqs,
+                             const ikv_token_range *ranges, int n_ranges, uint32_t T, const float *q,
+                             const float *out, const float *lse, double tol) {
+    const size_t per = (size_t)T * HQ * D, rows = (size_t)T * HQ;
+    for (int b = 0; b < n_seqs; ++b) {
+        double *ref = malloc(8 * per), *rl = malloc(8 * rows);
+        reference(gpu, sg[b], 1, lens[b], ranges, n_ranges, T, q + b * per, 1.0f / sqrtf((float)D), ref, rl);
+        const double e = ikvt_rel_l2(out + b * per, ref, per);
+        if (!(e <= tol)) fail_msg("T=%u seq %d vs float64: rel L2 %.3g > %.3g", T, b, e, tol);
+        for (size_t i = 0; lse && i < rows; ++i)
+            assert_true(fabs((double)lse[b * rows + i] - rl[i]) <= 1e-3 * (1 + fabs(rl[i])));
+        free(ref), free(rl);
+    }
+}
+
 /* Decodes seqs on both pools; returns rel L2 of CUDA vs CPU output; fills the CUDA output and lse. */
 static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc, ikv_pool *gpu, const ikv_seq_id *sg,
                           uint32_t B, uint32_t layer, const float *q, step_cfg cfg, float *out_gpu, float *lse_gpu) {
@@ -224,7 +242,6 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
             fill_both(cpu, gpu, &sc[b], &sg[b], lens[b], &rng);
             expect_same_storage(cpu, sc[b], gpu, sg[b], lens[b]);
         }
-        const float scale = 1.0f / sqrtf((float)D);
         /* Dense (T = 1), causal multi-token (T = 3), a plan with partial pages, and top-k;
          * F32 queries and F16 queries (tensor cores when IKV_CUDA_DECODE_COMPUTE asks for them). */
         for (int variant = 0; variant < 8; ++variant) {
@@ -248,18 +265,9 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
             const double vs_cpu = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
             if (!(vs_cpu <= step_tol(cfg.T, cfg.q_dtype)))
                 fail_msg("format %d variant %d vs CPU: rel L2 %.3g", (int)fmts[fi], variant, vs_cpu);
-            if (variant % 4 != 3) { /* top-k has no independent float64 selection here; it is compared with the CPU */
-                for (int b = 0; b < B; ++b) {
-                    const size_t per = (size_t)cfg.T * HQ * D;
-                    double *ref = malloc(8 * per), *rl = malloc(8 * (size_t)cfg.T * HQ);
-                    reference(gpu, sg[b], 1, lens[b], plan ? ranges : NULL, plan ? 3 : 0, cfg.T, q + b * per, scale,
-                              ref, rl);
-                    const double e = ikvt_rel_l2(out + b * per, ref, per);
-                    if (!(e <= step_tol(cfg.T, cfg.q_dtype)))
-                        fail_msg("format %d variant %d seq %d vs float64: rel L2 %.3g", (int)fmts[fi], variant, b, e);
-                    free(ref), free(rl);
-                }
-            }
+            if (variant % 4 != 3) /* top-k has no independent float64 selection here; it is compared with the CPU */
+                expect_reference(gpu, sg, lens, B, plan ? ranges : NULL, plan ? 3 : 0, cfg.T, q, out, NULL,
+                                 step_tol(cfg.T, cfg.q_dtype));
             free(q), free(out), free(lse);
             ikv_plan_destroy(plan);
         }
@@ -282,7 +290,6 @@ static void test_long_multi_token_step(void **state) {
     IKVT_OK(ikv_decoder_create(&dc, &dec));
     enum { B = 2, T = 130 };
     const uint32_t lens[B] = {700, 400};
-    const float scale = 1.0f / sqrtf((float)D);
     for (size_t fi = 0; fi < 2; ++fi) {
         ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, fmts[fi]), *gpu = make_pool(IKV_BACKEND_CUDA, fmts[fi]);
         ikv_seq_id sc[B], sg[B];
@@ -299,15 +306,7 @@ static void test_long_multi_token_step(void **state) {
             const double vs_cpu = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
             const double tol = step_tol(T, IKV_DTYPE_F32);
             if (!(vs_cpu <= tol)) fail_msg("T=%d vs CPU: rel L2 %.3g > %.3g", T, vs_cpu, tol);
-            for (int b = 0; b < B; ++b) {
-                double *ref = malloc(8 * per), *rl = malloc(8 * (size_t)T * HQ);
-                reference(gpu, sg[b], 1, lens[b], plan ? ranges : NULL, plan ? 3 : 0, T, q + b * per, scale, ref, rl);
-                const double e = ikvt_rel_l2(out + b * per, ref, per);
-                if (!(e <= tol)) fail_msg("T=%d seq %d vs float64: rel L2 %.3g > %.3g", T, b, e, tol);
-                for (size_t i = 0; i < (size_t)T * HQ; ++i)
-                    assert_true(fabs((double)lse[b * T * HQ + i] - rl[i]) <= 1e-3 * (1 + fabs(rl[i])));
-                free(ref), free(rl);
-            }
+            expect_reference(gpu, sg, lens, B, plan ? ranges : NULL, plan ? 3 : 0, T, q, out, lse, tol);
             free(q), free(out), free(lse);
             ikv_plan_destroy(plan);
         }

@@ -175,6 +175,24 @@ inline HostList random_list(const PageShape &s, const HostSeq &hs, Rng &rng, dou
     return L;
 }
 
+// Sequences of the given lengths (page formats cycling through fmts), uploaded,
+// and a random list (keep 60%) per sequence, or per (sequence, kv-head) when
+// per_head; sequence 1's lists are empty when with_empty.
+inline void random_case(const PageShape &s, const std::vector<uint32_t> &lens, const std::vector<ikv_format> &fmts,
+                        bool per_head, bool with_empty, Rng &rng, std::vector<HostSeq> *seqs,
+                        std::vector<HostList> *lists, std::vector<void *> *allocs) {
+    seqs->assign(lens.size(), HostSeq{});
+    for (size_t b = 0; b < lens.size(); ++b) {
+        build_seq(s, lens[b], fmts, rng, &(*seqs)[b]);
+        upload_seq(&(*seqs)[b], allocs);
+    }
+    const uint32_t list_heads = per_head ? s.n_kv_heads : 1;
+    lists->clear();
+    for (size_t b = 0; b < lens.size(); ++b)
+        for (uint32_t h = 0; h < list_heads; ++h)
+            lists->push_back(random_list(s, (*seqs)[b], rng, 0.6, with_empty && b == 1));
+}
+
 // Command line of the GPU check programs: [--check] [--bench] [--quick] [--out DIR]
 // (--out defaults to $OUT; neither --check nor --bench means --check).
 struct CheckArgs {

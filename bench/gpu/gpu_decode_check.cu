@@ -229,19 +229,13 @@ bool run_decode_and_compare(const PageShape &s, uint32_t layer, const std::vecto
 bool decode_case(const DecodeCase &c, int n_sms, uint64_t seed) {
     std::vector<void *> allocs;
     const PageShape s{2, 2, c.D, c.P};
-    const uint32_t Hq = s.n_kv_heads * c.G, B = 3;
+    const uint32_t Hq = s.n_kv_heads * c.G;
     Rng rng(seed);
-    std::vector<HostSeq> seqs(B);
-    const uint32_t lens[3] = {c.P * 9 + 7, c.P * 4, c.P * 13 + 1};
-    for (uint32_t b = 0; b < B; ++b) {
-        build_seq(s, lens[b], c.fmts, rng, &seqs[b]);
-        upload_seq(&seqs[b], &allocs);
-    }
-    const uint32_t list_heads = c.per_head ? s.n_kv_heads : 1;
+    std::vector<HostSeq> seqs;
     std::vector<HostList> lists;
-    for (uint32_t b = 0; b < B; ++b)
-        for (uint32_t h = 0; h < list_heads; ++h)
-            lists.push_back(random_list(s, seqs[b], rng, 0.6, c.with_empty && b == 1));
+    random_case(s, {c.P * 9 + 7, c.P * 4, c.P * 13 + 1}, c.fmts, c.per_head, c.with_empty, rng, &seqs, &lists,
+                &allocs);
+    const uint32_t list_heads = c.per_head ? s.n_kv_heads : 1;
     double err = 0;
     const bool ok = run_decode_and_compare(s, 1, seqs, lists, list_heads, c.T, Hq, c.q_dtype, c.out_dtype, c.splits,
                                            c.softcap, n_sms, &err, &allocs, nullptr, c.force_simt);

@@ -134,17 +134,11 @@ bool run_case(const Case &c, ikv::cuda::MultiTokenGemm *gemm, uint64_t seed) {
     const PageShape s{2, 2, c.D, c.P};
     const uint32_t Hq = s.n_kv_heads * c.G, B = 3, T = c.T, D = c.D;
     Rng rng(seed);
-    std::vector<HostSeq> seqs(B);
-    const uint32_t lens[3] = {T + c.P * 5 + 7, T + c.P * 2, T + c.P * 9 + 1};
-    for (uint32_t b = 0; b < B; ++b) {
-        build_seq(s, lens[b], c.fmts, rng, &seqs[b]);
-        upload_seq(&seqs[b], &allocs);
-    }
-    const uint32_t list_heads = c.per_head ? s.n_kv_heads : 1;
+    std::vector<HostSeq> seqs;
     std::vector<HostList> lists;
-    for (uint32_t b = 0; b < B; ++b)
-        for (uint32_t h = 0; h < list_heads; ++h)
-            lists.push_back(random_list(s, seqs[b], rng, 0.6, c.with_empty && b == 1));
+    const std::vector<uint32_t> lens_v = {T + c.P * 5 + 7, T + c.P * 2, T + c.P * 9 + 1};
+    random_case(s, lens_v, c.fmts, c.per_head, c.with_empty, rng, &seqs, &lists, &allocs);
+    const uint32_t list_heads = c.per_head ? s.n_kv_heads : 1;
     uint32_t max_pages = 0, max_tokens = 0;
     for (const HostList &L : lists) {
         max_pages = std::max<uint32_t>(max_pages, uint32_t(L.pages.size()));
@@ -154,7 +148,7 @@ bool run_case(const Case &c, ikv::cuda::MultiTokenGemm *gemm, uint64_t seed) {
     }
     const uint32_t stride = std::max<uint32_t>(max_pages, 1);
     std::vector<DevPage> flat(lists.size() * stride);
-    std::vector<uint32_t> counts(lists.size()), lens_v(lens, lens + B);
+    std::vector<uint32_t> counts(lists.size());
     for (size_t i = 0; i < lists.size(); ++i) {
         std::copy(lists[i].pages.begin(), lists[i].pages.end(), flat.begin() + i * stride);
         counts[i] = uint32_t(lists[i].pages.size());
