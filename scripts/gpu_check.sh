@@ -37,29 +37,30 @@ else
   RESULT[build]=FAILED; tail -30 "$OUT/build.log"
 fi
 
-if [ "${RESULT[build]}" = ok ]; then
-  stamp "gpu_decode_check --check"
-  QF=""; [ $QUICK = 1 ] && QF="--quick"
-  ./build-gpu/gpu_decode_check --check $QF 2>&1 | tee "$OUT/check.log"
+# run_checks PROGRAM KEY: PROGRAM --check (RESULT[KEY_check]), then --bench (RESULT[KEY_bench]).
+run_checks() {
+  local prog=$1 key=$2 rc
+  stamp "$prog --check"
+  ./build-gpu/$prog --check $QF 2>&1 | tee "$OUT/${key}_check.log"
   rc=${PIPESTATUS[0]}
-  RESULT[check]=$([ $rc = 0 ] && echo "ok ($(grep -c ^PASS "$OUT/check.log") PASS)" || echo "FAILED rc=$rc ($(grep -c ^FAIL "$OUT/check.log") FAIL)")
+  RESULT[${key}_check]=$([ $rc = 0 ] && echo "ok ($(grep -c ^PASS "$OUT/${key}_check.log") PASS)" ||
+    echo "FAILED rc=$rc ($(grep -c ^FAIL "$OUT/${key}_check.log") FAIL)")
   if [ $BENCH = 1 ]; then
-    stamp "gpu_decode_check --bench"
-    ./build-gpu/gpu_decode_check --bench $QF --out "$OUT" 2>&1 | tee "$OUT/bench.log"
-    RESULT[bench]=$([ ${PIPESTATUS[0]} = 0 ] && echo ok || echo FAILED)
+    stamp "$prog --bench"
+    ./build-gpu/$prog --bench $QF --out "$OUT" 2>&1 | tee "$OUT/${key}_bench.log"
+    RESULT[${key}_bench]=$([ ${PIPESTATUS[0]} = 0 ] && echo ok || echo FAILED)
+  fi
+}
+
+if [ "${RESULT[build]}" = ok ]; then
+  QF=""; [ $QUICK = 1 ] && QF="--quick"
+  run_checks gpu_decode_check decode
+  if [ $BENCH = 1 ]; then
     stamp "sdpa_peer.py"
     PYTHONUNBUFFERED=1 python3 bench/gpu/sdpa_peer.py $QF --ours "$OUT/gpu_bench.csv" --out "$OUT" 2>&1 | tee "$OUT/sdpa.log"
     RESULT[sdpa]=$([ ${PIPESTATUS[0]} = 0 ] && echo ok || echo FAILED)
   fi
-  stamp "gpu_multi_token_check --check"
-  ./build-gpu/gpu_multi_token_check --check $QF 2>&1 | tee "$OUT/multi_token_check.log"
-  rc=${PIPESTATUS[0]}
-  RESULT[mt_check]=$([ $rc = 0 ] && echo "ok ($(grep -c ^PASS "$OUT/multi_token_check.log") PASS)" || echo "FAILED rc=$rc ($(grep -c ^FAIL "$OUT/multi_token_check.log") FAIL)")
-  if [ $BENCH = 1 ]; then
-    stamp "gpu_multi_token_check --bench"
-    ./build-gpu/gpu_multi_token_check --bench $QF --out "$OUT" 2>&1 | tee "$OUT/multi_token_bench.log"
-    RESULT[mt_bench]=$([ ${PIPESTATUS[0]} = 0 ] && echo ok || echo FAILED)
-  fi
+  run_checks gpu_multi_token_check mt
   if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null; then
     stamp "compute-sanitizer memcheck (quick check set)"
     compute-sanitizer --tool memcheck --error-exitcode 9 ./build-gpu/gpu_decode_check --check --quick \
@@ -89,11 +90,11 @@ fi
 echo
 echo "==================== gpu_check summary ===================="
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/device: /'
-for k in build check bench sdpa mt_check mt_bench sanitizer ctest_gpu; do
+for k in build decode_check decode_bench sdpa mt_check mt_bench sanitizer ctest_gpu; do
   [ -n "${RESULT[$k]:-}" ] && printf '%-10s %s\n' "$k" "${RESULT[$k]}"
 done
 [ -f "$OUT/gpu_vs_sdpa.md" ] && sed -n '/## Targets/,$p' "$OUT/gpu_vs_sdpa.md"
 echo "outputs in $OUT; total $(( $(date +%s) - t0 ))s"
-case "${RESULT[check]:-}${RESULT[mt_check]:-}${RESULT[sanitizer]:-}${RESULT[ctest_gpu]:-}" in *FAILED*) exit 1 ;; esac
+case "${RESULT[decode_check]:-}${RESULT[mt_check]:-}${RESULT[sanitizer]:-}${RESULT[ctest_gpu]:-}" in *FAILED*) exit 1 ;; esac
 [ "${RESULT[build]}" = ok ] || exit 1
 exit 0
