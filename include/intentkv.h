@@ -718,6 +718,10 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
  * gets out = 0 and lse = -INFINITY.
  * CUDA pools: q, out, lse are device pointers; the call enqueues on stream and
  * returns without synchronizing. CPU pools: host pointers, done on return.
+ * Environment (read once per process): IKV_CUDA_MULTI_TOKEN=auto|fused|gemm
+ * picks the CUDA path of multi-token steps; IKV_CUDA_DECODE_COMPUTE=
+ * simt|tensor-cores how the fused CUDA decode computes for F16/BF16 queries
+ * (tensor cores: 16-bit operands, fp32 accumulation; default simt).
  */
 typedef struct ikv_decode_args {
     uint32_t struct_size;
