@@ -506,56 +506,79 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float *tmp) 
     return v;
 }
 
-// Shared-memory floats for the merge weights: n_splits rounded up to 8, the
-// tail zeroed, because the unrolled weighted sum loads the weights as 16-byte
-// vectors (memcheck caught the unpadded array being read past its end).
-__host__ __device__ constexpr uint32_t merge_weight_floats(uint32_t n_splits) { return (n_splits + 7u) & ~7u; }
+constexpr int kMergeThreads = 128;
 
-// One block per (seq, head, row); one thread per channel. The splits' (m, l)
-// are read once, in parallel across the block, and their weights
-// exp(m_s - m) kept in shared memory (merge_weight_floats(n_splits), dynamic).
-__global__ void merge_kernel(const DecodeParams p, uint32_t n_splits, uint32_t rows_total, const float *part_acc,
-                             const float *part_ml) {
+// One block per (seq, head, row). The splits' (m, l) are read in parallel
+// across the block and their weights exp(m_s - m) kept in shared memory
+// (n_splits floats, dynamic). Then each thread owns a float4
+// column of the row and a group of splits (s = group, group + groups, ...):
+// its loads are independent and issued 8 at a time, so the merge costs a few
+// L2 round trips instead of one per split (profiled at B = 1: the per-channel
+// loop over 49 splits made the merge 18.8 us against 4.5 us for cuDNN's).
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams p, uint32_t n_splits,
+                                                              uint32_t rows_total, const float *part_acc,
+                                                              const float *part_ml) {
     extern __shared__ float wgt[];
     __shared__ float tmp[32];
+    __shared__ float4 red[kMergeThreads];
     const uint32_t D = p.shape.head_dim, Hkv = p.shape.n_kv_heads;
     const uint32_t row = blockIdx.x % rows_total, head = (blockIdx.x / rows_total) % Hkv;
     const uint32_t seq = blockIdx.x / (rows_total * Hkv);
     const uint32_t G = p.n_q_heads / Hkv, t = row / G, g = row % G;
     const uint64_t stride = rows_total;
     const uint64_t b0 = (uint64_t(seq) * Hkv + head) * n_splits * stride + row;
+    const float2 *ml = reinterpret_cast<const float2 *>(part_ml);
     float m = -INFINITY;
-    for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) m = fmaxf(m, part_ml[2 * (b0 + s * stride)]);
+    for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) m = fmaxf(m, ml[b0 + s * stride].x);
     m = block_reduce(m, true, tmp);
     float l = 0.0f;
     for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) {
-        const float ms = part_ml[2 * (b0 + s * stride)];
-        const float w = ms == -INFINITY ? 0.0f : __expf(ms - m);
+        const float2 v = ml[b0 + s * stride];
+        const float w = v.x == -INFINITY ? 0.0f : __expf(v.x - m);
         wgt[s] = w;
-        l += part_ml[2 * (b0 + s * stride) + 1] * w;
+        l += v.y * w;
     }
-    for (uint32_t s = n_splits + threadIdx.x; s < merge_weight_floats(n_splits); s += blockDim.x) wgt[s] = 0.0f;
     l = block_reduce(l, false, tmp);  // its barriers also publish wgt
-    const uint64_t oi = (uint64_t(seq) * p.n_query_tokens + t) * p.n_q_heads + head * G + g;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
-        float a = 0.0f;
-        if (l > 0.0f) {
+
+    const uint32_t cols = D / 4, groups = kMergeThreads / cols;  // D 64/128/256: 8/4/2 groups
+    const uint32_t col = threadIdx.x % cols, grp = threadIdx.x / cols;
+    float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (l > 0.0f) {
+        const float4 *acc = reinterpret_cast<const float4 *>(part_acc) + b0 * cols + col;
 #pragma unroll 8
-            for (uint32_t s = 0; s < n_splits; ++s) a += part_acc[(b0 + s * stride) * D + d] * wgt[s];
-            a /= l;
+        for (uint32_t s = grp; s < n_splits; s += groups) {
+            const float w = wgt[s];
+            const float4 v = acc[uint64_t(s) * stride * cols];
+            a.x = fmaf(v.x, w, a.x), a.y = fmaf(v.y, w, a.y), a.z = fmaf(v.z, w, a.z), a.w = fmaf(v.w, w, a.w);
         }
+    }
+    red[threadIdx.x] = a;
+    __syncthreads();
+    if (grp != 0) return;
+    for (uint32_t k = 1; k < groups; ++k) {
+        const float4 v = red[k * cols + col];
+        a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float o[4] = {a.x * inv, a.y * inv, a.z * inv, a.w * inv};
+    const uint64_t oi = (uint64_t(seq) * p.n_query_tokens + t) * p.n_q_heads + head * G + g;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint64_t d = oi * D + 4 * col + uint32_t(j);
         if (p.out_dtype == IKV_DTYPE_F32)
-            static_cast<float *>(p.out)[oi * D + d] = a;
+            static_cast<float *>(p.out)[d] = o[j];
         else if (p.out_dtype == IKV_DTYPE_F16)
-            static_cast<uint16_t *>(p.out)[oi * D + d] = f32_to_f16(a);
+            static_cast<uint16_t *>(p.out)[d] = f32_to_f16(o[j]);
         else
-            static_cast<uint16_t *>(p.out)[oi * D + d] = f32_to_bf16(a);
+            static_cast<uint16_t *>(p.out)[d] = f32_to_bf16(o[j]);
     }
     if (p.lse && threadIdx.x == 0) p.lse[oi] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
 
 int decode_mode(const DecodeParams &p) {
-    if (p.compute != kComputeTensorCores || p.q_dtype == IKV_DTYPE_F32) return kSimt;
+    if (p.q_dtype == IKV_DTYPE_F32) return kSimt;
+    const bool tc = p.compute == kComputeTensorCores || (p.compute == kComputeDefault && (p.formats & kTensorCoreFormats));
+    if (!tc) return kSimt;
     return p.q_dtype == IKV_DTYPE_BF16 ? kTcBF16 : kTcF16;
 }
 
@@ -661,6 +684,17 @@ uint32_t decode_choose_splits(const DecodeParams &p, int n_sms) {
     return uint32_t(std::min<uint64_t>(pick, 1024));
 }
 
+uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_sms) {
+    if (p.compute != kComputeDefault) return p.compute;
+    if (p.q_dtype == IKV_DTYPE_F32 || !(p.formats & kTensorCoreFormats)) return kComputeSimt;
+    DecodeParams simt = p;
+    simt.compute = kComputeSimt;
+    const uint64_t splits = decode_choose_splits(simt, n_sms);
+    const uint64_t P = p.shape.page_size;
+    const uint64_t chunks = (uint64_t(max_rows) + std::min<uint64_t>(P, 16) - 1) / std::min<uint64_t>(P, 16);
+    return chunks >= kTcMinChunksPerCta * splits ? kComputeTensorCores : kComputeSimt;
+}
+
 uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits) {
     const uint64_t n = uint64_t(p.n_seqs) * p.shape.n_kv_heads * n_splits * query_rows(p);
     return align_up(n * p.shape.head_dim * 4, 256) + n * 8;
@@ -682,8 +716,7 @@ cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream) {
     k->fn<<<grid, kThreads, k->smem, stream>>>(p, rows, part_acc, part_ml);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
-    const uint32_t mthreads = p.shape.head_dim < 128 ? p.shape.head_dim : 128;
-    merge_kernel<<<p.n_seqs * p.shape.n_kv_heads * rows, mthreads, merge_weight_floats(splits) * sizeof(float),
+    merge_kernel<<<p.n_seqs * p.shape.n_kv_heads * rows, kMergeThreads, splits * sizeof(float),
                    stream>>>(p, splits, rows, part_acc, part_ml);
     return cudaGetLastError();
 }

@@ -59,14 +59,33 @@ struct DecodeParams {
     uint32_t n_splits;        // 0 = choose (see decode_choose_splits)
     void *workspace;          // device scratch of decode_workspace_bytes() bytes
     uint32_t compute;         // DecodeCompute
+    uint32_t formats;         // bit (1u << ikv_format) per page format the lists hold (kComputeDefault reads it)
 };
 
 // How the fused decode computes. F32 queries always use fp32 FMAs; F16/BF16
-// queries use tensor cores (mma.sync with operands in the query's type, fp32
-// accumulation; kernels/decode_mma.cuh) when asked. The default is fp32 FMAs
-// until the tensor-core path has been checked and measured on a GPU.
+// queries use fp32 FMAs (SIMT) or tensor cores (mma.sync with operands in the
+// query's type, fp32 accumulation; kernels/decode_mma.cuh). kComputeDefault is
+// settled by decode_resolve_compute (below); unresolved, decode_mode treats it
+// as "tensor cores when the lists hold INT8/FP8/INT4 pages".
 enum DecodeCompute : uint32_t { kComputeDefault = 0, kComputeSimt = 1, kComputeTensorCores = 2 };
+// Page formats that decode faster on tensor cores (the bits of DecodeParams::formats).
+constexpr uint32_t kTensorCoreFormats =
+    (1u << IKV_FMT_INT8) | (1u << IKV_FMT_FP8_E4M3) | (1u << IKV_FMT_INT4);
 
+// Fewest 16-row chunks per CTA for which kComputeDefault takes tensor cores.
+// Measured on the H100 (bench/RESULTS.md section 1, both paths side by side,
+// 2026-11-23): with INT8/FP8/INT4 pages tensor cores make the step
+// bandwidth-bound (dense INT8 B = 32, 32K: 1.32 -> 0.90 ms) once each CTA has
+// ~40 chunks; at ~21 they tie and at ~10 (B = 1, 8K; a 25% selection of 32K)
+// SIMT is 8-20% faster, since a CTA with 8 padded mma rows has a longer
+// critical path per chunk. F16/BF16 pages are bandwidth-bound on SIMT already
+// (95-100% of copy bandwidth at B >= 8) and lose 1-12% on tensor cores.
+constexpr uint64_t kTcMinChunksPerCta = 24;
+// The compute p runs on: p.compute unless kComputeDefault; then tensor cores
+// for F16/BF16 queries when p.formats has a kTensorCoreFormats bit and the
+// longest list (max_rows rows) gives every CTA at least kTcMinChunksPerCta
+// chunks at the split count SIMT would use on n_sms SMs; SIMT otherwise.
+uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_sms);
 // Splits the launcher picks for a shape on a device with n_sms SMs.
 uint32_t decode_choose_splits(const DecodeParams &p, int n_sms);
 // Scratch bytes decode needs for p with n_splits splits (partials of the split-K merge).

@@ -8,7 +8,8 @@
 //                  memory, the summary read once with 16-byte loads);
 //   select_kernel  one block per (sequence, kv-head): a token-weighted radix
 //                  select (4 passes of 8 bits over the order key: bound
-//                  descending) finds where the budget runs out, ties at the
+//                  descending; warp-aggregated histogram, one warp scans
+//                  it) finds where the budget runs out, ties at the
 //                  boundary are taken in candidate order by a block scan, then
 //                  mandatory pages + the selected prefix are compacted in
 //                  candidate order. Same rule as the CPU path: mandatory tokens
@@ -111,6 +112,46 @@ __device__ uint32_t block_scan(uint32_t v, uint32_t *warp_sums) {
     return v + (warp > 0 ? warp_sums[warp - 1] : 0u);
 }
 
+// One warp finds the radix digit where the token budget runs out: the first
+// bin b with hist[0] + ... + hist[b] > *rem (bins in ascending key = bound
+// descending), *rem reduced by the bins before it; 256 and *rem reduced by all
+// bins when everything fits. Each lane sums 8 bins, a warp scan places them:
+// a few shuffles instead of one thread walking 256 bins (the profile showed
+// that walk, 4 passes, as most of the select kernel's 26 us).
+__device__ void find_digit(const uint32_t *hist, uint32_t lane, int64_t *rem_io, uint32_t *digit) {
+    const int64_t rem = *rem_io;
+    __syncwarp();  // every lane has read *rem_io before one of them writes it
+    uint32_t h[8], own = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) own += h[j] = hist[lane * 8 + j];
+    uint32_t inc = own;  // tokens in the bins up to this lane's last
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t n = __shfl_up_sync(0xFFFFFFFFu, inc, o);
+        if (lane >= uint32_t(o)) inc += n;
+    }
+    const uint32_t total = __shfl_sync(0xFFFFFFFFu, inc, 31);
+    const int64_t before = int64_t(inc) - int64_t(own);
+    if (int64_t(inc) > rem && before <= rem) {  // the one lane whose bins hold the crossing
+        int64_t r = rem - before;
+        uint32_t d = lane * 8;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (int64_t(h[j]) > r) {
+                d = lane * 8 + uint32_t(j);
+                break;
+            }
+            r -= h[j];
+        }
+        *rem_io = r;
+        *digit = d;
+    }
+    if (lane == 0 && int64_t(total) <= rem) {
+        *rem_io = rem - int64_t(total);
+        *digit = 256;
+    }
+}
+
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams p, uint32_t npad) {
     extern __shared__ __align__(16) uint8_t smem[];
     uint32_t *keys = reinterpret_cast<uint32_t *>(smem);  // 0 = mandatory
@@ -125,7 +166,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
     const uint32_t count = p.candidates.counts[seq];
     const DevPage *cand = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
     const float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
-    const uint32_t tid = threadIdx.x;
+    const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
     if (tid == 0) mand_tokens = 0;
     __syncthreads();
@@ -154,24 +195,20 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
             const int shift = 24 - 8 * pass;
             for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
             __syncthreads();
-            for (uint32_t i = tid; i < count; i += kSelectThreads) {
-                const uint32_t k = keys[i];
-                if (k != 0 && (k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], uint32_t(tok[i]));
+            // Token histogram of the digit. Scores of one layer share their top bits, so most
+            // candidates of a pass fall into a few bins: the lanes of a bin add up first
+            // (match + redux) and one atomic per bin and warp goes to shared memory.
+            for (uint32_t base = 0; base < count; base += kSelectThreads) {  // warp-uniform trip count
+                const uint32_t i = base + tid;
+                const uint32_t k = i < count ? keys[i] : 0u;
+                const bool in = k != 0 && (k & mask) == prefix;
+                const uint32_t bin = in ? (k >> shift) & 255u : 256u;
+                const uint32_t peers = __match_any_sync(0xFFFFFFFFu, bin);
+                const uint32_t sum = __reduce_add_sync(peers, in ? uint32_t(tok[i]) : 0u);
+                if (in && lane == uint32_t(__ffs(peers) - 1)) atomicAdd(&hist[bin], sum);
             }
             __syncthreads();
-            if (tid == 0) {
-                int64_t rem = rem_sh;
-                uint32_t d = 256;
-                for (uint32_t b = 0; b < 256; ++b) {
-                    if (int64_t(hist[b]) > rem) {
-                        d = b;
-                        break;
-                    }
-                    rem -= hist[b];
-                }
-                rem_sh = rem;
-                digit_sh = d;
-            }
+            if (warp == 0) find_digit(hist, lane, &rem_sh, &digit_sh);
             __syncthreads();
             const uint32_t d = digit_sh;
             if (d == 256) {  // everything under this prefix fits

@@ -38,8 +38,15 @@ struct Timer {
         cudaEventDestroy(b);
     }
     // Median over reps of the mean time (ms) of one step in a batch of `batch` steps.
+    // IKV_BENCH_ONCE=1: run the step once and report 0 (for a profiler: one launch per kernel).
     template <typename F>
     double median_ms(F &&step, int reps, int batch) {
+        static const bool once = getenv("IKV_BENCH_ONCE") != nullptr;
+        if (once) {
+            step(0);
+            CK(cudaDeviceSynchronize());
+            return 0.0;
+        }
         for (int i = 0; i < 3; ++i) step(i);
         CK(cudaDeviceSynchronize());
         std::vector<double> t;
@@ -165,9 +172,18 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                 p.out_dtype = IKV_DTYPE_F16;
                 p.scale = 1.0f / sqrtf(float(D));
                 p.max_pages = n_pages;
+                p.formats = 1u << f;
+                // Workspace for the larger split count of the two compute paths timed below.
+                uint64_t ws_bytes = 0;
+                for (uint32_t c : {ikv::cuda::kComputeSimt, ikv::cuda::kComputeTensorCores}) {
+                    ikv::cuda::DecodeParams q = p;
+                    q.compute = c;
+                    ws_bytes = std::max(ws_bytes, ikv::cuda::decode_workspace_bytes(
+                                                      q, ikv::cuda::decode_choose_splits(q, prop.multiProcessorCount)));
+                }
                 p.n_splits = ikv::cuda::decode_choose_splits(p, prop.multiProcessorCount);
                 void *ws = nullptr, *out = nullptr;
-                CK(cudaMalloc(&ws, ikv::cuda::decode_workspace_bytes(p, p.n_splits)));
+                CK(cudaMalloc(&ws, ws_bytes));
                 CK(cudaMalloc(&out, size_t(B) * Hq * D * 2));
                 allocs.push_back(ws);
                 allocs.push_back(out);
@@ -175,26 +191,34 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                 p.out = out;
 
                 const bool quarter_too = f == IKV_FMT_F16 || f == IKV_FMT_INT8;
-                // Variants: dense and (F16, INT8) a 25% selection, on the default compute path
-                // (fp32 FMAs) and on tensor cores (-tc; F16 queries -> f16 mma operands).
-                static const char *kVariant[] = {"dense", "sel25", "dense-tc", "sel25-tc"};
+                // Variants: dense and (F16, INT8) a 25% selection, on the compute the library
+                // picks by default (decode_resolve_compute: tensor cores for INT8/FP8/INT4 pages
+                // with enough chunks per CTA, else SIMT), then on the other one (-tc / -simt)
+                // to show what the choice is worth.
                 for (int variant = 0; variant < 4; ++variant) {
-                    if (variant % 2 == 1 && !quarter_too) continue;
+                    const bool quarter = variant % 2 == 1, other = variant >= 2;
+                    if (quarter && !quarter_too) continue;
+                    const uint32_t chosen =
+                        ikv::cuda::decode_resolve_compute(p, quarter ? ctx / 4 : ctx, prop.multiProcessorCount);
+                    const uint32_t compute = !other ? chosen
+                                             : chosen == ikv::cuda::kComputeTensorCores ? ikv::cuda::kComputeSimt
+                                                                                         : ikv::cuda::kComputeTensorCores;
+                    const std::string name = std::string(quarter ? "sel25" : "dense") +
+                                             (!other ? "" : compute == ikv::cuda::kComputeTensorCores ? "-tc" : "-simt");
                     uint64_t bytes = 0;
-                    auto lists = make_lists(variant % 2 == 1, &bytes);
+                    auto lists = make_lists(quarter, &bytes);
                     const uint32_t stride = n_pages;
+                    ikv::cuda::DecodeParams v = p;
+                    v.compute = compute;
+                    v.n_splits = ikv::cuda::decode_choose_splits(v, prop.multiProcessorCount);
                     auto step = [&](int k) {
-                        ikv::cuda::DecodeParams q = p;
+                        ikv::cuda::DecodeParams q = v;
                         const uint32_t r = uint32_t(k) % nrot;
                         q.lists = DevLists{lists.first + size_t(r) * B * stride, lists.second + size_t(r) * B, stride, 1};
-                        if (variant >= 2) {
-                            q.compute = ikv::cuda::kComputeTensorCores;
-                            q.n_splits = ikv::cuda::decode_choose_splits(q, prop.multiProcessorCount);
-                        }
                         CK(ikv::cuda::launch_decode(q, 0));
                     };
                     const double ms = tm.median_ms(step, reps, batch);
-                    BenchRow row{kVariant[variant], B, ctx, fnames[f], ms, double(bytes), 0, 0, 0};
+                    BenchRow row{name, B, ctx, fnames[f], ms, double(bytes), 0, 0, 0};
                     row.gbps = bytes / (ms * 1e-3) / 1e9;
                     row.share = row.gbps / copy_gbps;
                     rows.push_back(row);

@@ -103,12 +103,13 @@ MultiTokenMode multi_token_mode() {
 }
 
 // IKV_CUDA_DECODE_COMPUTE: how the fused decode computes for F16/BF16
-// queries: simt (fp32 FMAs, the default until the tensor-core path is
-// measured on a GPU, see docs/CUDA.md) or tensor-cores (kernels/decode_mma.cuh).
+// queries: auto (tensor cores when the step reads INT8/FP8/INT4 pages and
+// enough of them per CTA: cuda::decode_resolve_compute), simt (fp32 FMAs) or
+// tensor-cores (kernels/decode_mma.cuh).
 uint32_t decode_compute() {
-    static const char *const kNames[] = {"simt", "tensor-cores"};
-    static const uint32_t c =
-        env_choice("IKV_CUDA_DECODE_COMPUTE", kNames, 2) == 1 ? cuda::kComputeTensorCores : cuda::kComputeSimt;
+    static const char *const kNames[] = {"auto", "simt", "tensor-cores"};
+    static const uint32_t kModes[] = {cuda::kComputeDefault, cuda::kComputeSimt, cuda::kComputeTensorCores};
+    static const uint32_t c = kModes[env_choice("IKV_CUDA_DECODE_COMPUTE", kNames, 3)];
     return c;
 }
 
@@ -162,6 +163,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     s.pages.clear();
     std::vector<uint64_t> list_begin(B + 1, 0);
     uint64_t bytes = 0;
+    uint32_t formats = 0;     // bit per page format read (picks the decode's compute)
     uint32_t max_tokens = 0;  // rows of the longest list a kernel reads (after top-k: a bound)
     for (uint32_t b = 0; b < B; ++b) {
         const SeqSnapshot &snap = snaps[b];
@@ -177,6 +179,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
             d.begin = uint8_t(e.begin - d.pos0);
             d.end = uint8_t(e.end - d.pos0);
             d.format = uint8_t(ref.format);
+            formats |= 1u << ref.format;
             d.flags = uint8_t((e.mandatory ? IKV_PAGE_MANDATORY : 0u) |
                               (e.end - e.begin < P ? IKV_PAGE_PARTIAL : 0u));
             s.pages.push_back(d);
@@ -216,8 +219,10 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     p.lse = a.lse;
     p.scale = a.scale > 0.0f ? a.scale : 1.0f / std::sqrt(float(D));
     p.compute = decode_compute();
+    p.formats = formats;
     p.softcap = a.softcap;
     p.max_pages = stride;
+    p.compute = cuda::decode_resolve_compute(p, max_tokens, s.n_sms);
     const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv));
     p.n_splits = gemm ? 1 : cuda::decode_choose_splits(p, s.n_sms);
     if (gemm && s.gemm == nullptr) {
