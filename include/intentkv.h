@@ -722,8 +722,10 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
  * picks the CUDA path of multi-token steps; IKV_CUDA_DECODE_COMPUTE=
  * auto|simt|tensor-cores how the fused CUDA decode computes for F16/BF16
  * queries (tensor cores: 16-bit operands, fp32 accumulation; auto, the
- * default: tensor cores when the step reads INT8, FP8 or INT4 pages, fp32
- * FMAs otherwise; F32 queries always use fp32 FMAs).
+ * default: tensor cores when the step reads INT8, FP8 or INT4 pages and its
+ * longest list is long enough to keep every CTA busy, about 24 chunks of 16
+ * rows each at the split count chosen, fp32 FMAs otherwise; F32 queries
+ * always use fp32 FMAs).
  */
 typedef struct ikv_decode_args {
     uint32_t struct_size;

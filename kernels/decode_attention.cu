@@ -576,9 +576,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams
 }
 
 int decode_mode(const DecodeParams &p) {
-    if (p.q_dtype == IKV_DTYPE_F32) return kSimt;
-    const bool tc = p.compute == kComputeTensorCores || (p.compute == kComputeDefault && (p.formats & kTensorCoreFormats));
-    if (!tc) return kSimt;
+    // kComputeDefault here was not settled by decode_resolve_compute: SIMT.
+    if (p.compute != kComputeTensorCores || p.q_dtype == IKV_DTYPE_F32) return kSimt;
     return p.q_dtype == IKV_DTYPE_BF16 ? kTcBF16 : kTcF16;
 }
 

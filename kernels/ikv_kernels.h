@@ -59,14 +59,13 @@ struct DecodeParams {
     uint32_t n_splits;        // 0 = choose (see decode_choose_splits)
     void *workspace;          // device scratch of decode_workspace_bytes() bytes
     uint32_t compute;         // DecodeCompute
-    uint32_t formats;         // bit (1u << ikv_format) per page format the lists hold (kComputeDefault reads it)
+    uint32_t formats;         // bit (1u << ikv_format) per page format the lists hold (decode_resolve_compute reads it)
 };
 
 // How the fused decode computes. F32 queries always use fp32 FMAs; F16/BF16
 // queries use fp32 FMAs (SIMT) or tensor cores (mma.sync with operands in the
 // query's type, fp32 accumulation; kernels/decode_mma.cuh). kComputeDefault is
-// settled by decode_resolve_compute (below); unresolved, decode_mode treats it
-// as "tensor cores when the lists hold INT8/FP8/INT4 pages".
+// settled by decode_resolve_compute (below); a launch given it unresolved runs SIMT.
 enum DecodeCompute : uint32_t { kComputeDefault = 0, kComputeSimt = 1, kComputeTensorCores = 2 };
 // Page formats that decode faster on tensor cores (the bits of DecodeParams::formats).
 constexpr uint32_t kTensorCoreFormats =

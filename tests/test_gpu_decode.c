@@ -153,7 +153,7 @@ typedef struct {
 /* Tolerance (rel. L2 of out vs the CPU decode and vs float64) of a step of T
  * query tokens on the path IKV_CUDA_MULTI_TOKEN selects: the fused kernel
  * works in fp32 on fp32 queries (1e-4); F16 queries get 2e-3, the bound of
- * its tensor-core compute (f16 operands; the default for steps that read
+ * its tensor-core compute (f16 operands; the default for long steps over
  * INT8/FP8/INT4 pages, forced by IKV_CUDA_DECODE_COMPUTE=tensor-cores in CTest's
  * test_gpu_decode_tensor_cores), also met by its fp32 compute; the GEMM path multiplies 16-bit operands (q rounded
  * to f16, P in f16; 3e-3). Under auto the GEMM path is taken from
@@ -244,8 +244,8 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
             expect_same_storage(cpu, sc[b], gpu, sg[b], lens[b]);
         }
         /* Dense (T = 1), causal multi-token (T = 3), a plan with partial pages, and top-k;
-         * F32 queries and F16 queries (on tensor cores where the pool holds quantized pages,
-         * unless IKV_CUDA_DECODE_COMPUTE forces a path). */
+         * F32 queries and F16 queries (these short steps run SIMT by default; CTest forces
+         * each compute path through IKV_CUDA_DECODE_COMPUTE). */
         for (int variant = 0; variant < 8; ++variant) {
             step_cfg cfg = {variant % 4 == 1 ? 3u : 1u, NULL, 0, variant < 4 ? IKV_DTYPE_F32 : IKV_DTYPE_F16};
             ikv_plan *plan = NULL;

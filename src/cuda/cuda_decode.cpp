@@ -218,10 +218,10 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     p.out_dtype = a.out_dtype;
     p.lse = a.lse;
     p.scale = a.scale > 0.0f ? a.scale : 1.0f / std::sqrt(float(D));
-    p.compute = decode_compute();
-    p.formats = formats;
     p.softcap = a.softcap;
     p.max_pages = stride;
+    p.formats = formats;
+    p.compute = decode_compute();  // auto is settled from the formats and the list lengths
     p.compute = cuda::decode_resolve_compute(p, max_tokens, s.n_sms);
     const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv));
     p.n_splits = gemm ? 1 : cuda::decode_choose_splits(p, s.n_sms);
