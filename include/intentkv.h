@@ -725,7 +725,10 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
  * default: tensor cores when the step reads INT8, FP8 or INT4 pages and its
  * longest list is long enough to keep every CTA busy, about 24 chunks of 16
  * rows each at the split count chosen, fp32 FMAs otherwise; F32 queries
- * always use fp32 FMAs).
+ * always use fp32 FMAs); IKV_CUDA_PDL=0 launches the step's kernels without
+ * programmatic dependent launch (used by default on sm_90 and newer: each
+ * kernel of the step waits for the previous one's results on the device, so
+ * the next launch overlaps the previous kernel's tail).
  */
 typedef struct ikv_decode_args {
     uint32_t struct_size;

@@ -24,7 +24,10 @@
 // At the end the warp's row slots are summed by shuffles, the 4 warps are
 // merged through shared memory (one barrier), and the CTA writes its split's
 // (m, l, acc); the merge kernel does the exact log-sum-exp merge over splits
-// and writes out (F32/F16/BF16) and lse.
+// and writes out (F32/F16/BF16) and lse. Both launches use programmatic
+// dependent launch on sm_90+ (kernels/launch_pdl.cuh), so the merge's CTAs are
+// launched while the decode drains. (A merge fused into the last CTA of each
+// (sequence, kv-head) was measured slower, bench/RESULTS.md section 1c.)
 //
 // Occupancy: 2-deep rings (8 KB slots at D=128) and <= 168 registers give 3
 // CTAs = 12 warps per SM for the one-token GQA shapes; decode_choose_splits
@@ -49,6 +52,7 @@
 #include "decode_formats.cuh"
 #include "decode_mma.cuh"
 #include "ikv_kernels.h"
+#include "launch_pdl.cuh"
 
 namespace ikv {
 namespace cuda {
@@ -338,11 +342,57 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
     const uint32_t G = p.n_q_heads / Hkv, T = p.n_query_tokens;
     const uint32_t row0 = row_chunk * R;
     const int nrows = int(min(uint32_t(R), rows_total - row0));
-    const uint32_t len = p.seq_len[seq];
     const uint32_t li = p.lists.list_heads > 1 ? seq * p.lists.list_heads + head : seq;
     const DevPage *list = p.lists.pages + uint64_t(li) * p.lists.stride;
-    const uint32_t count = p.lists.counts[li];  // loaded here so its latency overlaps the query staging
     const int d0 = (lane % C::kLanesPerRow) * 8;
+    // Everything above is arithmetic; from here on global memory written by
+    // earlier kernels (lists, lengths, q) is read (kernels/launch_pdl.cuh).
+    pdl_wait();
+    pdl_launch_dependents();  // the merge's CTAs may take slots this grid leaves free
+    const uint32_t len = p.seq_len[seq];
+    const uint32_t count = p.lists.counts[li];
+
+    // The CTA's slice of its list (balanced on the list's own count), then the warp's part of it.
+    const uint32_t max_pos = len - T + (row0 + uint32_t(nrows) - 1) / G;
+    const uint32_t per_split = (count + gridDim.x - 1) / gridDim.x;
+    const uint32_t first = split * per_split;
+    const uint32_t npages = first < count ? min(per_split, count - first) : 0u;
+    const int P = int(p.shape.page_size);
+    const int cpp = P > kChunkRows ? P / kChunkRows : 1;  // chunks per page
+    const int nchunks = int(npages) * cpp;
+    const int cb = nchunks * warp / kWarps, ce = nchunks * (warp + 1) / kWarps;
+
+    auto entry = [&](int i) { return list[first + uint32_t(i / cpp)]; };
+    // Copy chunk i (entry pg) into ring stage st; lane 0 records what the slot holds.
+    auto issue = [&](int i, const DevPage &pg, int st) {
+        const int c0 = (i % cpp) * kChunkRows;
+        const int lo = max(int(pg.begin), c0);
+        int hi = min(int(pg.end), min(c0 + kChunkRows, P));
+        const int64_t lim = int64_t(max_pos) + 1 - int64_t(pg.pos0);  // rows after the last query are never read
+        if (lim < hi) hi = int(lim < 0 ? 0 : lim);
+        const ikv_format f = ikv_format(pg.format);
+        uint8_t *slot = ring + st * C::kSlotBytes;
+        if (hi > lo) {
+            const uint8_t *sub = pg.base + subpage_offset(p.shape, f, p.layer, head);
+            with_format(f, [&](auto F) { dec::copy_chunk<D, F.value, kTc>(sub, P, c0, lo, hi, slot, lane); });
+        }
+        if (lane == 0) meta[st] = ChunkMeta{lo - c0, hi - c0, int(f), pg.pos0 + uint32_t(c0)};
+    };
+
+    // Prologue: the first kStages-1 chunks go out before the query is staged,
+    // so the CTA's first DRAM round trips overlap (a short split, as at B = 1,
+    // has only a few chunks per warp and pays each round trip in full).
+    DevPage pro[C::kStages - 1];  // the prologue's entries, all loads in flight before the first use
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s)
+        if (cb + s < ce) pro[s] = entry(cb + s);
+    DevPage next{};  // entry of the next chunk to issue, loaded one iteration ahead
+    if (cb + C::kStages - 1 < ce) next = entry(cb + C::kStages - 1);
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+        if (cb + s < ce) issue(cb + s, pro[s], s);
+        dec::cp_async_commit();
+    }
 
     // Query rows (row r = t*G + g); padding rows are zero and masked. SIMT:
     // pre-scaled into the base-2 domain; tensor cores: as given (exact in the
@@ -370,56 +420,22 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
     }
     const float cap2 = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
     const float inv_cap2 = p.softcap > 0.0f ? 1.0f / cap2 : 0.0f;
-    const uint32_t max_pos = len - T + (row0 + uint32_t(nrows) - 1) / G;
 
-    // The CTA's slice of its list (balanced on the list's own count), then the warp's part of it.
-    const uint32_t per_split = (count + gridDim.x - 1) / gridDim.x;
-    const uint32_t first = split * per_split;
-    const uint32_t npages = first < count ? min(per_split, count - first) : 0u;
-    const int P = int(p.shape.page_size);
-    const int cpp = P > kChunkRows ? P / kChunkRows : 1;  // chunks per page
-    const int nchunks = int(npages) * cpp;
-    const int cb = nchunks * warp / kWarps, ce = nchunks * (warp + 1) / kWarps;
-
-    auto entry = [&](int i) { return list[first + uint32_t(i / cpp)]; };
-    // Copy chunk i (entry pg) into ring stage st; lane 0 records what the slot holds.
-    auto issue = [&](int i, const DevPage &pg, int st) {
-        const int c0 = (i % cpp) * kChunkRows;
-        const int lo = max(int(pg.begin), c0);
-        int hi = min(int(pg.end), min(c0 + kChunkRows, P));
-        const int64_t lim = int64_t(max_pos) + 1 - int64_t(pg.pos0);  // rows after the last query are never read
-        if (lim < hi) hi = int(lim < 0 ? 0 : lim);
-        const ikv_format f = ikv_format(pg.format);
-        uint8_t *slot = ring + st * C::kSlotBytes;
-        if (hi > lo) {
-            const uint8_t *sub = pg.base + subpage_offset(p.shape, f, p.layer, head);
-            with_format(f, [&](auto F) { dec::copy_chunk<D, F.value, kTc>(sub, P, c0, lo, hi, slot, lane); });
-        }
-        if (lane == 0) meta[st] = ChunkMeta{lo - c0, hi - c0, int(f), pg.pos0 + uint32_t(c0)};
-    };
-
-    DevPage pro[C::kStages - 1];  // the prologue's entries, all loads in flight before the first use
-#pragma unroll
-    for (int s = 0; s < C::kStages - 1; ++s)
-        if (cb + s < ce) pro[s] = entry(cb + s);
-    DevPage next{};  // entry of the next chunk to issue, loaded one iteration ahead
-    if (cb + C::kStages - 1 < ce) next = entry(cb + C::kStages - 1);
-#pragma unroll
-    for (int s = 0; s < C::kStages - 1; ++s) {
-        if (cb + s < ce) issue(cb + s, pro[s], s);
-        dec::cp_async_commit();
-    }
-
+    // Main loop. The copy of chunk i+kStages-1 goes into the slot chunk i-1
+    // left (computed in the previous iteration) BEFORE waiting for chunk i,
+    // so kStages chunks are in flight while the warp waits (kStages-1 while
+    // it computes): with 2 slots, two 8 KB chunks per warp instead of one.
     int st = 0;
     for (int i = cb; i < ce; ++i) {
-        dec::cp_async_wait<C::kStages - 2>();
-        __syncwarp();  // chunk i landed for every lane; the slot of chunk i-1 is free
+        __syncwarp();  // every lane is done with the slot (and meta) of chunk i-1
         const int ii = i + C::kStages - 1;
         if (ii < ce) {
             issue(ii, next, st == 0 ? C::kStages - 1 : st - 1);
             if (ii + 1 < ce) next = entry(ii + 1);
         }
         dec::cp_async_commit();
+        dec::cp_async_wait<C::kStages - 1>();
+        __syncwarp();  // chunk i landed for every lane
         const ChunkMeta mt = meta[st];
         const uint8_t *slot = ring + st * C::kSlotBytes;
         if (mt.r1 > mt.r0) {
@@ -528,6 +544,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams
     const uint64_t stride = rows_total;
     const uint64_t b0 = (uint64_t(seq) * Hkv + head) * n_splits * stride + row;
     const float2 *ml = reinterpret_cast<const float2 *>(part_ml);
+    pdl_wait();  // the decode grid's partials are complete and visible
     float m = -INFINITY;
     for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) m = fmaxf(m, ml[b0 + s * stride].x);
     m = block_reduce(m, true, tmp);
@@ -661,10 +678,14 @@ uint64_t ctas_per_sm(const DecodeParams &p) {
 uint32_t decode_choose_splits(const DecodeParams &p, int n_sms) {
     const uint64_t base = uint64_t(p.n_seqs) * p.shape.n_kv_heads * row_chunks(p);
     const uint64_t resident = uint64_t(n_sms > 0 ? n_sms : 132) * ctas_per_sm(p);
-    // Work units: 16-row chunks; keep at least 4 per warp so each warp's pipeline fills.
+    // Work units: 16-row chunks; at least one per warp. (Measured on the H100,
+    // B = 1, bench/RESULTS.md: a short list wants every SM busy more than long
+    // splits; a 25% selection of 8K, 128 pages per head, ran in 0.0125 ms at
+    // 32 splits, one chunk per warp, and in 0.0191 ms at the 6 that a floor of
+    // four chunks per warp allowed.)
     const uint64_t P = p.shape.page_size;
     const uint64_t chunks = uint64_t(p.max_pages) * (P > 16 ? P / 16 : 1);
-    const uint64_t max_useful = std::max<uint64_t>(1, chunks / (4 * kWarps));
+    const uint64_t max_useful = std::max<uint64_t>(1, chunks / kWarps);
     // Fill of the resident CTA slots over the waves s splits take; the fewest
     // splits within 3% of the best fill, searching up to two waves' worth.
     const uint64_t hi = std::min<uint64_t>(max_useful, 2 * ((resident + base - 1) / base));
@@ -712,12 +733,11 @@ cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream) {
     cudaError_t err = allow_smem(k);
     if (err != cudaSuccess) return err;
     const dim3 grid(splits, p.shape.n_kv_heads * row_chunks(p), p.n_seqs);
-    k->fn<<<grid, kThreads, k->smem, stream>>>(p, rows, part_acc, part_ml);
-    err = cudaGetLastError();
+    err = launch_pdl(k->fn, grid, dim3(kThreads), size_t(k->smem), stream, p, rows, part_acc, part_ml);
     if (err != cudaSuccess) return err;
-    merge_kernel<<<p.n_seqs * p.shape.n_kv_heads * rows, kMergeThreads, splits * sizeof(float),
-                   stream>>>(p, splits, rows, part_acc, part_ml);
-    return cudaGetLastError();
+    return launch_pdl(merge_kernel, dim3(p.n_seqs * p.shape.n_kv_heads * rows), dim3(kMergeThreads),
+                      splits * sizeof(float), stream, p, splits, rows, static_cast<const float *>(part_acc),
+                      static_cast<const float *>(part_ml));
 }
 
 }  // namespace cuda

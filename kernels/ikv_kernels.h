@@ -55,7 +55,7 @@ struct DecodeParams {
     float *lse;               // device, optional, ((b*T + t)*Hq + h)
     float scale;              // already resolved (no 0 here)
     float softcap;            // 0 = off
-    uint32_t max_pages;       // upper bound of any counts[i] (sizes the split-K grid)
+    uint32_t max_pages;       // pages of the longest list expected (sizes the split-K grid only: kernels read counts[])
     uint32_t n_splits;        // 0 = choose (see decode_choose_splits)
     void *workspace;          // device scratch of decode_workspace_bytes() bytes
     uint32_t compute;         // DecodeCompute

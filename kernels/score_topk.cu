@@ -1,6 +1,7 @@
 // Device-side query-aware page selection (Quest upper bound + top pages
 // within a token budget), producing the work lists the decode kernel reads.
-// Two launches, no allocation, no host synchronization (graph capturable):
+// Two launches (programmatic dependent launch on sm_90+: kernels/launch_pdl.cuh),
+// no allocation, no host synchronization (graph capturable):
 //   score_kernel   one block per (8 candidate pages, kv-head, sequence), one
 //                  warp per page: the upper bound
 //                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's key
@@ -23,6 +24,7 @@
 
 #include "common/quant.hpp"
 #include "ikv_kernels.h"
+#include "launch_pdl.cuh"
 
 namespace ikv {
 namespace cuda {
@@ -43,6 +45,8 @@ __global__ void score_kernel(const TopkParams p) {
     const uint32_t head = blockIdx.y, seq = blockIdx.z;
     const uint32_t D = p.shape.head_dim, Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
     const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
+    pdl_wait();  // q and the candidate lists come from earlier work (kernels/launch_pdl.cuh)
+    pdl_launch_dependents();
     for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) qs[e] = load_q(p.q, p.q_dtype, q0 + e);
     __syncthreads();
     const uint32_t c = blockIdx.x * kScoreWarps + warp;
@@ -163,6 +167,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
     __shared__ int64_t rem_sh;
 
     const uint32_t head = blockIdx.x, seq = blockIdx.y, Hkv = p.shape.n_kv_heads;
+    pdl_wait();  // the scores are complete and visible
+    pdl_launch_dependents();  // the decode's CTAs may take the slots these few blocks leave free
     const uint32_t count = p.candidates.counts[seq];
     const DevPage *cand = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
     const float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
@@ -286,14 +292,13 @@ cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream) {
         err = cudaFuncSetAttribute(reinterpret_cast<const void *>(score_kernel),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, qbytes);
     if (err != cudaSuccess) return err;
-    score_kernel<<<sgrid, kScoreWarps * 32, qbytes, stream>>>(p);
-    err = cudaGetLastError();
+    err = launch_pdl(score_kernel, sgrid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
     if (err != cudaSuccess) return err;
     const int smem = int(npad * 6);
     err = allow_select_smem();
     if (err != cudaSuccess) return err;
-    select_kernel<<<dim3(p.shape.n_kv_heads, p.n_seqs), kSelectThreads, smem, stream>>>(p, npad);
-    return cudaGetLastError();
+    return launch_pdl(select_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kSelectThreads), size_t(smem), stream,
+                      p, npad);
 }
 
 }  // namespace cuda

@@ -14,6 +14,7 @@
 // (read + write bytes) measured in the same run.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,8 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
     // IKV_BENCH_B / IKV_BENCH_CTX (optional) restrict the run to one batch size / context (profiling).
     // IKV_BENCH_FMT (f16, fp8, int8, int4) restricts the formats the same way.
     const char *only_b = getenv("IKV_BENCH_B"), *only_ctx = getenv("IKV_BENCH_CTX"), *only_f = getenv("IKV_BENCH_FMT");
+    // IKV_BENCH_SWEEP=1 also times each B = 1 case at a range of split counts.
+    const bool sweep = getenv("IKV_BENCH_SWEEP") != nullptr;
     for (uint32_t B : Bs)
         for (uint32_t ctx : ctxs)
             for (ikv_format f : fmts) {
@@ -133,7 +136,8 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                 allocs.push_back(pool);
                 CK(cudaMemset(pool, 0x11, one * nrot));
                 // Lists: dense and a fixed pseudo-random quarter, per rotation copy.
-                auto make_lists = [&](bool quarter, uint64_t *bytes) {
+                // *max_count: the longest list (sizes the split count, as the library's plan staging does).
+                auto make_lists = [&](bool quarter, uint64_t *bytes, uint32_t *max_count = nullptr) {
                     std::vector<DevPage> flat(size_t(nrot) * B * n_pages);
                     std::vector<uint32_t> counts(size_t(nrot) * B);
                     *bytes = 0;
@@ -155,6 +159,7 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                             }
                             counts[size_t(r) * B + b] = n;
                         }
+                    if (max_count) *max_count = *std::max_element(counts.begin(), counts.end());
                     return std::make_pair(to_device(flat, &allocs), to_device(counts, &allocs));
                 };
                 std::vector<uint32_t> lens(B, ctx);
@@ -178,8 +183,8 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                 for (uint32_t c : {ikv::cuda::kComputeSimt, ikv::cuda::kComputeTensorCores}) {
                     ikv::cuda::DecodeParams q = p;
                     q.compute = c;
-                    ws_bytes = std::max(ws_bytes, ikv::cuda::decode_workspace_bytes(
-                                                      q, ikv::cuda::decode_choose_splits(q, prop.multiProcessorCount)));
+                    const uint32_t sp = std::max(sweep ? 128u : 0u, ikv::cuda::decode_choose_splits(q, prop.multiProcessorCount));
+                    ws_bytes = std::max(ws_bytes, ikv::cuda::decode_workspace_bytes(q, sp));
                 }
                 p.n_splits = ikv::cuda::decode_choose_splits(p, prop.multiProcessorCount);
                 void *ws = nullptr, *out = nullptr;
@@ -206,10 +211,12 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                     const std::string name = std::string(quarter ? "sel25" : "dense") +
                                              (!other ? "" : compute == ikv::cuda::kComputeTensorCores ? "-tc" : "-simt");
                     uint64_t bytes = 0;
-                    auto lists = make_lists(quarter, &bytes);
+                    uint32_t longest = 0;
+                    auto lists = make_lists(quarter, &bytes, &longest);
                     const uint32_t stride = n_pages;
                     ikv::cuda::DecodeParams v = p;
                     v.compute = compute;
+                    v.max_pages = longest;
                     v.n_splits = ikv::cuda::decode_choose_splits(v, prop.multiProcessorCount);
                     auto step = [&](int k) {
                         ikv::cuda::DecodeParams q = v;
@@ -218,6 +225,26 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                         CK(ikv::cuda::launch_decode(q, 0));
                     };
                     const double ms = tm.median_ms(step, reps, batch);
+                    if (sweep && B == 1 && !other) {
+                        // IKV_BENCH_SWEEP=1: the same step at other split counts (tunes decode_choose_splits).
+                        printf("sweep %s B=%u ctx=%u %s (chosen %u splits):", name.c_str(), B, ctx, fnames[f], v.n_splits);
+                        for (uint32_t sp : {8u, 16u, 24u, 32u, 48u, 64u, 96u, 128u}) {
+                            ikv::cuda::DecodeParams w = v;
+                            w.n_splits = sp;
+                            if (ikv::cuda::decode_workspace_bytes(w, sp) > ws_bytes) continue;
+                            const double t = tm.median_ms(
+                                [&](int k) {
+                                    ikv::cuda::DecodeParams q = w;
+                                    const uint32_t r = uint32_t(k) % nrot;
+                                    q.lists = DevLists{lists.first + size_t(r) * B * stride, lists.second + size_t(r) * B,
+                                                       stride, 1};
+                                    CK(ikv::cuda::launch_decode(q, 0));
+                                },
+                                reps, batch);
+                            printf(" %u:%.4f", sp, t);
+                        }
+                        printf(" ms\n");
+                    }
                     BenchRow row{name, B, ctx, fnames[f], ms, double(bytes), 0, 0, 0};
                     row.gbps = bytes / (ms * 1e-3) / 1e9;
                     row.share = row.gbps / copy_gbps;
@@ -260,9 +287,13 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                                                     n_pages, 1};
                             CK(ikv::cuda::launch_score_topk(u, 0));
                         };
+                        // Split count sized on the budget's pages, as the library does after top-k.
+                        ikv::cuda::DecodeParams tp = p;
+                        tp.max_pages = std::min<uint32_t>(n_pages, (ctx / 4 + P - 1) / P + 1);
+                        tp.n_splits = ikv::cuda::decode_choose_splits(tp, prop.multiProcessorCount);
                         auto full = [&](int k) {
                             topk_only(k);
-                            ikv::cuda::DecodeParams q = p;
+                            ikv::cuda::DecodeParams q = tp;
                             q.lists = DevLists{sel, cnt, n_pages, s.n_kv_heads};
                             CK(ikv::cuda::launch_decode(q, 0));
                         };

@@ -219,7 +219,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     p.lse = a.lse;
     p.scale = a.scale > 0.0f ? a.scale : 1.0f / std::sqrt(float(D));
     p.softcap = a.softcap;
-    p.max_pages = stride;
+    // Split count sizing: after top-k a list holds about the budget's pages, not every candidate.
+    p.max_pages = topk ? std::min<uint32_t>(stride, (max_tokens + P - 1) / P + 1) : stride;
     p.formats = formats;
     p.compute = decode_compute();  // auto is settled from the formats and the list lengths
     p.compute = cuda::decode_resolve_compute(p, max_tokens, s.n_sms);

@@ -1,0 +1,89 @@
+// Programmatic dependent launch (PDL, sm_90+) for the kernels of one step
+// that follow each other on a stream (score -> select -> decode -> merge).
+//
+// Why: at B = 1 a step is a few tens of microseconds and each kernel boundary
+// costs the launch of the next grid after the previous one drained. With PDL
+// the next grid is launched while the previous one is still running; its CTAs
+// do their index arithmetic and then wait in pdl_wait() until the previous
+// grid has completed and its writes are visible. So every kernel launched
+// with launch_pdl() must call pdl_wait() before its first global-memory read
+// of anything an earlier kernel (ours or the engine's) may write, and may call
+// pdl_launch_dependents() once it no longer needs its SM slot to itself
+// (the dependents' CTAs only take slots the running grid leaves free).
+//
+// On devices below sm_90, or with IKV_CUDA_PDL=0 in the environment (read
+// once; for side-by-side timing), launch_pdl() is a plain launch; below sm_90
+// both device calls compile to nothing. A PDL launch is captured into a CUDA graph as a
+// programmatic edge, so captured steps keep the overlap.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace ikv {
+namespace cuda {
+
+// Wait for the grids this one depends on (complete, writes visible).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Allow the next PDL-launched grid on the stream to be scheduled now.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Whether launches use PDL: IKV_CUDA_PDL is not "0" and the current device
+// has compute capability >= 9 (remembered per device ordinal).
+inline bool pdl_supported() {
+    static const bool enabled = [] {
+        const char *e = std::getenv("IKV_CUDA_PDL");
+        return e == nullptr || std::strcmp(e, "0") != 0;
+    }();
+    if (!enabled) return false;
+    static std::atomic<uint64_t> known{0}, yes{0};  // bit per device ordinal (< 64)
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    const uint64_t bit = 1ull << dev;
+    if (!(known.load(std::memory_order_acquire) & bit)) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        if (major >= 9) yes.fetch_or(bit, std::memory_order_acq_rel);
+        known.fetch_or(bit, std::memory_order_acq_rel);
+    }
+    return (yes.load(std::memory_order_acquire) & bit) != 0;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
+// serialization where the device supports it. Returns the launch's error.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args &&...args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_supported() ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
+
+}  // namespace cuda
+}  // namespace ikv
