@@ -7,8 +7,9 @@
 //   find_nonfinite  device input: one kernel finds the first NaN/inf (the
 //                   only device->host traffic: its 8-byte verdict); host
 //                   input is scanned on the host;
-//   write_append    host input is uploaded once; then per round (chunk j of
-//                   every layer) one kernel converts the input rows into the
+//   write_append    host input is uploaded once; then per round (a set of
+//                   page writes with distinct staging buffers: see
+//                   plan_rounds) one kernel converts the input rows into the
 //                   staging buffers and one quantizes the page layers from
 //                   them (kernels/append_rows.cu, kernels/quantize_pages.cu).
 // Quantize-on-write writes bytes identical to write_subpage() plus the key
@@ -22,6 +23,7 @@
 // is ordered after the engine's stream with an event. Decode never goes
 // through here.
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <new>
 #include <vector>
@@ -36,7 +38,11 @@ namespace ikv {
 namespace {
 
 constexpr uint64_t kSlabAlign = 256;
-constexpr uint64_t kSlabTargetBytes = 8ull << 20;
+// Device slabs are large: cudaMalloc costs tens of microseconds and cudaFree
+// synchronizes the device, and a 32-layer, 8-head, head_dim 128 F16 page is
+// 2.4 MB (8 MB slabs held 3 pages: a 2048-token bulk append made ~40 slabs).
+// The allocator still caps a slab at what the pool's capacity could hold.
+constexpr uint64_t kSlabTargetBytes = 64ull << 20;
 
 // Slab memory from cudaMalloc on the pool's device.
 class DeviceMemory final : public SlabMemory {
@@ -79,6 +85,7 @@ public:
         cudaStreamSynchronize(stream_);
         for (void *chunk : stage_chunks_) cudaFree(chunk);
         if (input_) cudaFree(input_);
+        if (scratch_) cudaFree(scratch_);
         if (jobs_dev_) cudaFree(jobs_dev_);
         if (jobs_host_) cudaFreeHost(jobs_host_);
         if (verdict_dev_) cudaFree(verdict_dev_);
@@ -91,13 +98,21 @@ public:
     void release(ikv_format f, uint8_t *page) override { slabs_.release(f, page); }
 
     ikv_status init(ikv_format f, uint8_t *page) override {
+        const PageInit one{f, page};
+        return init_pages(&one, 1);
+    }
+
+    ikv_status init_pages(const PageInit *pages, size_t n) override {
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
-        cudaError_t err = cudaMemsetAsync(page, 0, page_bytes(shape_, f), stream_);
-        // Empty sub-pages as write_subpage writes them (unit scales), zero summaries.
-        if (err == cudaSuccess) err = cuda::launch_quantize_empty_page(shape_, f, page, stream_);
+        cudaError_t err = cudaSuccess;
+        for (size_t i = 0; i < n && err == cudaSuccess; ++i) {
+            err = cudaMemsetAsync(pages[i].page, 0, page_bytes(shape_, pages[i].format), stream_);
+            // Empty sub-pages as write_subpage writes them (unit scales), zero summaries.
+            if (err == cudaSuccess) err = cuda::launch_quantize_empty_page(shape_, pages[i].format, pages[i].page, stream_);
+        }
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
-        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "initializing a device page");
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "initializing device pages");
     }
 
     // k, v: device staging (a stage_alloc buffer).
@@ -278,40 +293,14 @@ public:
         }
         if (err != cudaSuccess) return cuda_fail(err, fn, "bringing K/V to the device");
 
-        // Rounds: round j holds chunk j of every layer, so the jobs of a round
-        // have distinct staging buffers and one launch of each kernel serves
-        // them; later chunks of a layer reuse its staging in stream order.
-        uint32_t rounds = 0, chunk = 0;
-        for (size_t i = 0; i < n_writes; ++i) {
-            chunk = i > 0 && writes[i].layer == writes[i - 1].layer ? chunk + 1 : 0;
-            rounds = std::max(rounds, chunk + 1);
-        }
-        try {
-            round_start_.assign(rounds + 1, 0);
-        } catch (const std::bad_alloc &) {
-            return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-        }
-        for (size_t i = 0; i < n_writes; ++i) {
-            chunk = i > 0 && writes[i].layer == writes[i - 1].layer ? chunk + 1 : 0;
-            ++round_start_[chunk + 1];
-        }
-        for (uint32_t r = 0; r < rounds; ++r) round_start_[r + 1] += round_start_[r];
-        std::vector<uint32_t> &next = round_next_;
-        try {
-            next.assign(round_start_.begin(), round_start_.end() - 1);
-        } catch (const std::bad_alloc &) {
-            return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-        }
-        for (size_t i = 0; i < n_writes; ++i) {
-            chunk = i > 0 && writes[i].layer == writes[i - 1].layer ? chunk + 1 : 0;
-            const AppendWrite &w = writes[i];
-            jobs_host_[next[chunk]++] =
-                cuda::AppendJob{w.page, w.stage, w.layer, w.token0, w.row0, w.rows, uint32_t(w.format), 0};
-        }
+        const uint32_t rounds = plan_rounds(writes, n_writes, &err);
+        if (err != cudaSuccess) return cuda_fail(err, fn, "allocating the append's scratch staging");
+        if (rounds == 0) return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
         err = cudaMemcpyAsync(jobs_dev_, jobs_host_, n_writes * sizeof(cuda::AppendJob), cudaMemcpyHostToDevice,
                               stream_);
         for (uint32_t r = 0; r < rounds && err == cudaSuccess; ++r) {
             const uint32_t first = round_start_[r], count = round_start_[r + 1] - first;
+            if (count == 0) continue;
             err = cuda::launch_stage_rows(shape_, in, jobs_dev_ + first, count, stream_);
             if (err == cudaSuccess) err = cuda::launch_quantize_jobs(shape_, jobs_dev_ + first, count, stream_);
         }
@@ -323,10 +312,105 @@ public:
 
 private:
     static constexpr uint64_t kStageChunkBytes = 8ull << 20;
+    static constexpr uint64_t kMaxScratchBytes = 64ull << 20;  // scratch stages of a bulk append
 
     cuda::AppendRows rows_of(const AppendSource &src) const {
         return cuda::AppendRows{src.k,       src.v,     src.dtype, src.all_layers ? 1u : 0u, src.token_stride,
                                 src.head_stride, src.layer_stride};
+    }
+
+    // Under mu_. Orders the writes into rounds (jobs_host_, round_start_); each
+    // round is one launch of the staging kernel and one of the quantizer, so
+    // the jobs of a round need distinct staging buffers. The writes of a layer
+    // all name the layer's staging buffer: the first may continue a partial
+    // page (its earlier rows are staged there) and the last may leave one
+    // (its rows must stay there). Pages in between are whole and start at row
+    // 0, so they go through scratch stages instead: round 0 holds every
+    // layer's first write plus as many whole pages as there are scratch
+    // stages (at most kMaxScratchBytes), further rounds the remaining whole
+    // pages, and the last round the partial last writes. A bulk append of
+    // 2048 tokens over 32 layers is then ~10 rounds instead of 128 (one per
+    // page of a layer). Returns the number of rounds (0: out of host memory;
+    // *err: a CUDA error growing the scratch).
+    uint32_t plan_rounds(const AppendWrite *writes, size_t n_writes, cudaError_t *err) {
+        *err = cudaSuccess;
+        const uint32_t P = shape_.page_size;
+        size_t n_first = 0, n_whole = 0;
+        for (size_t i = 0; i < n_writes; ++i) {
+            const bool first = i == 0 || writes[i].layer != writes[i - 1].layer;
+            n_first += first;
+            n_whole += !first && writes[i].row0 + writes[i].rows == P;
+        }
+        const uint64_t stride = align_up(stage_bytes_, kSlabAlign);
+        const size_t per_round =
+            size_t(std::max<uint64_t>(1, std::min<uint64_t>({n_whole, kMaxScratchBytes / stride, scratch_stage_limit()})));
+        if (n_whole > 0) {
+            *err = ensure_scratch(per_round, stride);
+            if (*err != cudaSuccess) return 1;
+        }
+        const uint32_t whole_rounds = uint32_t((n_whole + per_round - 1) / per_round);
+        const uint32_t rounds = std::max<uint32_t>(1, whole_rounds) + 1;  // + the partial last writes
+        try {
+            round_start_.assign(rounds + 1, 0);
+        } catch (const std::bad_alloc &) {
+            return 0;
+        }
+        // Round of each write: first writes -> 0, whole page w (in order) -> w / per_round, partial last -> last.
+        auto round_of = [&](size_t i, size_t whole_index, bool first) -> uint32_t {
+            if (first) return 0;
+            if (writes[i].row0 + writes[i].rows == P) return uint32_t(whole_index / per_round);
+            return rounds - 1;
+        };
+        for (int pass = 0; pass < 2; ++pass) {  // 0: count per round, 1: place
+            std::vector<uint32_t> &next = round_next_;
+            if (pass == 1) {
+                for (uint32_t r = 0; r < rounds; ++r) round_start_[r + 1] += round_start_[r];
+                try {
+                    next.assign(round_start_.begin(), round_start_.end() - 1);
+                } catch (const std::bad_alloc &) {
+                    return 0;
+                }
+            }
+            size_t whole = 0;
+            for (size_t i = 0; i < n_writes; ++i) {
+                const AppendWrite &w = writes[i];
+                const bool first = i == 0 || w.layer != writes[i - 1].layer;
+                const bool is_whole = !first && w.row0 + w.rows == P;
+                const uint32_t r = round_of(i, whole, first);
+                if (pass == 0) {
+                    ++round_start_[r + 1];
+                } else {
+                    float *stage = is_whole ? reinterpret_cast<float *>(scratch_ + (whole % per_round) * stride) : w.stage;
+                    jobs_host_[next[r]++] =
+                        cuda::AppendJob{w.page, stage, w.layer, w.token0, w.row0, w.rows, uint32_t(w.format), 0};
+                }
+                whole += is_whole;
+            }
+        }
+        return rounds;
+    }
+
+    // IKV_CUDA_APPEND_SCRATCH_STAGES=n (read once) caps the scratch stages of a
+    // round below the 64 MiB bound, so tests run bulk appends over many rounds.
+    static uint64_t scratch_stage_limit() {
+        static const uint64_t limit = [] {
+            const char *e = std::getenv("IKV_CUDA_APPEND_SCRATCH_STAGES");
+            const long long n = e ? std::atoll(e) : 0;
+            return n > 0 ? uint64_t(n) : ~uint64_t(0);
+        }();
+        return limit;
+    }
+
+    // Under mu_: n scratch stages of `stride` bytes (grown, never shrunk; the
+    // last append synchronized its stream, so the old ones are idle).
+    cudaError_t ensure_scratch(size_t n, uint64_t stride) {
+        if (scratch_stages_ >= n) return cudaSuccess;
+        if (scratch_) cudaFree(scratch_);
+        scratch_ = nullptr;
+        scratch_stages_ = 0;
+        const cudaError_t err = cudaMalloc(reinterpret_cast<void **>(&scratch_), n * stride);
+        if (err == cudaSuccess) scratch_stages_ = n;
+        return err;
     }
 
     // The store's stream waits for the engine's work on `stream` so far.
@@ -391,6 +475,8 @@ private:
     uint8_t *input_ = nullptr;
     uint64_t input_bytes_ = 0;
     std::vector<uint32_t> round_start_, round_next_;
+    uint8_t *scratch_ = nullptr;  // scratch stages for the whole pages of a bulk append
+    size_t scratch_stages_ = 0;
 };
 
 }  // namespace

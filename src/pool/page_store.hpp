@@ -41,6 +41,19 @@ public:
     // Make every sub-page empty (as write_subpage with 0 valid rows) and
     // every summary record zero.
     virtual ikv_status init(ikv_format f, uint8_t *page) = 0;
+    // init() of n pages. The device store enqueues them all and waits once
+    // (a bulk append opens a page per P tokens; one wait each cost ~20 us).
+    struct PageInit {
+        ikv_format format;
+        uint8_t *page;
+    };
+    virtual ikv_status init_pages(const PageInit *pages, size_t n) {
+        for (size_t i = 0; i < n; ++i) {
+            const ikv_status st = init(pages[i].format, pages[i].page);
+            if (st != IKV_OK) return st;
+        }
+        return IKV_OK;
+    }
     // Quantize the first n_valid rows of every kv-head of one layer from
     // fp32 staging of this store (k, v: [H][P][D], inside a stage_alloc
     // buffer) into the page, then recompute the layer's key summaries from

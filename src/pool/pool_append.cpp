@@ -17,6 +17,7 @@
 //      pages this sequence now owns alone (PageStore::write_append).
 #include <algorithm>
 #include <new>
+#include <vector>
 
 #include "pool/pool_internal.hpp"
 
@@ -167,8 +168,14 @@ ikv_status seq_append(ikv_pool *pool, ikv_seq_id id, const ikv_append &args) {
     // Fill the new pages outside the lock. Copying a shared page is safe here:
     // we still hold our reference, so no other sequence writes it in place.
     st = IKV_OK;
-    for (auto &e : fresh)
-        if (st == IKV_OK) st = pool->store->init(e.second->format, e.second->bytes);
+    try {
+        std::vector<PageStore::PageInit> inits;
+        inits.reserve(fresh.size());
+        for (auto &e : fresh) inits.push_back(PageStore::PageInit{e.second->format, e.second->bytes});
+        st = pool->store->init_pages(inits.data(), inits.size());
+    } catch (const std::bad_alloc &) {
+        st = fail(IKV_E_NOMEM, "ikv_pool_append: out of host memory");
+    }
     for (auto &e : copies) {
         const PageRec *old = seq.pages[e.first];
         if (st == IKV_OK) st = pool->store->copy(old->format, e.second->bytes, old->bytes);
