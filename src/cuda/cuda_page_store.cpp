@@ -335,10 +335,9 @@ private:
     uint32_t plan_rounds(const AppendWrite *writes, size_t n_writes, cudaError_t *err) {
         *err = cudaSuccess;
         const uint32_t P = shape_.page_size;
-        size_t n_first = 0, n_whole = 0;
+        size_t n_whole = 0;
         for (size_t i = 0; i < n_writes; ++i) {
             const bool first = i == 0 || writes[i].layer != writes[i - 1].layer;
-            n_first += first;
             n_whole += !first && writes[i].row0 + writes[i].rows == P;
         }
         const uint64_t stride = align_up(stage_bytes_, kSlabAlign);
