@@ -27,7 +27,7 @@
 // and writes out (F32/F16/BF16) and lse. Both launches use programmatic
 // dependent launch on sm_90+ (kernels/launch_pdl.cuh), so the merge's CTAs are
 // launched while the decode drains. (A merge fused into the last CTA of each
-// (sequence, kv-head) was measured slower, bench/RESULTS.md section 1c.)
+// (sequence, kv-head) was measured slower, bench/RESULTS.md section 1d.)
 //
 // Occupancy: 2-deep rings (8 KB slots at D=128) and <= 168 registers give 3
 // CTAs = 12 warps per SM for the one-token GQA shapes; decode_choose_splits

@@ -13,8 +13,8 @@
 //
 // On devices below sm_90, or with IKV_CUDA_PDL=0 in the environment (read
 // once; for side-by-side timing), launch_pdl() is a plain launch; below sm_90
-// both device calls compile to nothing. A PDL launch is captured into a CUDA graph as a
-// programmatic edge, so captured steps keep the overlap.
+// both device calls compile to nothing. A PDL launch is captured into a CUDA
+// graph as a programmatic edge, so captured steps keep the overlap.
 #pragma once
 
 #include <cuda_runtime.h>

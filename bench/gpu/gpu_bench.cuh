@@ -203,28 +203,31 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                 for (int variant = 0; variant < 4; ++variant) {
                     const bool quarter = variant % 2 == 1, other = variant >= 2;
                     if (quarter && !quarter_too) continue;
-                    const uint32_t chosen =
-                        ikv::cuda::decode_resolve_compute(p, quarter ? ctx / 4 : ctx, prop.multiProcessorCount);
-                    const uint32_t compute = !other ? chosen
-                                             : chosen == ikv::cuda::kComputeTensorCores ? ikv::cuda::kComputeSimt
-                                                                                         : ikv::cuda::kComputeTensorCores;
-                    const std::string name = std::string(quarter ? "sel25" : "dense") +
-                                             (!other ? "" : compute == ikv::cuda::kComputeTensorCores ? "-tc" : "-simt");
                     uint64_t bytes = 0;
                     uint32_t longest = 0;
                     auto lists = make_lists(quarter, &bytes, &longest);
                     const uint32_t stride = n_pages;
                     ikv::cuda::DecodeParams v = p;
-                    v.compute = compute;
-                    v.max_pages = longest;
+                    v.max_pages = longest;  // the library sizes splits and picks the compute on this
+                    const uint32_t chosen =
+                        ikv::cuda::decode_resolve_compute(v, quarter ? ctx / 4 : ctx, prop.multiProcessorCount);
+                    v.compute = !other ? chosen
+                                : chosen == ikv::cuda::kComputeTensorCores ? ikv::cuda::kComputeSimt
+                                                                            : ikv::cuda::kComputeTensorCores;
                     v.n_splits = ikv::cuda::decode_choose_splits(v, prop.multiProcessorCount);
-                    auto step = [&](int k) {
-                        ikv::cuda::DecodeParams q = v;
-                        const uint32_t r = uint32_t(k) % nrot;
-                        q.lists = DevLists{lists.first + size_t(r) * B * stride, lists.second + size_t(r) * B, stride, 1};
-                        CK(ikv::cuda::launch_decode(q, 0));
+                    const std::string name = std::string(quarter ? "sel25" : "dense") +
+                                             (!other ? "" : v.compute == ikv::cuda::kComputeTensorCores ? "-tc" : "-simt");
+                    // One step on the rotation's k-th copy of the lists, with parameters w.
+                    auto step_of = [&](const ikv::cuda::DecodeParams &w) {
+                        return [&, w](int k) {
+                            ikv::cuda::DecodeParams q = w;
+                            const uint32_t r = uint32_t(k) % nrot;
+                            q.lists =
+                                DevLists{lists.first + size_t(r) * B * stride, lists.second + size_t(r) * B, stride, 1};
+                            CK(ikv::cuda::launch_decode(q, 0));
+                        };
                     };
-                    const double ms = tm.median_ms(step, reps, batch);
+                    const double ms = tm.median_ms(step_of(v), reps, batch);
                     if (sweep && B == 1 && !other) {
                         // IKV_BENCH_SWEEP=1: the same step at other split counts (tunes decode_choose_splits).
                         printf("sweep %s B=%u ctx=%u %s (chosen %u splits):", name.c_str(), B, ctx, fnames[f], v.n_splits);
@@ -232,16 +235,7 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                             ikv::cuda::DecodeParams w = v;
                             w.n_splits = sp;
                             if (ikv::cuda::decode_workspace_bytes(w, sp) > ws_bytes) continue;
-                            const double t = tm.median_ms(
-                                [&](int k) {
-                                    ikv::cuda::DecodeParams q = w;
-                                    const uint32_t r = uint32_t(k) % nrot;
-                                    q.lists = DevLists{lists.first + size_t(r) * B * stride, lists.second + size_t(r) * B,
-                                                       stride, 1};
-                                    CK(ikv::cuda::launch_decode(q, 0));
-                                },
-                                reps, batch);
-                            printf(" %u:%.4f", sp, t);
+                            printf(" %u:%.4f", sp, tm.median_ms(step_of(w), reps, batch));
                         }
                         printf(" ms\n");
                     }
