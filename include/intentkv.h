@@ -653,7 +653,9 @@ IKV_API ikv_status ikv_seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t l
  * Key summary of one page, layer and kv-head, kept current on append,
  * truncate, eviction and format change: per-channel min and max and the mean
  * of K over the page's live tokens (as stored, i.e. dequantized), head_dim
- * floats each, host memory. Any pointer may be NULL. n_tokens_out: tokens
+ * floats each, host memory. The page keeps them as bfloat16: k_min rounded
+ * down and k_max rounded up (so they still bound every stored key, within
+ * 2^-8 relative), k_mean rounded to nearest; these calls return those values. Any pointer may be NULL. n_tokens_out: tokens
  * summarized. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED.
  */
 IKV_API ikv_status ikv_seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t kv_head,
@@ -776,8 +778,12 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
  * Bytes of K/V storage (scales included) the last successful ikv_decode on
  * this decoder read: for every (sequence, kv-head) and every run of tokens of
  * one page it read, the K and V rows plus that page's scales (per-channel K
- * scales of INT8/INT4 count once per run). Key summaries read by top-k
- * selection are not counted. Errors: IKV_E_NULL.
+ * scales of INT8/INT4 count once per run). With top-k selection the key
+ * summaries' k_min and k_max it scores count too (4 * head_dim bytes per page
+ * and kv-head: the CPU scores the non-mandatory entries, CUDA every entry);
+ * on CUDA the selection never leaves the device, so the rows count as the
+ * budget's tokens at the entries' mean row cost (an estimate; the CPU count
+ * is exact). Errors: IKV_E_NULL.
  */
 IKV_API ikv_status ikv_decoder_last_bytes_read(const ikv_decoder *decoder, uint64_t *bytes_out);
 

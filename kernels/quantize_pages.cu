@@ -144,7 +144,7 @@ __device__ void quantize_subpage(const PageShape &shape, ikv_format f, uint8_t *
     }
 
     // Key summaries of the stored keys.
-    float *rec = reinterpret_cast<float *>(page + summary_offset(shape, f, layer, h));
+    uint16_t *rec = reinterpret_cast<uint16_t *>(page + summary_offset(shape, f, layer, h));
     for (uint32_t d = tid; d < D; d += kThreads) {
         float mn = INFINITY, mx = -INFINITY;
         double sum = 0.0;
@@ -155,9 +155,7 @@ __device__ void quantize_subpage(const PageShape &shape, ikv_format f, uint8_t *
             sum += double(x);
         }
         if (n_valid == 0) mn = mx = 0.0f;
-        rec[d] = mn;
-        rec[D + d] = mx;
-        rec[2 * D + d] = n_valid == 0 ? 0.0f : float(sum / double(n_valid));
+        encode_summary(rec, D, d, mn, mx, n_valid == 0 ? 0.0f : float(sum / double(n_valid)));
     }
 }
 

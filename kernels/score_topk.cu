@@ -6,7 +6,7 @@
 //                  warp per page: the upper bound
 //                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's key
 //                  summary (query token 0; the group's queries staged in shared
-//                  memory, the summary read once with 16-byte loads);
+//                  memory; k_min/k_max read once as bf16, 8-byte loads);
 //   select_kernel  one block per (sequence, kv-head): a token-weighted radix
 //                  select (4 passes of 8 bits over the order key: bound
 //                  descending; warp-aggregated histogram, one warp scans
@@ -39,6 +39,12 @@ __device__ __forceinline__ float load_q(const void *p, ikv_dtype dt, uint64_t i)
     return dt == IKV_DTYPE_F16 ? __half2float(__ushort_as_half(b)) : bf16_to_f32(b);
 }
 
+// Four bf16 (little-endian pairs in two words) to fp32: a shift or a mask each.
+__device__ __forceinline__ float4 bf16x4_to_float4(uint2 w) {
+    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xFFFF0000u), __uint_as_float(w.y << 16),
+                       __uint_as_float(w.y & 0xFFFF0000u));
+}
+
 __global__ void score_kernel(const TopkParams p) {
     extern __shared__ __align__(16) float qs[];  // [G][D] query token 0 of the group
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -53,17 +59,18 @@ __global__ void score_kernel(const TopkParams p) {
     const uint32_t count = p.candidates.counts[seq];
     if (c >= count) return;
     const DevPage pg = p.candidates.pages[uint64_t(seq) * p.candidates.stride + c];
-    const float *rec = reinterpret_cast<const float *>(
+    const uint16_t *rec = reinterpret_cast<const uint16_t *>(
         pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
-    // Lane owns channels [4*lane + 128*k, +4): k_min and k_max in registers.
+    // Lane owns channels [4*lane + 128*k, +4): their bf16 k_min and k_max (one
+    // 8-byte load each, 256 contiguous bytes per warp) widened to fp32 registers.
     constexpr int kMaxVec = 2;  // D <= 256
     float4 mn[kMaxVec], mx[kMaxVec];
 #pragma unroll
     for (int k = 0; k < kMaxVec; ++k) {
         const uint32_t d = 4 * lane + 128 * k;
         if (d < D) {
-            mn[k] = *reinterpret_cast<const float4 *>(rec + d);
-            mx[k] = *reinterpret_cast<const float4 *>(rec + D + d);
+            mn[k] = bf16x4_to_float4(*reinterpret_cast<const uint2 *>(rec + d));
+            mx[k] = bf16x4_to_float4(*reinterpret_cast<const uint2 *>(rec + D + d));
         }
     }
     float best = -INFINITY;

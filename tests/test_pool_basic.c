@@ -134,7 +134,7 @@ static void test_page_bytes(void **state) {
     c.head_dim = 128;
     c.page_size = 16;
     ikv_pool *pool = make_pool(c);
-    const uint64_t LH = 4, D = 128, P = 16, summary = 3 * 4 * D;
+    const uint64_t LH = 4, D = 128, P = 16, summary = 3 * 2 * D; /* bf16 k_min, k_max, k_mean */
     /* F16: K and V rows of 2 bytes per channel. */
     assert_true(ikv_pool_page_bytes(pool, IKV_FMT_F16) == LH * (2 * P * D * 2 + summary));
     assert_true(ikv_pool_page_bytes(pool, IKV_FMT_BF16) == LH * (2 * P * D * 2 + summary));

@@ -256,7 +256,32 @@ static void test_promote_after_demote(void **state) {
     ikv_pool_destroy(pool);
 }
 
-/* min/max/mean of each page's keys equal a plain recomputation from the values read back. */
+/* bfloat16 helpers for the summary checks, written from the definition (an
+ * fp32 value with 16 zero low bits; neighbours one step of the top 16 bits
+ * apart), independently of the library's rounding code. */
+static uint32_t f32_u(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+static float u_f32(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static int is_bf16(float x) { return (f32_u(x) & 0xFFFFu) == 0; }
+/* The bf16 value next above (up = 1) or below (up = 0) the bf16 value x. */
+static float bf16_next(float x, int up) {
+    if (x == 0.0f) return u_f32(up ? 0x00010000u : 0x80010000u);
+    const uint32_t u = f32_u(x);
+    const int away = (x > 0) == (up != 0); /* moving away from zero grows the magnitude bits */
+    return u_f32(away ? u + 0x10000u : u - 0x10000u);
+}
+
+/* Each page's key summary against a plain recomputation from the values read
+ * back: k_min is the largest bf16 <= the minimum, k_max the smallest bf16 >=
+ * the maximum (so they bound every stored key), k_mean the fp32 mean rounded
+ * to a bf16 within half a bf16 step. */
 static void check_summaries(ikv_pool *pool, ikv_seq_id s) {
     uint32_t len;
     IKVT_OK(ikv_seq_length(pool, s, &len));
@@ -276,9 +301,11 @@ static void check_summaries(ikv_pool *pool, ikv_seq_id s) {
                     hi = fmax(hi, AT(rk, t, h, d));
                     sum += AT(rk, t, h, d);
                 }
-                assert_true(mn[d] == (float)lo);
-                assert_true(mx[d] == (float)hi);
-                assert_true(fabs(mean[d] - sum / nt) <= 1e-6 * (fabs(sum / nt) + 1e-30) + 1e-37);
+                assert_true(is_bf16(mn[d]) && is_bf16(mx[d]) && is_bf16(mean[d]));
+                assert_true(mn[d] <= lo && bf16_next(mn[d], 1) > lo);
+                assert_true(mx[d] >= hi && bf16_next(mx[d], 0) < hi);
+                const double m = (float)(sum / nt);
+                assert_true(fabs(mean[d] - m) <= fabs(m) * 0x1p-8 + 0x1p-133);
             }
         }
     free(rk);

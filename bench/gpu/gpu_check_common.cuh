@@ -36,10 +36,9 @@ inline void host_summaries(const PageShape &s, ikv_format f, uint8_t *page, uint
     std::vector<float> row(D);
     for (uint32_t h = 0; h < s.n_kv_heads; ++h) {
         const uint8_t *sub = page + ikv::subpage_offset(s, f, layer, h);
-        float *rec = reinterpret_cast<float *>(page + ikv::summary_offset(s, f, layer, h));
-        float *mn = rec, *mx = rec + D, *mean = rec + 2 * D;
+        uint16_t *rec = reinterpret_cast<uint16_t *>(page + ikv::summary_offset(s, f, layer, h));
+        std::vector<float> mn(D, INFINITY), mx(D, -INFINITY);
         std::vector<double> sum(D, 0.0);
-        for (uint32_t d = 0; d < D; ++d) mn[d] = INFINITY, mx[d] = -INFINITY;
         for (uint32_t t = 0; t < n_valid; ++t) {
             ikv::read_subpage_row(f, P, D, sub, 0, t, row.data());
             for (uint32_t d = 0; d < D; ++d) {
@@ -50,7 +49,7 @@ inline void host_summaries(const PageShape &s, ikv_format f, uint8_t *page, uint
         }
         for (uint32_t d = 0; d < D; ++d) {
             if (n_valid == 0) mn[d] = mx[d] = 0.0f;
-            mean[d] = n_valid == 0 ? 0.0f : float(sum[d] / n_valid);
+            ikv::encode_summary(rec, D, d, mn[d], mx[d], n_valid == 0 ? 0.0f : float(sum[d] / n_valid));
         }
     }
 }

@@ -444,8 +444,10 @@ void check_topk(bool quick, int n_sms) {
             const float *ds = dscores.data() + (size_t(b) * s.n_kv_heads + h) * max_c;
             for (uint32_t c = 0; c < counts[b]; ++c) {
                 const DevPage &pg = cands[b].pages[c];
-                const float *rec = reinterpret_cast<const float *>(
+                const uint16_t *rec16 = reinterpret_cast<const uint16_t *>(
                     seqs[b].pages[cands[b].page_idx[c]].data() + ikv::summary_offset(s, ikv_format(pg.format), 0, h));
+                std::vector<float> rec(3 * s.head_dim);
+                ikv::decode_summary(rec16, s.head_dim, rec.data());
                 double best = -INFINITY, mag = 0;
                 for (uint32_t g = 0; g < G; ++g) {
                     double a = 0, m = 0;

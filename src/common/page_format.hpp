@@ -10,7 +10,9 @@
 //   ├─ sub-page (layer 0, head 0)      subpage_bytes(fmt, P, D) bytes
 //   ├─ sub-page (layer 0, head 1)
 //   ├─ ...                              sub-page (l, h) at (l*H + h) * subpage_bytes
-//   └─ summaries                        L*H records of 3*D floats: k_min[D], k_max[D], k_mean[D]
+//   └─ summaries                        L*H records of 3*D bfloat16: k_min[D], k_max[D], k_mean[D]
+//                                       (k_min rounded down, k_max up: they bound every stored key;
+//                                       k_mean to nearest; quant.hpp encode_summary)
 //
 // A sub-page is a sequence of sections, each starting on a 16-byte boundary
 // (so kernels can use 16-byte vector loads; D is a multiple of 16):
@@ -116,7 +118,9 @@ struct PageShape {
     uint32_t page_size;  // P
 };
 
-IKV_HD uint64_t summary_record_bytes(const PageShape &s) { return 3ull * 4ull * s.head_dim; }
+IKV_HD uint64_t summary_record_bytes(const PageShape &s) { return 3ull * 2ull * s.head_dim; }
+// Bytes query-aware scoring reads of one record: k_min and k_max.
+IKV_HD uint64_t summary_bound_bytes(uint32_t head_dim) { return 2ull * 2ull * head_dim; }
 
 // Byte offset of sub-page (layer, head) inside a page of format f.
 IKV_HD uint64_t subpage_offset(const PageShape &s, ikv_format f, uint32_t layer, uint32_t head) {

@@ -60,6 +60,33 @@ IKV_HD uint16_t f32_to_bf16(float f) {
 }
 IKV_HD float bf16_to_f32(uint16_t b) { return bits_f32(uint32_t(b) << 16); }
 
+// ---- key summaries: bfloat16 records (page_format.hpp) ----
+// Directed bf16 rounding keeps k_min/k_max outward: bf16_down(x) <= x <=
+// bf16_up(x), both exact bf16 values next to x. Truncating the low 16 bits
+// rounds toward zero, so one ulp more of magnitude gives the other direction.
+// Inputs are finite (appends reject NaN/inf); |x| above the largest bf16
+// rounds outward to +-inf, still a valid bound.
+IKV_HD uint16_t f32_to_bf16_toward(float f, bool up) {
+    const uint32_t x = f32_bits(f);
+    uint16_t b = uint16_t(x >> 16);
+    const bool negative = (x >> 31) != 0;
+    if ((x & 0xFFFFu) != 0 && up != negative) ++b;  // away from zero: up for +x, down for -x
+    return b;
+}
+IKV_HD uint16_t bf16_down(float f) { return f32_to_bf16_toward(f, false); }
+IKV_HD uint16_t bf16_up(float f) { return f32_to_bf16_toward(f, true); }
+
+// Channel d of a summary record from the stored keys' min, max and mean.
+IKV_HD void encode_summary(uint16_t *rec, uint32_t D, uint32_t d, float mn, float mx, float mean) {
+    rec[d] = bf16_down(mn);
+    rec[D + d] = bf16_up(mx);
+    rec[2 * D + d] = f32_to_bf16(mean);
+}
+// The record as 3*D floats: k_min[D], k_max[D], k_mean[D].
+IKV_HD void decode_summary(const uint16_t *rec, uint32_t D, float *out) {
+    for (uint32_t i = 0; i < 3 * D; ++i) out[i] = bf16_to_f32(rec[i]);
+}
+
 // ---- OCP FP8 E4M3 ("fn"): bias 7, max 448, 0x7F/0xFF are NaN, no infinity ----
 IKV_HD uint8_t f32_to_e4m3(float x) {
     if (x != x) return 0x7Fu;

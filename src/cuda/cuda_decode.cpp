@@ -316,7 +316,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         for (const cuda::DevPage &d : s.pages) tokens += uint64_t(d.end) - d.begin;
         const uint64_t per_token = tokens ? bytes / tokens : 0;
         bytes = std::min<uint64_t>(tokens, uint64_t(a.topk_token_budget) * B) * per_token +
-                uint64_t(s.pages.size()) * Hkv * 2ull * D * 4;
+                uint64_t(s.pages.size()) * Hkv * summary_bound_bytes(D);
     }
 
     // 4. Fused decode + split-K merge, or the multi-token GEMM path.

@@ -142,7 +142,7 @@ public:
     }
 
     ikv_status read_summary(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t head,
-                            float *out) const override {
+                            uint16_t *out) const override {
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_seq_page_summary", "cudaSetDevice");
         const cudaError_t err = cudaMemcpy(out, page + summary_offset(shape_, f, layer, head),

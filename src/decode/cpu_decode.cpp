@@ -74,6 +74,8 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                 select_topk(S.entries, snap, shape, a.layer, h, S.q.data() + (uint64_t(b) * H + h) * RD, group,
                             a.topk_token_budget, S.picked);
                 use = &S.picked;
+                for (const Entry &e : S.entries)  // the bounds it scored
+                    if (!e.mandatory) bytes += summary_bound_bytes(D);
             }
             for (const Entry &e : *use) {
                 const PageRef &ref = snap.pages[e.page];

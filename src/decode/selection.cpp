@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/quant.hpp"
+
 namespace ikv {
 
 static void push_clipped(const SeqSnapshot &snap, uint32_t P, uint32_t page, uint32_t begin, uint32_t end,
@@ -46,13 +48,15 @@ void select_topk(const dvec<Entry> &in, const SeqSnapshot &snap, const PageShape
             continue;
         }
         const PageRef &ref = snap.pages[e.page];
-        const float *kmin = reinterpret_cast<const float *>(ref.base + summary_offset(shape, ref.format, layer, head));
-        const float *kmax = kmin + D;
+        const uint16_t *kmin =
+            reinterpret_cast<const uint16_t *>(ref.base + summary_offset(shape, ref.format, layer, head));
+        const uint16_t *kmax = kmin + D;
         float best = -INFINITY;
         for (uint32_t g = 0; g < group; ++g) {
             const float *qg = q + uint64_t(g) * D;
             float s = 0.0f;
-            for (uint32_t d = 0; d < D; ++d) s += std::max(qg[d] * kmin[d], qg[d] * kmax[d]);
+            for (uint32_t d = 0; d < D; ++d)
+                s += std::max(qg[d] * bf16_to_f32(kmin[d]), qg[d] * bf16_to_f32(kmax[d]));
             best = std::max(best, s);
         }
         cand.push_back(Ranked{best, i});

@@ -76,7 +76,7 @@ public:
             // Summaries describe the keys as stored, so recompute them from
             // the dequantized rows rather than from the fp32 input.
             dequant_rows(f, P, D, sub, 0, 0, n_valid, rows.data(), D);
-            float *rec = reinterpret_cast<float *>(page + summary_offset(shape_, f, layer, h));
+            uint16_t *rec = reinterpret_cast<uint16_t *>(page + summary_offset(shape_, f, layer, h));
             summarize(rows.data(), n_valid, D, rec);
         }
         return IKV_OK;
@@ -91,7 +91,7 @@ public:
     }
 
     ikv_status read_summary(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t head,
-                            float *out) const override {
+                            uint16_t *out) const override {
         std::memcpy(out, page + summary_offset(shape_, f, layer, head), summary_record_bytes(shape_));
         return IKV_OK;
     }
@@ -143,13 +143,14 @@ public:
     uint64_t reserved_bytes() const override { return slabs_.reserved_bytes(); }
 
 private:
-    // k_min, k_max, k_mean per channel of n rows of D floats (zeros for n == 0).
-    static void summarize(const float *rows, uint32_t n, uint32_t D, float *rec) {
-        float *mn = rec, *mx = rec + D, *mean = rec + 2 * D;
+    // The summary record (quant.hpp encode_summary) of n rows of D floats:
+    // per-channel min, max and mean (all zero for n == 0).
+    static void summarize(const float *rows, uint32_t n, uint32_t D, uint16_t *rec) {
         if (n == 0) {
-            std::memset(rec, 0, 3ull * D * sizeof(float));
+            std::memset(rec, 0, 3ull * D * sizeof(uint16_t));
             return;
         }
+        float mn[256], mx[256];
         double sum[256];
         for (uint32_t d = 0; d < D; ++d) {
             mn[d] = rows[d];
@@ -164,7 +165,7 @@ private:
                 sum[d] += r[d];
             }
         }
-        for (uint32_t d = 0; d < D; ++d) mean[d] = float(sum[d] / n);
+        for (uint32_t d = 0; d < D; ++d) encode_summary(rec, D, d, mn[d], mx[d], float(sum[d] / n));
     }
 
     PageShape shape_;

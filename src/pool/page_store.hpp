@@ -74,9 +74,10 @@ public:
     // K goes to k_out + i*out_stride (same for V). Either output may be null.
     virtual ikv_status read_rows(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t head, uint32_t t0,
                                  uint32_t n, float *k_out, float *v_out, uint64_t out_stride) const = 0;
-    // The summary record of (layer, head): k_min[D], k_max[D], k_mean[D] into host memory.
+    // The summary record of (layer, head) as stored (summary_record_bytes:
+    // bf16 k_min[D], k_max[D], k_mean[D]) into host memory.
     virtual ikv_status read_summary(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t head,
-                                    float *out) const = 0;
+                                    uint16_t *out) const = 0;
 
     // ---- staging buffers: 2*H*P*D floats each, in this store's memory ----
     // On failure IKV_E_NOMEM / IKV_E_DEVICE with the message set.

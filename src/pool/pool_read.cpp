@@ -2,6 +2,7 @@
 // the block-table snapshot decode uses (pool_view.hpp).
 #include <algorithm>
 
+#include "common/quant.hpp"
 #include "pool/pool_internal.hpp"
 #include "pool/pool_view.hpp"
 
@@ -50,9 +51,11 @@ ikv_status seq_page_summary(const ikv_pool *pool, ikv_seq_id id, uint32_t layer,
                     layer, (unsigned)id, seq.layers[layer].length);
     const PageRec *rec = seq.pages[page];
     if (rec == nullptr) return fail(IKV_E_EVICTED, "%s: page %u of sequence %u was evicted", fn, page, (unsigned)id);
-    std::vector<float> rec3(3ull * s.head_dim);
-    const ikv_status st = pool->store->read_summary(rec->format, rec->bytes, layer, kv_head, rec3.data());
+    std::vector<uint16_t> stored(3ull * s.head_dim);
+    const ikv_status st = pool->store->read_summary(rec->format, rec->bytes, layer, kv_head, stored.data());
     if (st != IKV_OK) return st;
+    std::vector<float> rec3(3ull * s.head_dim);
+    decode_summary(stored.data(), s.head_dim, rec3.data());
     const size_t bytes = s.head_dim * sizeof(float);
     if (k_min) std::memcpy(k_min, rec3.data(), bytes);
     if (k_max) std::memcpy(k_max, rec3.data() + s.head_dim, bytes);
