@@ -2,8 +2,8 @@
 // within a token budget), producing the work lists the decode kernel reads.
 // Two launches (programmatic dependent launch on sm_90+: kernels/launch_pdl.cuh),
 // no allocation, no host synchronization (graph capturable):
-//   score_kernel   one block per (8 candidate pages, kv-head, sequence), one
-//                  warp per page: the upper bound
+//   score_kernel   one block per (32 candidate pages, kv-head, sequence), one
+//                  warp per 4 pages, their loads issued together: the upper bound
 //                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's key
 //                  summary (query token 0; the group's queries staged in shared
 //                  memory; k_min/k_max read once as bf16, 8-byte loads);
@@ -31,6 +31,7 @@ namespace cuda {
 namespace {
 
 constexpr int kScoreWarps = 8;
+constexpr int kScorePagesPerWarp = 4;  // a block scores 32 candidates: the query is staged once per 32
 constexpr int kSelectThreads = 1024;
 
 __device__ __forceinline__ float load_q(const void *p, ikv_dtype dt, uint64_t i) {
@@ -53,42 +54,52 @@ __global__ void score_kernel(const TopkParams p) {
     const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
     pdl_wait();  // q and the candidate lists come from earlier work (kernels/launch_pdl.cuh)
     pdl_launch_dependents();
-    for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) qs[e] = load_q(p.q, p.q_dtype, q0 + e);
-    __syncthreads();
-    const uint32_t c = blockIdx.x * kScoreWarps + warp;
     const uint32_t count = p.candidates.counts[seq];
-    if (c >= count) return;
-    const DevPage pg = p.candidates.pages[uint64_t(seq) * p.candidates.stride + c];
-    const uint16_t *rec = reinterpret_cast<const uint16_t *>(
-        pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
-    // Lane owns channels [4*lane + 128*k, +4): their bf16 k_min and k_max (one
-    // 8-byte load each, 256 contiguous bytes per warp) widened to fp32 registers.
+    const uint32_t c0 = (blockIdx.x * kScoreWarps + warp) * kScorePagesPerWarp;
+    // Every load of the warp's pages goes out before the query is staged and
+    // before any math: kScorePagesPerWarp * 2 KB (D = 128) in flight per warp.
+    // Lane owns channels [4*lane + 128*k, +4) of each page: their bf16 k_min
+    // and k_max, one 8-byte load each (256 contiguous bytes per warp).
     constexpr int kMaxVec = 2;  // D <= 256
-    float4 mn[kMaxVec], mx[kMaxVec];
+    uint2 mn[kScorePagesPerWarp][kMaxVec], mx[kScorePagesPerWarp][kMaxVec];
 #pragma unroll
-    for (int k = 0; k < kMaxVec; ++k) {
-        const uint32_t d = 4 * lane + 128 * k;
-        if (d < D) {
-            mn[k] = bf16x4_to_float4(*reinterpret_cast<const uint2 *>(rec + d));
-            mx[k] = bf16x4_to_float4(*reinterpret_cast<const uint2 *>(rec + D + d));
-        }
-    }
-    float best = -INFINITY;
-    for (uint32_t g = 0; g < G; ++g) {
-        float s = 0.0f;
+    for (int j = 0; j < kScorePagesPerWarp; ++j) {
+        if (c0 + j >= count) break;
+        const DevPage pg = p.candidates.pages[uint64_t(seq) * p.candidates.stride + c0 + j];
+        const uint16_t *rec = reinterpret_cast<const uint16_t *>(
+            pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
 #pragma unroll
         for (int k = 0; k < kMaxVec; ++k) {
             const uint32_t d = 4 * lane + 128 * k;
             if (d < D) {
-                const float4 q = *reinterpret_cast<const float4 *>(qs + g * D + d);
-                s += fmaxf(q.x * mn[k].x, q.x * mx[k].x) + fmaxf(q.y * mn[k].y, q.y * mx[k].y) +
-                     fmaxf(q.z * mn[k].z, q.z * mx[k].z) + fmaxf(q.w * mn[k].w, q.w * mx[k].w);
+                mn[j][k] = *reinterpret_cast<const uint2 *>(rec + d);
+                mx[j][k] = *reinterpret_cast<const uint2 *>(rec + D + d);
             }
         }
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-        best = fmaxf(best, s);
     }
-    if (lane == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
+    for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) qs[e] = load_q(p.q, p.q_dtype, q0 + e);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kScorePagesPerWarp; ++j) {
+        if (c0 + j >= count) break;
+        float best = -INFINITY;
+        for (uint32_t g = 0; g < G; ++g) {
+            float s = 0.0f;
+#pragma unroll
+            for (int k = 0; k < kMaxVec; ++k) {
+                const uint32_t d = 4 * lane + 128 * k;
+                if (d < D) {
+                    const float4 q = *reinterpret_cast<const float4 *>(qs + g * D + d);
+                    const float4 lo = bf16x4_to_float4(mn[j][k]), hi = bf16x4_to_float4(mx[j][k]);
+                    s += fmaxf(q.x * lo.x, q.x * hi.x) + fmaxf(q.y * lo.y, q.y * hi.y) +
+                         fmaxf(q.z * lo.z, q.z * hi.z) + fmaxf(q.w * lo.w, q.w * hi.w);
+                }
+            }
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+            best = fmaxf(best, s);
+        }
+        if (lane == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c0 + j] = best;
+    }
 }
 
 // Order key of a non-mandatory candidate: ascending key = bound descending.
@@ -290,7 +301,8 @@ cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     uint32_t npad = 1;
     while (npad < p.max_candidates) npad <<= 1;
-    const dim3 sgrid((p.max_candidates + kScoreWarps - 1) / kScoreWarps, p.shape.n_kv_heads, p.n_seqs);
+    constexpr uint32_t per_block = kScoreWarps * kScorePagesPerWarp;
+    const dim3 sgrid((p.max_candidates + per_block - 1) / per_block, p.shape.n_kv_heads, p.n_seqs);
     if (p.shape.head_dim > 256 || p.shape.head_dim % 4 != 0) return cudaErrorInvalidValue;
     const uint32_t G = p.n_q_heads / p.shape.n_kv_heads;
     const int qbytes = int(G * p.shape.head_dim * 4);

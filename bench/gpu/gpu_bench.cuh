@@ -295,7 +295,7 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                         const double ms = tm.median_ms(full, reps, batch);
                         // Selected bytes ~ budget share of the dense bytes, plus k_min/k_max of every page and head.
                         const double sel_bytes = double(dense_bytes) * (ctx / 4) / double(ctx) +
-                                                 double(B) * n_pages * s.n_kv_heads * 2.0 * D * 4;
+                                                 double(B) * n_pages * s.n_kv_heads * ikv::summary_bound_bytes(D);
                         BenchRow row{"topk25", B, ctx, "f16", ms, sel_bytes, 0, 0, tk};
                         row.gbps = sel_bytes / (ms * 1e-3) / 1e9;
                         row.share = row.gbps / copy_gbps;
