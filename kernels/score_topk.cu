@@ -2,11 +2,11 @@
 // within a token budget), producing the work lists the decode kernel reads.
 // Two launches (programmatic dependent launch on sm_90+: kernels/launch_pdl.cuh),
 // no allocation, no host synchronization (graph capturable):
-//   score_kernel   one block per (32 candidate pages, kv-head, sequence), one
-//                  warp per 4 pages, their loads issued together: the upper bound
-//                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's key
-//                  summary (query token 0; the group's queries staged in shared
-//                  memory; k_min/k_max read once as bf16, 8-byte loads);
+//   score_kernel   one block per (8*1024/D candidate pages, kv-head, sequence),
+//                  D/32 lanes per page (ScoreGeom): the upper bound
+//                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's bf16
+//                  key summary (query token 0; the group's q+ and q- staged in
+//                  shared memory; k_min/k_max read once with 16-byte loads);
 //   select_kernel  one block per (sequence, kv-head): a token-weighted radix
 //                  select (4 passes of 8 bits over the order key: bound
 //                  descending; warp-aggregated histogram, one warp scans
@@ -31,7 +31,6 @@ namespace cuda {
 namespace {
 
 constexpr int kScoreWarps = 8;
-constexpr int kScorePagesPerWarp = 4;  // a block scores 32 candidates: the query is staged once per 32
 constexpr int kSelectThreads = 1024;
 
 __device__ __forceinline__ float load_q(const void *p, ikv_dtype dt, uint64_t i) {
@@ -40,66 +39,99 @@ __device__ __forceinline__ float load_q(const void *p, ikv_dtype dt, uint64_t i)
     return dt == IKV_DTYPE_F16 ? __half2float(__ushort_as_half(b)) : bf16_to_f32(b);
 }
 
-// Four bf16 (little-endian pairs in two words) to fp32: a shift or a mask each.
-__device__ __forceinline__ float4 bf16x4_to_float4(uint2 w) {
-    return make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xFFFF0000u), __uint_as_float(w.y << 16),
-                       __uint_as_float(w.y & 0xFFFF0000u));
+// Eight bf16 (little-endian pairs in four words) to fp32: a shift or a mask each.
+__device__ __forceinline__ void bf16x8_to_f32(uint4 w, float *out) {
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = __uint_as_float(u[i] << 16);
+        out[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+    }
 }
 
-__global__ void score_kernel(const TopkParams p) {
-    extern __shared__ __align__(16) float qs[];  // [G][D] query token 0 of the group
+// Score kernel geometry for head_dim D: D/32 lanes per page, each holding 32
+// channels (four 16-byte vectors of k_min and four of k_max), so a warp scores
+// 1024/D pages at once with few shuffles (log2(D/32) per query head) and no
+// per-channel select: with q+ = max(q, 0) and q- = min(q, 0) staged once per
+// block, max(q*kmin, q*kmax) = q+ * kmax + q- * kmin (kmin <= kmax), two FMAs.
+// (The profile of the previous layout, one warp per page and 4 channels per
+// lane, showed the kernel issue-bound at 42% of DRAM bandwidth:
+// bench/RESULTS.md section 1e.)
+template <int D>
+struct ScoreGeom {
+    static constexpr int kLanes = D / 32;             // lanes per page
+    static constexpr int kPagesPerWarp = 32 / kLanes;  // 16, 8, 4
+    static constexpr int kVec = 4;                    // 8-channel vectors per lane (32 channels)
+    static constexpr int kPagesPerBlock = kScoreWarps * kPagesPerWarp;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const TopkParams p) {
+    using Geo = ScoreGeom<D>;
+    extern __shared__ __align__(16) float qs[];  // [G][2][D]: q+ then q- of query token 0 of the group
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t j = lane % Geo::kLanes;  // the lane's part of its page
     const uint32_t head = blockIdx.y, seq = blockIdx.z;
-    const uint32_t D = p.shape.head_dim, Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
+    const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
     const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
     pdl_wait();  // q and the candidate lists come from earlier work (kernels/launch_pdl.cuh)
     pdl_launch_dependents();
     const uint32_t count = p.candidates.counts[seq];
-    const uint32_t c0 = (blockIdx.x * kScoreWarps + warp) * kScorePagesPerWarp;
-    // Every load of the warp's pages goes out before the query is staged and
-    // before any math: kScorePagesPerWarp * 2 KB (D = 128) in flight per warp.
-    // Lane owns channels [4*lane + 128*k, +4) of each page: their bf16 k_min
-    // and k_max, one 8-byte load each (256 contiguous bytes per warp).
-    constexpr int kMaxVec = 2;  // D <= 256
-    uint2 mn[kScorePagesPerWarp][kMaxVec], mx[kScorePagesPerWarp][kMaxVec];
-#pragma unroll
-    for (int j = 0; j < kScorePagesPerWarp; ++j) {
-        if (c0 + j >= count) break;
-        const DevPage pg = p.candidates.pages[uint64_t(seq) * p.candidates.stride + c0 + j];
-        const uint16_t *rec = reinterpret_cast<const uint16_t *>(
+    const uint32_t c = (blockIdx.x * kScoreWarps + warp) * Geo::kPagesPerWarp + lane / Geo::kLanes;
+    const bool active = c < count;
+    // The bounds' loads go out before the query is staged. Vector i of lane j
+    // is the record's vector i*kLanes + j: a page's lanes read 16*kLanes
+    // contiguous bytes per load.
+    uint4 mn[Geo::kVec], mx[Geo::kVec];
+    if (active) {
+        const DevPage pg = p.candidates.pages[uint64_t(seq) * p.candidates.stride + c];
+        const uint4 *rec = reinterpret_cast<const uint4 *>(
             pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
 #pragma unroll
-        for (int k = 0; k < kMaxVec; ++k) {
-            const uint32_t d = 4 * lane + 128 * k;
-            if (d < D) {
-                mn[j][k] = *reinterpret_cast<const uint2 *>(rec + d);
-                mx[j][k] = *reinterpret_cast<const uint2 *>(rec + D + d);
-            }
+        for (int i = 0; i < Geo::kVec; ++i) {
+            mn[i] = rec[i * Geo::kLanes + j];
+            mx[i] = rec[D / 8 + i * Geo::kLanes + j];
         }
+    } else {
+#pragma unroll
+        for (int i = 0; i < Geo::kVec; ++i) mn[i] = mx[i] = make_uint4(0, 0, 0, 0);
     }
-    for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) qs[e] = load_q(p.q, p.q_dtype, q0 + e);
+    for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) {
+        const float x = load_q(p.q, p.q_dtype, q0 + e);
+        const uint32_t g = e / D, d = e % D;
+        qs[g * 2 * D + d] = fmaxf(x, 0.0f);
+        qs[g * 2 * D + D + d] = fminf(x, 0.0f);
+    }
     __syncthreads();
+    float lo[Geo::kVec * 8], hi[Geo::kVec * 8];
 #pragma unroll
-    for (int j = 0; j < kScorePagesPerWarp; ++j) {
-        if (c0 + j >= count) break;
-        float best = -INFINITY;
-        for (uint32_t g = 0; g < G; ++g) {
-            float s = 0.0f;
-#pragma unroll
-            for (int k = 0; k < kMaxVec; ++k) {
-                const uint32_t d = 4 * lane + 128 * k;
-                if (d < D) {
-                    const float4 q = *reinterpret_cast<const float4 *>(qs + g * D + d);
-                    const float4 lo = bf16x4_to_float4(mn[j][k]), hi = bf16x4_to_float4(mx[j][k]);
-                    s += fmaxf(q.x * lo.x, q.x * hi.x) + fmaxf(q.y * lo.y, q.y * hi.y) +
-                         fmaxf(q.z * lo.z, q.z * hi.z) + fmaxf(q.w * lo.w, q.w * hi.w);
-                }
-            }
-            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-            best = fmaxf(best, s);
-        }
-        if (lane == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c0 + j] = best;
+    for (int i = 0; i < Geo::kVec; ++i) {
+        bf16x8_to_f32(mn[i], lo + 8 * i);
+        bf16x8_to_f32(mx[i], hi + 8 * i);
     }
+    float best = -INFINITY;
+    for (uint32_t g = 0; g < G; ++g) {
+        const float *qp = qs + g * 2 * D, *qn = qp + D;
+        float acc[Geo::kVec];
+#pragma unroll
+        for (int i = 0; i < Geo::kVec; ++i) {
+            const uint32_t ch = (i * Geo::kLanes + j) * 8;
+            const float4 p0 = *reinterpret_cast<const float4 *>(qp + ch), p1 = *reinterpret_cast<const float4 *>(qp + ch + 4);
+            const float4 n0 = *reinterpret_cast<const float4 *>(qn + ch), n1 = *reinterpret_cast<const float4 *>(qn + ch + 4);
+            const float *h = hi + 8 * i, *l = lo + 8 * i;
+            float a = p0.x * h[0];
+            a = fmaf(p0.y, h[1], a), a = fmaf(p0.z, h[2], a), a = fmaf(p0.w, h[3], a);
+            a = fmaf(p1.x, h[4], a), a = fmaf(p1.y, h[5], a), a = fmaf(p1.z, h[6], a), a = fmaf(p1.w, h[7], a);
+            a = fmaf(n0.x, l[0], a), a = fmaf(n0.y, l[1], a), a = fmaf(n0.z, l[2], a), a = fmaf(n0.w, l[3], a);
+            a = fmaf(n1.x, l[4], a), a = fmaf(n1.y, l[5], a), a = fmaf(n1.z, l[6], a), a = fmaf(n1.w, l[7], a);
+            acc[i] = a;
+        }
+        float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+#pragma unroll
+        for (int o = Geo::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+        best = fmaxf(best, s);
+    }
+    if (active && j == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
 }
 
 // Order key of a non-mandatory candidate: ascending key = bound descending.
@@ -181,7 +213,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
     uint8_t *keep = tok + npad;
     __shared__ uint32_t warp_sums[32];
     __shared__ uint32_t hist[256];
-    __shared__ uint32_t carry, digit_sh, mand_tokens;
+    __shared__ uint32_t digit_sh, mand_tokens;
     __shared__ int64_t rem_sh;
 
     const uint32_t head = blockIdx.x, seq = blockIdx.y, Hkv = p.shape.n_kv_heads;
@@ -249,35 +281,34 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
     // Mark the strict prefix.
     for (uint32_t i = tid; i < count; i += kSelectThreads)
         if (keys[i] != 0 && uint64_t(keys[i]) < lim) keep[i] = 1;
+    // The last two phases scan in candidate order with one block scan each:
+    // thread t owns the contiguous elements [t*E, t*E + E) (E = npad / threads,
+    // at least 1), so a phase costs one scan's barriers whatever the count
+    // (a scan per 1024 candidates cost 5 barriers each).
+    const uint32_t E = npad > kSelectThreads ? npad / kSelectThreads : 1u;
+    const uint32_t mine0 = tid * E, mine1 = min(mine0 + E, count);
     // Ties at the boundary key, in candidate order, while they fit.
     if (ties) {
-        if (tid == 0) carry = 0;
-        __syncthreads();
-        for (uint32_t base = 0; base < npad; base += kSelectThreads) {
-            const uint32_t i = base + tid;
-            const bool tie = i < count && keys[i] == prefix && keys[i] != 0;
-            const uint32_t run = block_scan(tie ? tok[i] : 0u, warp_sums) + carry;
-            if (tie && int64_t(run) <= rem) keep[i] = 1;
-            __syncthreads();
-            if (tid == kSelectThreads - 1) carry = run;
-            __syncthreads();
-        }
+        uint32_t local = 0;
+        for (uint32_t i = mine0; i < mine1; ++i)
+            if (keys[i] == prefix && keys[i] != 0) local += tok[i];
+        uint32_t run = block_scan(local, warp_sums) - local;  // tie tokens before this thread's
+        for (uint32_t i = mine0; i < mine1; ++i)
+            if (keys[i] == prefix && keys[i] != 0) {
+                run += tok[i];
+                if (int64_t(run) <= rem) keep[i] = 1;
+            }
     }
     __syncthreads();
     // Stable compaction in candidate order.
     DevPage *out = p.out_pages + (uint64_t(seq) * Hkv + head) * p.max_candidates;
-    if (tid == 0) carry = 0;
-    __syncthreads();
-    for (uint32_t base = 0; base < npad; base += kSelectThreads) {
-        const uint32_t i = base + tid;
-        const uint32_t k = i < count ? keep[i] : 0u;
-        const uint32_t pos = block_scan(k, warp_sums) + carry;  // inclusive
-        if (k) out[pos - 1] = cand[i];
-        __syncthreads();
-        if (tid == kSelectThreads - 1) carry = pos;
-        __syncthreads();
-    }
-    if (tid == 0) p.out_counts[uint64_t(seq) * Hkv + head] = carry;
+    uint32_t local = 0;
+    for (uint32_t i = mine0; i < mine1; ++i) local += keep[i];
+    const uint32_t total = block_scan(local, warp_sums);  // inclusive
+    uint32_t pos = total - local;
+    for (uint32_t i = mine0; i < mine1; ++i)
+        if (keep[i]) out[pos++] = cand[i];
+    if (tid == kSelectThreads - 1) p.out_counts[uint64_t(seq) * Hkv + head] = total;
 }
 
 // Opt in to the select kernel's largest shared memory once per device.
@@ -294,6 +325,19 @@ cudaError_t allow_select_smem() {
     return err;
 }
 
+template <int D>
+cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
+    const uint32_t per_block = ScoreGeom<D>::kPagesPerBlock;
+    const dim3 grid((p.max_candidates + per_block - 1) / per_block, p.shape.n_kv_heads, p.n_seqs);
+    const int qbytes = int(p.n_q_heads / p.shape.n_kv_heads * D * 8);  // q+ and q- of the group
+    if (qbytes > 48 * 1024) {  // very wide groups only
+        const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(score_kernel<D>),
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, qbytes);
+        if (err != cudaSuccess) return err;
+    }
+    return launch_pdl(score_kernel<D>, grid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
+}
+
 }  // namespace
 
 cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream) {
@@ -301,17 +345,11 @@ cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream) {
         return cudaErrorInvalidValue;
     uint32_t npad = 1;
     while (npad < p.max_candidates) npad <<= 1;
-    constexpr uint32_t per_block = kScoreWarps * kScorePagesPerWarp;
-    const dim3 sgrid((p.max_candidates + per_block - 1) / per_block, p.shape.n_kv_heads, p.n_seqs);
-    if (p.shape.head_dim > 256 || p.shape.head_dim % 4 != 0) return cudaErrorInvalidValue;
-    const uint32_t G = p.n_q_heads / p.shape.n_kv_heads;
-    const int qbytes = int(G * p.shape.head_dim * 4);
-    cudaError_t err = cudaSuccess;
-    if (qbytes > 48 * 1024)  // very wide groups only
-        err = cudaFuncSetAttribute(reinterpret_cast<const void *>(score_kernel),
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, qbytes);
-    if (err != cudaSuccess) return err;
-    err = launch_pdl(score_kernel, sgrid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
+    const uint32_t D = p.shape.head_dim;
+    cudaError_t err = D == 64    ? launch_score<64>(p, stream)
+                      : D == 128 ? launch_score<128>(p, stream)
+                      : D == 256 ? launch_score<256>(p, stream)
+                                 : cudaErrorInvalidValue;
     if (err != cudaSuccess) return err;
     const int smem = int(npad * 6);
     err = allow_select_smem();

@@ -125,7 +125,12 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                 const uint64_t pb = ikv::page_bytes(s, f);
                 const uint64_t one = uint64_t(B) * n_pages * pb;
                 const uint64_t l2 = uint64_t(prop.l2CacheSize);
-                const uint32_t nrot = uint32_t(std::max<uint64_t>(1, (3 * l2 + one - 1) / one));
+                // Rotation copies so that the SMALLEST read set cycled (sel25: a quarter of the
+                // pages) spans at least 3x L2: no case is served from L2. (Until 2026-11-23 this was
+                // sized on the dense bytes, so sel25 at B = 1, 8K and 32K re-read an L2-resident
+                // quarter: bench/RESULTS.md section 1e.)
+                const uint64_t smallest_read = std::max<uint64_t>(1, one / 4);
+                const uint32_t nrot = uint32_t(std::max<uint64_t>(1, (3 * l2 + smallest_read - 1) / smallest_read));
                 std::vector<void *> allocs;
                 uint8_t *pool = nullptr;
                 if (cudaMalloc(&pool, one * nrot) != cudaSuccess) {

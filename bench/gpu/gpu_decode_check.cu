@@ -383,10 +383,12 @@ std::vector<uint32_t> host_select(const std::vector<DevPage> &cand, const float 
     return sel;
 }
 
-void check_topk(bool quick, int n_sms) {
+// One head_dim and group size: the score kernel's geometry depends on D
+// (D/32 lanes per page), its q+/q- staging and loop on G.
+void check_topk_case(bool quick, int n_sms, uint32_t D, uint32_t G) {
     std::vector<void *> allocs;
-    const PageShape s{1, 2, 128, 16};
-    const uint32_t G = 4, Hq = s.n_kv_heads * G, T = 2;
+    const PageShape s{1, 2, D, 16};
+    const uint32_t Hq = s.n_kv_heads * G, T = 2;
     const std::vector<uint32_t> lens = quick ? std::vector<uint32_t>{16 * 300 + 5, 16 * 37}
                                              : std::vector<uint32_t>{16 * 5000 + 5, 16 * 37, 16 * 1200};
     const uint32_t B = uint32_t(lens.size());
@@ -396,6 +398,10 @@ void check_topk(bool quick, int n_sms) {
     uint32_t max_c = 0;
     for (uint32_t b = 0; b < B; ++b) {
         build_seq(s, lens[b], {IKV_FMT_F16, IKV_FMT_INT8, IKV_FMT_F16, IKV_FMT_INT4}, rng, &seqs[b]);
+        // Exact ties: full pages 4..7 of every 8 repeat the 4 before them (same
+        // format, same keys, so the same bound), so budgets end inside runs of equal keys.
+        for (size_t pg = 8; pg + 1 < seqs[b].pages.size(); ++pg)
+            if (pg % 8 >= 4) seqs[b].pages[pg] = seqs[b].pages[pg - 4];
         upload_seq(&seqs[b], &allocs);
         HostList all = random_list(s, seqs[b], rng, 1.0, false);
         for (size_t i = 0; i < all.pages.size(); ++i)
@@ -477,20 +483,25 @@ void check_topk(bool quick, int n_sms) {
             sel_lists.push_back(hl);
         }
     char what[200];
-    snprintf(what, sizeof what, "top-k Quest bounds vs float64 (worst scaled err %.1e, max candidates %u)", worst,
-             max_c);
+    snprintf(what, sizeof what, "top-k Quest bounds vs float64, D=%u G=%u (worst scaled err %.1e, max candidates %u)",
+             D, G, worst, max_c);
     report(scores_ok, what);
-    snprintf(what, sizeof what, "top-k selection == host rule (mandatory + budget prefix, %u seqs x %u heads)", B,
-             s.n_kv_heads);
+    snprintf(what, sizeof what, "top-k selection == host rule, D=%u G=%u (mandatory + budget prefix, %u seqs x %u heads)",
+             D, G, B, s.n_kv_heads);
     report(sel_ok, what);
     // Decode straight from the device-produced per-head lists.
     DevLists dl{p.out_pages, p.out_counts, max_c, s.n_kv_heads};
     double err = 0;
     const bool ok = run_decode_and_compare(s, 0, seqs, sel_lists, s.n_kv_heads, T, Hq, IKV_DTYPE_F32, IKV_DTYPE_F32,
                                            0, 0.0f, n_sms, &err, &allocs, &dl);
-    snprintf(what, sizeof what, "decode over device top-k lists rel_l2=%.2e", err);
+    snprintf(what, sizeof what, "decode over device top-k lists, D=%u G=%u rel_l2=%.2e", D, G, err);
     report(ok, what);
     free_all(&allocs);
+}
+
+void check_topk(bool quick, int n_sms) {
+    const uint32_t cases[][2] = {{128, 4}, {64, 1}, {256, 8}, {128, 6}};
+    for (const auto &c : cases) check_topk_case(quick, n_sms, c[0], c[1]);
 }
 
 // Score + top-k + decode captured in a CUDA graph on a non-default stream:
