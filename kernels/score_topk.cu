@@ -2,16 +2,15 @@
 // within a token budget), producing the work lists the decode kernel reads.
 // Two launches (programmatic dependent launch on sm_90+: kernels/launch_pdl.cuh),
 // no allocation, no host synchronization (graph capturable):
-//   score_kernel   one block per (8*1024/D candidate pages, kv-head, sequence),
-//                  D/32 lanes per page (ScoreGeom): the upper bound
-//                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's bf16
-//                  key summary (query token 0; the group's q+ and q- staged in
-//                  shared memory; k_min/k_max read once with 16-byte loads);
+//   score_kernel   one block per (64 candidate pages, kv-head, sequence), a
+//                  warp per 8 pages, lanes across channels (ScoreGeom): the upper
+//                  bound max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) of query token 0
+//                  from the page's bf16 key summary, q in registers;
 //   select_kernel  one block per (sequence, kv-head): a token-weighted radix
 //                  select (4 passes of 8 bits over the order key: bound
 //                  descending; warp-aggregated histogram, one warp scans
 //                  it) finds where the budget runs out, ties at the
-//                  boundary are taken in candidate order by a block scan, then
+//                  boundary are taken in candidate order by a coalesced scan, then
 //                  mandatory pages + the selected prefix are compacted in
 //                  candidate order. Same rule as the CPU path: mandatory tokens
 //                  count first; the first page (in bound order) that does not
@@ -39,99 +38,121 @@ __device__ __forceinline__ float load_q(const void *p, ikv_dtype dt, uint64_t i)
     return dt == IKV_DTYPE_F16 ? __half2float(__ushort_as_half(b)) : bf16_to_f32(b);
 }
 
-// Eight bf16 (little-endian pairs in four words) to fp32: a shift or a mask each.
-__device__ __forceinline__ void bf16x8_to_f32(uint4 w, float *out) {
-    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        out[2 * i] = __uint_as_float(u[i] << 16);
-        out[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
-    }
-}
-
-// Score kernel geometry for head_dim D: D/32 lanes per page, each holding 32
-// channels (four 16-byte vectors of k_min and four of k_max), so a warp scores
-// 1024/D pages at once with few shuffles (log2(D/32) per query head) and no
-// per-channel select: with q+ = max(q, 0) and q- = min(q, 0) staged once per
-// block, max(q*kmin, q*kmax) = q+ * kmax + q- * kmin (kmin <= kmax), two FMAs.
-// (The profile of the previous layout, one warp per page and 4 channels per
-// lane, showed the kernel issue-bound at 42% of DRAM bandwidth:
-// bench/RESULTS.md section 1e.)
+// Score kernel geometry for head_dim D. A warp scores its pages one after
+// another, lane l holding channels [l*D/32, (l+1)*D/32) of each page's bf16
+// k_min/k_max (one coalesced load each) and the q+ = max(q, 0), q- = min(q, 0)
+// of those channels for 4 query heads in registers, so
+// max(q*kmin, q*kmax) = q+ * kmax + q- * kmin (kmin <= kmax) is two FMAs and
+// no shared memory is touched. The 4 per-head sums are reduced across the
+// warp by one transposing reduction (8 shuffles for the sums and the max).
+// Groups wider than 4 query heads take several passes over the warp's pages.
+// (Profiles, bench/RESULTS.md section 1e: one warp per page with 4 channels
+// per lane was issue-bound at 42% of DRAM bandwidth; D/32 lanes per page with
+// q read from shared memory per page was shared-memory bound at 59%.)
 template <int D>
 struct ScoreGeom {
-    static constexpr int kLanes = D / 32;             // lanes per page
-    static constexpr int kPagesPerWarp = 32 / kLanes;  // 16, 8, 4
-    static constexpr int kVec = 4;                    // 8-channel vectors per lane (32 channels)
+    static constexpr int kCpl = D / 32;       // channels per lane: 2, 4, 8
+    static constexpr int kHeads = 4;          // query heads per pass
+    static constexpr int kBatch = 4;          // pages whose loads go out together
+    static constexpr int kPagesPerWarp = 8;
     static constexpr int kPagesPerBlock = kScoreWarps * kPagesPerWarp;
 };
+
+// kCpl bf16 channels as raw words (one 4-, 8- or 16-byte load).
+template <int C>
+struct RawBf16 {
+    uint32_t w[C / 2];
+};
+template <int C>
+__device__ __forceinline__ RawBf16<C> load_bf16(const uint16_t *p) {
+    RawBf16<C> r;
+    if constexpr (C == 2) {
+        r.w[0] = *reinterpret_cast<const uint32_t *>(p);
+    } else if constexpr (C == 4) {
+        const uint2 v = *reinterpret_cast<const uint2 *>(p);
+        r.w[0] = v.x, r.w[1] = v.y;
+    } else {
+        static_assert(C == 8, "channels per lane");
+        const uint4 v = *reinterpret_cast<const uint4 *>(p);
+        r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
+    }
+    return r;
+}
+// Channel c of the raw words (little-endian bf16 pairs): a shift or a mask.
+template <int C>
+__device__ __forceinline__ float bf16_at(const RawBf16<C> &r, int c) {
+    const uint32_t w = r.w[c / 2];
+    return __uint_as_float(c % 2 ? w & 0xFFFF0000u : w << 16);
+}
+
+// Lane sums s[0..3] (one per query head) -> every lane gets max over the
+// heads g < n_heads of the warp-wide sum. Two exchange rounds leave each lane
+// one head's partial (head 2*bit4 + bit3 of the lane), three butterfly rounds
+// finish the sums, two more take the max.
+__device__ __forceinline__ float warp_sum4_max(const float (&s)[4], uint32_t lane, uint32_t n_heads) {
+    const bool b4 = (lane >> 4) & 1, b3 = (lane >> 3) & 1;
+    const float t0 = (b4 ? s[2] : s[0]) + __shfl_xor_sync(0xFFFFFFFFu, b4 ? s[0] : s[2], 16);
+    const float t1 = (b4 ? s[3] : s[1]) + __shfl_xor_sync(0xFFFFFFFFu, b4 ? s[1] : s[3], 16);
+    float u = (b3 ? t1 : t0) + __shfl_xor_sync(0xFFFFFFFFu, b3 ? t0 : t1, 8);
+    for (int o = 4; o > 0; o >>= 1) u += __shfl_xor_sync(0xFFFFFFFFu, u, o);
+    float v = 2u * b4 + b3 < n_heads ? u : -INFINITY;
+    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
+    return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
+}
 
 template <int D>
 __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const TopkParams p) {
     using Geo = ScoreGeom<D>;
-    extern __shared__ __align__(16) float qs[];  // [G][2][D]: q+ then q- of query token 0 of the group
+    constexpr int C = Geo::kCpl, NH = Geo::kHeads, NB = Geo::kBatch;
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const uint32_t j = lane % Geo::kLanes;  // the lane's part of its page
     const uint32_t head = blockIdx.y, seq = blockIdx.z;
     const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
-    const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
+    const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D + lane * C;
     pdl_wait();  // q and the candidate lists come from earlier work (kernels/launch_pdl.cuh)
     pdl_launch_dependents();
     const uint32_t count = p.candidates.counts[seq];
-    const uint32_t c = (blockIdx.x * kScoreWarps + warp) * Geo::kPagesPerWarp + lane / Geo::kLanes;
-    const bool active = c < count;
-    // The bounds' loads go out before the query is staged. Vector i of lane j
-    // is the record's vector i*kLanes + j: a page's lanes read 16*kLanes
-    // contiguous bytes per load.
-    uint4 mn[Geo::kVec], mx[Geo::kVec];
-    if (active) {
-        const DevPage pg = p.candidates.pages[uint64_t(seq) * p.candidates.stride + c];
-        const uint4 *rec = reinterpret_cast<const uint4 *>(
-            pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
+    const uint32_t c_begin = (blockIdx.x * kScoreWarps + warp) * Geo::kPagesPerWarp;
+    if (c_begin >= count) return;  // no block-wide synchronization in this kernel
+    const uint32_t c_end = min(c_begin + uint32_t(Geo::kPagesPerWarp), count);
+    const DevPage *cand = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
+    float *out = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
+    for (uint32_t g0 = 0; g0 < G; g0 += NH) {
+        float qp[NH][C], qn[NH][C];  // heads past G are zero (and masked in the max)
 #pragma unroll
-        for (int i = 0; i < Geo::kVec; ++i) {
-            mn[i] = rec[i * Geo::kLanes + j];
-            mx[i] = rec[D / 8 + i * Geo::kLanes + j];
+        for (int h = 0; h < NH; ++h)
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const float x = g0 + h < G ? load_q(p.q, p.q_dtype, q0 + uint64_t(g0 + h) * D + c) : 0.0f;
+                qp[h][c] = fmaxf(x, 0.0f);
+                qn[h][c] = fminf(x, 0.0f);
+            }
+        for (uint32_t c0 = c_begin; c0 < c_end; c0 += NB) {
+            RawBf16<C> mn[NB], mx[NB];
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+                if (c0 + b < c_end) {
+                    const DevPage pg = cand[c0 + b];
+                    const uint16_t *rec = reinterpret_cast<const uint16_t *>(
+                        pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
+                    mn[b] = load_bf16<C>(rec + lane * C);
+                    mx[b] = load_bf16<C>(rec + D + lane * C);
+                }
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                if (c0 + b >= c_end) break;  // warp-uniform
+                float s[NH];
+#pragma unroll
+                for (int h = 0; h < NH; ++h) {
+                    s[h] = 0.0f;
+#pragma unroll
+                    for (int c = 0; c < C; ++c)
+                        s[h] = fmaf(qp[h][c], bf16_at(mx[b], c), fmaf(qn[h][c], bf16_at(mn[b], c), s[h]));
+                }
+                const float best = warp_sum4_max(s, lane, G - g0);
+                if (lane == 0) out[c0 + b] = g0 == 0 ? best : fmaxf(out[c0 + b], best);
+            }
         }
-    } else {
-#pragma unroll
-        for (int i = 0; i < Geo::kVec; ++i) mn[i] = mx[i] = make_uint4(0, 0, 0, 0);
     }
-    for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) {
-        const float x = load_q(p.q, p.q_dtype, q0 + e);
-        const uint32_t g = e / D, d = e % D;
-        qs[g * 2 * D + d] = fmaxf(x, 0.0f);
-        qs[g * 2 * D + D + d] = fminf(x, 0.0f);
-    }
-    __syncthreads();
-    float lo[Geo::kVec * 8], hi[Geo::kVec * 8];
-#pragma unroll
-    for (int i = 0; i < Geo::kVec; ++i) {
-        bf16x8_to_f32(mn[i], lo + 8 * i);
-        bf16x8_to_f32(mx[i], hi + 8 * i);
-    }
-    float best = -INFINITY;
-    for (uint32_t g = 0; g < G; ++g) {
-        const float *qp = qs + g * 2 * D, *qn = qp + D;
-        float acc[Geo::kVec];
-#pragma unroll
-        for (int i = 0; i < Geo::kVec; ++i) {
-            const uint32_t ch = (i * Geo::kLanes + j) * 8;
-            const float4 p0 = *reinterpret_cast<const float4 *>(qp + ch), p1 = *reinterpret_cast<const float4 *>(qp + ch + 4);
-            const float4 n0 = *reinterpret_cast<const float4 *>(qn + ch), n1 = *reinterpret_cast<const float4 *>(qn + ch + 4);
-            const float *h = hi + 8 * i, *l = lo + 8 * i;
-            float a = p0.x * h[0];
-            a = fmaf(p0.y, h[1], a), a = fmaf(p0.z, h[2], a), a = fmaf(p0.w, h[3], a);
-            a = fmaf(p1.x, h[4], a), a = fmaf(p1.y, h[5], a), a = fmaf(p1.z, h[6], a), a = fmaf(p1.w, h[7], a);
-            a = fmaf(n0.x, l[0], a), a = fmaf(n0.y, l[1], a), a = fmaf(n0.z, l[2], a), a = fmaf(n0.w, l[3], a);
-            a = fmaf(n1.x, l[4], a), a = fmaf(n1.y, l[5], a), a = fmaf(n1.z, l[6], a), a = fmaf(n1.w, l[7], a);
-            acc[i] = a;
-        }
-        float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-#pragma unroll
-        for (int o = Geo::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-        best = fmaxf(best, s);
-    }
-    if (active && j == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
 }
 
 // Order key of a non-mandatory candidate: ascending key = bound descending.
@@ -144,26 +165,47 @@ __device__ __forceinline__ uint32_t order_key(float score) {
     return k == 0 ? 1u : k;
 }
 
-// Inclusive block scan of one value per thread (kSelectThreads threads).
-__device__ uint32_t block_scan(uint32_t v, uint32_t *warp_sums) {
-    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+// Inclusive scan of v over the warp's lanes.
+__device__ __forceinline__ uint32_t warp_scan(uint32_t v, uint32_t lane) {
     for (int o = 1; o < 32; o <<= 1) {
         const uint32_t n = __shfl_up_sync(0xFFFFFFFFu, v, o);
         if (lane >= uint32_t(o)) v += n;
     }
-    __syncthreads();
-    if (lane == 31) warp_sums[warp] = v;
+    return v;
+}
+
+// A scan over the candidates [0, count) in candidate order, coalesced: each
+// warp owns a contiguous run (a multiple of 32), sums value(i) over it; one
+// warp turns the 32 warp totals into offsets; then each warp walks its run
+// again 32 candidates at a time: visit(i, inclusive prefix of value up to i)
+// for every i < count. Returns the grand total (to every thread). Three
+// barriers whatever the count (the per-1024 block scan it replaced cost five
+// per 1024 candidates). All threads of the block must call it.
+template <class Value, class Visit>
+__device__ uint32_t ordered_scan(uint32_t count, uint32_t *warp_sums, Value value, Visit visit) {
+    constexpr uint32_t W = kSelectThreads / 32;
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const uint32_t per = ((count + W - 1) / W + 31) / 32 * 32;
+    const uint32_t b = min(warp * per, count), e = min(b + per, count);
+    uint32_t total = 0;
+    for (uint32_t i0 = b; i0 < e; i0 += 32) total += __reduce_add_sync(0xFFFFFFFFu, i0 + lane < e ? value(i0 + lane) : 0u);
+    __syncthreads();  // earlier readers of warp_sums are done
+    if (lane == 0) warp_sums[warp] = total;
     __syncthreads();
     if (warp == 0) {
-        uint32_t w = warp_sums[lane];
-        for (int o = 1; o < 32; o <<= 1) {
-            const uint32_t n = __shfl_up_sync(0xFFFFFFFFu, w, o);
-            if (lane >= uint32_t(o)) w += n;
-        }
-        warp_sums[lane] = w;
+        const uint32_t own = warp_sums[lane], incl = warp_scan(own, lane);
+        warp_sums[lane] = incl - own;
+        if (lane == 31) warp_sums[W] = incl;
     }
     __syncthreads();
-    return v + (warp > 0 ? warp_sums[warp - 1] : 0u);
+    uint32_t run = warp_sums[warp];
+    for (uint32_t i0 = b; i0 < e; i0 += 32) {
+        const uint32_t i = i0 + lane;
+        const uint32_t incl = warp_scan(i < e ? value(i) : 0u, lane);
+        if (i < e) visit(i, run + incl);
+        run += __shfl_sync(0xFFFFFFFFu, incl, 31);
+    }
+    return warp_sums[W];
 }
 
 // One warp finds the radix digit where the token budget runs out: the first
@@ -211,9 +253,9 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
     uint32_t *keys = reinterpret_cast<uint32_t *>(smem);  // 0 = mandatory
     uint8_t *tok = smem + npad * 4;
     uint8_t *keep = tok + npad;
-    __shared__ uint32_t warp_sums[32];
-    __shared__ uint32_t hist[256];
-    __shared__ uint32_t digit_sh, mand_tokens;
+    __shared__ uint32_t warp_sums[kSelectThreads / 32 + 1];
+    __shared__ uint32_t hist[2][256];  // double-buffered: a pass clears the next pass's bins
+    __shared__ uint32_t digit_sh;
     __shared__ int64_t rem_sh;
 
     const uint32_t head = blockIdx.x, seq = blockIdx.y, Hkv = p.shape.n_kv_heads;
@@ -224,8 +266,6 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
     const float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
     const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
-    if (tid == 0) mand_tokens = 0;
-    __syncthreads();
     uint32_t my_mand = 0;
     for (uint32_t i = tid; i < count; i += kSelectThreads) {
         const DevPage pg = cand[i];
@@ -235,22 +275,25 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
         keep[i] = mandatory ? 1 : 0;
         if (mandatory) my_mand += uint32_t(pg.end) - pg.begin;
     }
-    if (my_mand) atomicAdd(&mand_tokens, my_mand);
+    for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[0][b] = 0;
+    my_mand = __reduce_add_sync(0xFFFFFFFFu, my_mand);
+    if (lane == 0) warp_sums[warp] = my_mand;
     __syncthreads();
-    // Tokens left for non-mandatory pages; negative: none fits.
-    if (tid == 0) rem_sh = int64_t(p.token_budget) - int64_t(mand_tokens);
-    __syncthreads();
+    // Tokens left for non-mandatory pages (negative: none fits), in every thread.
+    int64_t rem0 = int64_t(p.token_budget);
+    for (uint32_t w = 0; w < kSelectThreads / 32; ++w) rem0 -= warp_sums[w];
+    if (tid == 0) rem_sh = rem0;  // find_digit's running copy (read after the next barrier)
     // Radix select over the 32-bit key, MSB first: keys < lim are all taken; keys == tie are taken in
-    // candidate order while they fit.
+    // candidate order while they fit. Two barriers per pass.
     uint64_t lim = 0;
     uint32_t prefix = 0, mask = 0;
     bool ties = false;
-    if (rem_sh >= 0) {
+    if (rem0 >= 0) {
         ties = true;
         for (int pass = 0; pass < 4; ++pass) {
             const int shift = 24 - 8 * pass;
-            for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[b] = 0;
-            __syncthreads();
+            uint32_t *h = hist[pass & 1];
+            for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[(pass + 1) & 1][b] = 0;  // last read a pass ago
             // Token histogram of the digit. Scores of one layer share their top bits, so most
             // candidates of a pass fall into a few bins: the lanes of a bin add up first
             // (match + redux) and one atomic per bin and warp goes to shared memory.
@@ -261,10 +304,10 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
                 const uint32_t bin = in ? (k >> shift) & 255u : 256u;
                 const uint32_t peers = __match_any_sync(0xFFFFFFFFu, bin);
                 const uint32_t sum = __reduce_add_sync(peers, in ? uint32_t(tok[i]) : 0u);
-                if (in && lane == uint32_t(__ffs(peers) - 1)) atomicAdd(&hist[bin], sum);
+                if (in && lane == uint32_t(__ffs(peers) - 1)) atomicAdd(&h[bin], sum);
             }
             __syncthreads();
-            if (warp == 0) find_digit(hist, lane, &rem_sh, &digit_sh);
+            if (warp == 0) find_digit(h, lane, &rem_sh, &digit_sh);
             __syncthreads();
             const uint32_t d = digit_sh;
             if (d == 256) {  // everything under this prefix fits
@@ -277,38 +320,27 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
             lim = prefix;
         }
     }
-    const int64_t rem = rem_sh;
+    const int64_t rem = ties ? rem_sh : rem0;  // rem_sh is only shared after a pass's barriers
     // Mark the strict prefix.
     for (uint32_t i = tid; i < count; i += kSelectThreads)
         if (keys[i] != 0 && uint64_t(keys[i]) < lim) keep[i] = 1;
-    // The last two phases scan in candidate order with one block scan each:
-    // thread t owns the contiguous elements [t*E, t*E + E) (E = npad / threads,
-    // at least 1), so a phase costs one scan's barriers whatever the count
-    // (a scan per 1024 candidates cost 5 barriers each).
-    const uint32_t E = npad > kSelectThreads ? npad / kSelectThreads : 1u;
-    const uint32_t mine0 = tid * E, mine1 = min(mine0 + E, count);
     // Ties at the boundary key, in candidate order, while they fit.
-    if (ties) {
-        uint32_t local = 0;
-        for (uint32_t i = mine0; i < mine1; ++i)
-            if (keys[i] == prefix && keys[i] != 0) local += tok[i];
-        uint32_t run = block_scan(local, warp_sums) - local;  // tie tokens before this thread's
-        for (uint32_t i = mine0; i < mine1; ++i)
-            if (keys[i] == prefix && keys[i] != 0) {
-                run += tok[i];
-                if (int64_t(run) <= rem) keep[i] = 1;
-            }
-    }
-    __syncthreads();
+    auto is_tie = [&](uint32_t i) { return keys[i] == prefix && keys[i] != 0; };
+    if (ties)  // block-uniform (derived from shared values)
+        ordered_scan(
+            count, warp_sums, [&](uint32_t i) { return is_tie(i) ? uint32_t(tok[i]) : 0u; },
+            [&](uint32_t i, uint32_t run) {
+                if (is_tie(i) && int64_t(run) <= rem) keep[i] = 1;
+            });
+    __syncthreads();  // keep[] of the strict prefix came from other threads
     // Stable compaction in candidate order.
     DevPage *out = p.out_pages + (uint64_t(seq) * Hkv + head) * p.max_candidates;
-    uint32_t local = 0;
-    for (uint32_t i = mine0; i < mine1; ++i) local += keep[i];
-    const uint32_t total = block_scan(local, warp_sums);  // inclusive
-    uint32_t pos = total - local;
-    for (uint32_t i = mine0; i < mine1; ++i)
-        if (keep[i]) out[pos++] = cand[i];
-    if (tid == kSelectThreads - 1) p.out_counts[uint64_t(seq) * Hkv + head] = total;
+    const uint32_t total = ordered_scan(
+        count, warp_sums, [&](uint32_t i) { return uint32_t(keep[i]); },
+        [&](uint32_t i, uint32_t pos) {
+            if (keep[i]) out[pos - 1] = cand[i];
+        });
+    if (tid == 0) p.out_counts[uint64_t(seq) * Hkv + head] = total;
 }
 
 // Opt in to the select kernel's largest shared memory once per device.
@@ -329,13 +361,7 @@ template <int D>
 cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
     const uint32_t per_block = ScoreGeom<D>::kPagesPerBlock;
     const dim3 grid((p.max_candidates + per_block - 1) / per_block, p.shape.n_kv_heads, p.n_seqs);
-    const int qbytes = int(p.n_q_heads / p.shape.n_kv_heads * D * 8);  // q+ and q- of the group
-    if (qbytes > 48 * 1024) {  // very wide groups only
-        const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(score_kernel<D>),
-                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, qbytes);
-        if (err != cudaSuccess) return err;
-    }
-    return launch_pdl(score_kernel<D>, grid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
+    return launch_pdl(score_kernel<D>, grid, dim3(kScoreWarps * 32), 0, stream, p);
 }
 
 }  // namespace
