@@ -2,10 +2,11 @@
 // within a token budget), producing the work lists the decode kernel reads.
 // Two launches (programmatic dependent launch on sm_90+: kernels/launch_pdl.cuh),
 // no allocation, no host synchronization (graph capturable):
-//   score_kernel   one block per (64 candidate pages, kv-head, sequence), a
-//                  warp per 8 pages, lanes across channels (ScoreGeom): the upper
-//                  bound max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) of query token 0
-//                  from the page's bf16 key summary, q in registers;
+//   score_kernel   one block per (8*1024/D candidate pages, kv-head, sequence),
+//                  D/32 lanes per page (ScoreGeom): the upper bound
+//                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's bf16
+//                  key summary (query token 0; the group's q+ and q- staged in
+//                  shared memory; k_min/k_max read once with 16-byte loads);
 //   select_kernel  one block per (sequence, kv-head): a token-weighted radix
 //                  select (4 passes of 8 bits over the order key: bound
 //                  descending; warp-aggregated histogram, one warp scans
@@ -38,121 +39,103 @@ __device__ __forceinline__ float load_q(const void *p, ikv_dtype dt, uint64_t i)
     return dt == IKV_DTYPE_F16 ? __half2float(__ushort_as_half(b)) : bf16_to_f32(b);
 }
 
-// Score kernel geometry for head_dim D. A warp scores its pages one after
-// another, lane l holding channels [l*D/32, (l+1)*D/32) of each page's bf16
-// k_min/k_max (one coalesced load each) and the q+ = max(q, 0), q- = min(q, 0)
-// of those channels for 4 query heads in registers, so
-// max(q*kmin, q*kmax) = q+ * kmax + q- * kmin (kmin <= kmax) is two FMAs and
-// no shared memory is touched. The 4 per-head sums are reduced across the
-// warp by one transposing reduction (8 shuffles for the sums and the max).
-// Groups wider than 4 query heads take several passes over the warp's pages.
-// (Profiles, bench/RESULTS.md section 1e: one warp per page with 4 channels
-// per lane was issue-bound at 42% of DRAM bandwidth; D/32 lanes per page with
-// q read from shared memory per page was shared-memory bound at 59%.)
+// Eight bf16 (little-endian pairs in four words) to fp32: a shift or a mask each.
+__device__ __forceinline__ void bf16x8_to_f32(uint4 w, float *out) {
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = __uint_as_float(u[i] << 16);
+        out[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+    }
+}
+
+// Score kernel geometry for head_dim D: D/32 lanes per page, each holding 32
+// channels (four 16-byte vectors of k_min and four of k_max), so a warp scores
+// 1024/D pages at once with few shuffles (log2(D/32) per query head) and no
+// per-channel select: with q+ = max(q, 0) and q- = min(q, 0) staged once per
+// block, max(q*kmin, q*kmax) = q+ * kmax + q- * kmin (kmin <= kmax), two FMAs.
+// Measured against the alternatives (ncu, B = 32, 128K, bench/RESULTS.md
+// section 1e): one warp per page with 4 channels per lane was issue-bound at
+// 42% of DRAM bandwidth (767 us); this layout reaches 59% (545 us), bounded by
+// the shared-memory reads of q; lanes across channels with q in registers and
+// a warp walking 8 pages avoids shared memory but was latency-bound (660 us
+// with 4 pages' loads in flight, 903 us with 8 and fewer resident warps).
+// B = 1, 32K: 10.1 us here, 12.2 us for the register variant.
 template <int D>
 struct ScoreGeom {
-    static constexpr int kCpl = D / 32;       // channels per lane: 2, 4, 8
-    static constexpr int kHeads = 4;          // query heads per pass
-    static constexpr int kBatch = 4;          // pages whose loads go out together
-    static constexpr int kPagesPerWarp = 8;
+    static constexpr int kLanes = D / 32;             // lanes per page
+    static constexpr int kPagesPerWarp = 32 / kLanes;  // 16, 8, 4
+    static constexpr int kVec = 4;                    // 8-channel vectors per lane (32 channels)
     static constexpr int kPagesPerBlock = kScoreWarps * kPagesPerWarp;
 };
-
-// kCpl bf16 channels as raw words (one 4-, 8- or 16-byte load).
-template <int C>
-struct RawBf16 {
-    uint32_t w[C / 2];
-};
-template <int C>
-__device__ __forceinline__ RawBf16<C> load_bf16(const uint16_t *p) {
-    RawBf16<C> r;
-    if constexpr (C == 2) {
-        r.w[0] = *reinterpret_cast<const uint32_t *>(p);
-    } else if constexpr (C == 4) {
-        const uint2 v = *reinterpret_cast<const uint2 *>(p);
-        r.w[0] = v.x, r.w[1] = v.y;
-    } else {
-        static_assert(C == 8, "channels per lane");
-        const uint4 v = *reinterpret_cast<const uint4 *>(p);
-        r.w[0] = v.x, r.w[1] = v.y, r.w[2] = v.z, r.w[3] = v.w;
-    }
-    return r;
-}
-// Channel c of the raw words (little-endian bf16 pairs): a shift or a mask.
-template <int C>
-__device__ __forceinline__ float bf16_at(const RawBf16<C> &r, int c) {
-    const uint32_t w = r.w[c / 2];
-    return __uint_as_float(c % 2 ? w & 0xFFFF0000u : w << 16);
-}
-
-// Lane sums s[0..3] (one per query head) -> every lane gets max over the
-// heads g < n_heads of the warp-wide sum. Two exchange rounds leave each lane
-// one head's partial (head 2*bit4 + bit3 of the lane), three butterfly rounds
-// finish the sums, two more take the max.
-__device__ __forceinline__ float warp_sum4_max(const float (&s)[4], uint32_t lane, uint32_t n_heads) {
-    const bool b4 = (lane >> 4) & 1, b3 = (lane >> 3) & 1;
-    const float t0 = (b4 ? s[2] : s[0]) + __shfl_xor_sync(0xFFFFFFFFu, b4 ? s[0] : s[2], 16);
-    const float t1 = (b4 ? s[3] : s[1]) + __shfl_xor_sync(0xFFFFFFFFu, b4 ? s[1] : s[3], 16);
-    float u = (b3 ? t1 : t0) + __shfl_xor_sync(0xFFFFFFFFu, b3 ? t0 : t1, 8);
-    for (int o = 4; o > 0; o >>= 1) u += __shfl_xor_sync(0xFFFFFFFFu, u, o);
-    float v = 2u * b4 + b3 < n_heads ? u : -INFINITY;
-    v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 8));
-    return fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, 16));
-}
 
 template <int D>
 __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const TopkParams p) {
     using Geo = ScoreGeom<D>;
-    constexpr int C = Geo::kCpl, NH = Geo::kHeads, NB = Geo::kBatch;
+    extern __shared__ __align__(16) float qs[];  // [G][2][D]: q+ then q- of query token 0 of the group
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t j = lane % Geo::kLanes;  // the lane's part of its page
     const uint32_t head = blockIdx.y, seq = blockIdx.z;
     const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
-    const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D + lane * C;
+    const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
     pdl_wait();  // q and the candidate lists come from earlier work (kernels/launch_pdl.cuh)
     pdl_launch_dependents();
     const uint32_t count = p.candidates.counts[seq];
-    const uint32_t c_begin = (blockIdx.x * kScoreWarps + warp) * Geo::kPagesPerWarp;
-    if (c_begin >= count) return;  // no block-wide synchronization in this kernel
-    const uint32_t c_end = min(c_begin + uint32_t(Geo::kPagesPerWarp), count);
-    const DevPage *cand = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
-    float *out = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
-    for (uint32_t g0 = 0; g0 < G; g0 += NH) {
-        float qp[NH][C], qn[NH][C];  // heads past G are zero (and masked in the max)
+    const uint32_t c = (blockIdx.x * kScoreWarps + warp) * Geo::kPagesPerWarp + lane / Geo::kLanes;
+    const bool active = c < count;
+    // The bounds' loads go out before the query is staged. Vector i of lane j
+    // is the record's vector i*kLanes + j: a page's lanes read 16*kLanes
+    // contiguous bytes per load.
+    uint4 mn[Geo::kVec], mx[Geo::kVec];
+    if (active) {
+        const DevPage pg = p.candidates.pages[uint64_t(seq) * p.candidates.stride + c];
+        const uint4 *rec = reinterpret_cast<const uint4 *>(
+            pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
 #pragma unroll
-        for (int h = 0; h < NH; ++h)
-#pragma unroll
-            for (int c = 0; c < C; ++c) {
-                const float x = g0 + h < G ? load_q(p.q, p.q_dtype, q0 + uint64_t(g0 + h) * D + c) : 0.0f;
-                qp[h][c] = fmaxf(x, 0.0f);
-                qn[h][c] = fminf(x, 0.0f);
-            }
-        for (uint32_t c0 = c_begin; c0 < c_end; c0 += NB) {
-            RawBf16<C> mn[NB], mx[NB];
-#pragma unroll
-            for (int b = 0; b < NB; ++b)
-                if (c0 + b < c_end) {
-                    const DevPage pg = cand[c0 + b];
-                    const uint16_t *rec = reinterpret_cast<const uint16_t *>(
-                        pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
-                    mn[b] = load_bf16<C>(rec + lane * C);
-                    mx[b] = load_bf16<C>(rec + D + lane * C);
-                }
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                if (c0 + b >= c_end) break;  // warp-uniform
-                float s[NH];
-#pragma unroll
-                for (int h = 0; h < NH; ++h) {
-                    s[h] = 0.0f;
-#pragma unroll
-                    for (int c = 0; c < C; ++c)
-                        s[h] = fmaf(qp[h][c], bf16_at(mx[b], c), fmaf(qn[h][c], bf16_at(mn[b], c), s[h]));
-                }
-                const float best = warp_sum4_max(s, lane, G - g0);
-                if (lane == 0) out[c0 + b] = g0 == 0 ? best : fmaxf(out[c0 + b], best);
-            }
+        for (int i = 0; i < Geo::kVec; ++i) {
+            mn[i] = rec[i * Geo::kLanes + j];
+            mx[i] = rec[D / 8 + i * Geo::kLanes + j];
         }
+    } else {
+#pragma unroll
+        for (int i = 0; i < Geo::kVec; ++i) mn[i] = mx[i] = make_uint4(0, 0, 0, 0);
     }
+    for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) {
+        const float x = load_q(p.q, p.q_dtype, q0 + e);
+        const uint32_t g = e / D, d = e % D;
+        qs[g * 2 * D + d] = fmaxf(x, 0.0f);
+        qs[g * 2 * D + D + d] = fminf(x, 0.0f);
+    }
+    __syncthreads();
+    float lo[Geo::kVec * 8], hi[Geo::kVec * 8];
+#pragma unroll
+    for (int i = 0; i < Geo::kVec; ++i) {
+        bf16x8_to_f32(mn[i], lo + 8 * i);
+        bf16x8_to_f32(mx[i], hi + 8 * i);
+    }
+    float best = -INFINITY;
+    for (uint32_t g = 0; g < G; ++g) {
+        const float *qp = qs + g * 2 * D, *qn = qp + D;
+        float acc[Geo::kVec];
+#pragma unroll
+        for (int i = 0; i < Geo::kVec; ++i) {
+            const uint32_t ch = (i * Geo::kLanes + j) * 8;
+            const float4 p0 = *reinterpret_cast<const float4 *>(qp + ch), p1 = *reinterpret_cast<const float4 *>(qp + ch + 4);
+            const float4 n0 = *reinterpret_cast<const float4 *>(qn + ch), n1 = *reinterpret_cast<const float4 *>(qn + ch + 4);
+            const float *h = hi + 8 * i, *l = lo + 8 * i;
+            float a = p0.x * h[0];
+            a = fmaf(p0.y, h[1], a), a = fmaf(p0.z, h[2], a), a = fmaf(p0.w, h[3], a);
+            a = fmaf(p1.x, h[4], a), a = fmaf(p1.y, h[5], a), a = fmaf(p1.z, h[6], a), a = fmaf(p1.w, h[7], a);
+            a = fmaf(n0.x, l[0], a), a = fmaf(n0.y, l[1], a), a = fmaf(n0.z, l[2], a), a = fmaf(n0.w, l[3], a);
+            a = fmaf(n1.x, l[4], a), a = fmaf(n1.y, l[5], a), a = fmaf(n1.z, l[6], a), a = fmaf(n1.w, l[7], a);
+            acc[i] = a;
+        }
+        float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+#pragma unroll
+        for (int o = Geo::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+        best = fmaxf(best, s);
+    }
+    if (active && j == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
 }
 
 // Order key of a non-mandatory candidate: ascending key = bound descending.
@@ -361,7 +344,13 @@ template <int D>
 cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
     const uint32_t per_block = ScoreGeom<D>::kPagesPerBlock;
     const dim3 grid((p.max_candidates + per_block - 1) / per_block, p.shape.n_kv_heads, p.n_seqs);
-    return launch_pdl(score_kernel<D>, grid, dim3(kScoreWarps * 32), 0, stream, p);
+    const int qbytes = int(p.n_q_heads / p.shape.n_kv_heads * D * 8);  // q+ and q- of the group
+    if (qbytes > 48 * 1024) {  // very wide groups only
+        const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(score_kernel<D>),
+                                                     cudaFuncAttributeMaxDynamicSharedMemorySize, qbytes);
+        if (err != cudaSuccess) return err;
+    }
+    return launch_pdl(score_kernel<D>, grid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
 }
 
 }  // namespace
