@@ -3,7 +3,7 @@
 // Two launches (programmatic dependent launch on sm_90+: kernels/launch_pdl.cuh),
 // no allocation, no host synchronization (graph capturable):
 //   score_kernel   one block per (8*1024/D candidate pages, kv-head, sequence),
-//                  D/16 lanes per page, 2 pages per lane (ScoreGeom): the upper bound
+//                  D/32 lanes per page (ScoreGeom): the upper bound
 //                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's bf16
 //                  key summary (query token 0; the group's q+ and q- staged in
 //                  shared memory; k_min/k_max read once with 16-byte loads);
@@ -49,65 +49,56 @@ __device__ __forceinline__ void bf16x8_to_f32(uint4 w, float *out) {
     }
 }
 
-// Score kernel geometry for head_dim D: D/16 lanes per page, each holding 16
-// channels (two 16-byte vectors of k_min and two of k_max) of 2 pages, so a
-// warp scores 1024/D pages with log2(D/16) shuffles per query head and page
-// and no per-channel select: with q+ = max(q, 0) and q- = min(q, 0) staged
-// once per block, max(q*kmin, q*kmax) = q+ * kmax + q- * kmin (kmin <= kmax),
-// two FMAs; each q+/q- read from shared memory serves both of a lane's pages.
+// Score kernel geometry for head_dim D: D/32 lanes per page, each holding 32
+// channels (four 16-byte vectors of k_min and four of k_max), so a warp scores
+// 1024/D pages at once with few shuffles (log2(D/32) per query head) and no
+// per-channel select: with q+ = max(q, 0) and q- = min(q, 0) staged once per
+// block, max(q*kmin, q*kmax) = q+ * kmax + q- * kmin (kmin <= kmax), two FMAs.
 // Measured against the alternatives (ncu, B = 32, 128K, bench/RESULTS.md
 // section 1e): one warp per page with 4 channels per lane was issue-bound at
-// 42% of DRAM bandwidth (767 us); D/32 lanes per page and one page per lane
-// reached 59% (545 us), bounded by the shared-memory reads of q, which this
-// layout halves; lanes across channels with q in registers and a warp walking
-// 8 pages avoids shared memory but was latency-bound (660 us with 4 pages'
-// loads in flight, 903 us with 8 and fewer resident warps).
+// 42% of DRAM bandwidth (767 us); this layout reaches 59% (545 us), bounded by
+// the shared-memory reads of q; lanes across channels with q in registers and
+// a warp walking 8 pages avoids shared memory but was latency-bound (660 us
+// with 4 pages' loads in flight, 903 us with 8 and fewer resident warps).
+// B = 1, 32K: 10.1 us here, 12.2 us for the register variant.
 template <int D>
 struct ScoreGeom {
-    static constexpr int kVec = 2;                     // 8-channel vectors per lane (16 channels)
-    static constexpr int kLanes = D / (8 * kVec);      // lanes per page: 4, 8, 16
-    static constexpr int kSlots = 32 / kLanes;         // pages a warp covers at once: 8, 4, 2
-    static constexpr int kPagesPerLane = 2;            // each q+/q- read from shared memory serves 2 pages
-    static constexpr int kPagesPerWarp = kSlots * kPagesPerLane;
+    static constexpr int kLanes = D / 32;             // lanes per page
+    static constexpr int kPagesPerWarp = 32 / kLanes;  // 16, 8, 4
+    static constexpr int kVec = 4;                    // 8-channel vectors per lane (32 channels)
     static constexpr int kPagesPerBlock = kScoreWarps * kPagesPerWarp;
 };
 
 template <int D>
 __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const TopkParams p) {
     using Geo = ScoreGeom<D>;
-    constexpr int K = Geo::kPagesPerLane, V = Geo::kVec;
     extern __shared__ __align__(16) float qs[];  // [G][2][D]: q+ then q- of query token 0 of the group
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const uint32_t j = lane % Geo::kLanes;  // the lane's part of its pages
+    const uint32_t j = lane % Geo::kLanes;  // the lane's part of its page
     const uint32_t head = blockIdx.y, seq = blockIdx.z;
     const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
     const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
     pdl_wait();  // q and the candidate lists come from earlier work (kernels/launch_pdl.cuh)
     pdl_launch_dependents();
     const uint32_t count = p.candidates.counts[seq];
-    // Page k of the lane: slot lane/kLanes of the warp's k-th group of kSlots
-    // consecutive candidates (each group's list entries are read coalesced).
-    const uint32_t c0 = (blockIdx.x * kScoreWarps + warp) * Geo::kPagesPerWarp + lane / Geo::kLanes;
+    const uint32_t c = (blockIdx.x * kScoreWarps + warp) * Geo::kPagesPerWarp + lane / Geo::kLanes;
+    const bool active = c < count;
     // The bounds' loads go out before the query is staged. Vector i of lane j
     // is the record's vector i*kLanes + j: a page's lanes read 16*kLanes
     // contiguous bytes per load.
-    uint4 mn[K][V], mx[K][V];
+    uint4 mn[Geo::kVec], mx[Geo::kVec];
+    if (active) {
+        const DevPage pg = p.candidates.pages[uint64_t(seq) * p.candidates.stride + c];
+        const uint4 *rec = reinterpret_cast<const uint4 *>(
+            pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const uint32_t c = c0 + k * Geo::kSlots;
-        if (c < count) {
-            const DevPage pg = p.candidates.pages[uint64_t(seq) * p.candidates.stride + c];
-            const uint4 *rec = reinterpret_cast<const uint4 *>(
-                pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
-#pragma unroll
-            for (int i = 0; i < V; ++i) {
-                mn[k][i] = rec[i * Geo::kLanes + j];
-                mx[k][i] = rec[D / 8 + i * Geo::kLanes + j];
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < V; ++i) mn[k][i] = mx[k][i] = make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < Geo::kVec; ++i) {
+            mn[i] = rec[i * Geo::kLanes + j];
+            mx[i] = rec[D / 8 + i * Geo::kLanes + j];
         }
+    } else {
+#pragma unroll
+        for (int i = 0; i < Geo::kVec; ++i) mn[i] = mx[i] = make_uint4(0, 0, 0, 0);
     }
     for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) {
         const float x = load_q(p.q, p.q_dtype, q0 + e);
@@ -116,48 +107,35 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const TopkParam
         qs[g * 2 * D + D + d] = fminf(x, 0.0f);
     }
     __syncthreads();
-    float best[K];
+    float lo[Geo::kVec * 8], hi[Geo::kVec * 8];
 #pragma unroll
-    for (int k = 0; k < K; ++k) best[k] = -INFINITY;
+    for (int i = 0; i < Geo::kVec; ++i) {
+        bf16x8_to_f32(mn[i], lo + 8 * i);
+        bf16x8_to_f32(mx[i], hi + 8 * i);
+    }
+    float best = -INFINITY;
     for (uint32_t g = 0; g < G; ++g) {
         const float *qp = qs + g * 2 * D, *qn = qp + D;
-        float acc[K][V];
+        float acc[Geo::kVec];
 #pragma unroll
-        for (int i = 0; i < V; ++i) {
+        for (int i = 0; i < Geo::kVec; ++i) {
             const uint32_t ch = (i * Geo::kLanes + j) * 8;
-#pragma unroll
-            for (int k = 0; k < K; ++k) acc[k][i] = 0.0f;
-            // Four float4 of q (q+ channels 0-3, 4-7, then q-), each applied to
-            // the K pages' matching 4 bf16 (two words of kmax, resp. kmin).
-#pragma unroll
-            for (int part = 0; part < 4; ++part) {
-                const float4 q = *reinterpret_cast<const float4 *>((part < 2 ? qp : qn) + ch + 4 * (part & 1));
-#pragma unroll
-                for (int k = 0; k < K; ++k) {
-                    const uint4 &w = part < 2 ? mx[k][i] : mn[k][i];
-                    const uint32_t w0 = part & 1 ? w.z : w.x, w1 = part & 1 ? w.w : w.y;
-                    float a = acc[k][i];
-                    a = fmaf(q.x, __uint_as_float(w0 << 16), a);
-                    a = fmaf(q.y, __uint_as_float(w0 & 0xFFFF0000u), a);
-                    a = fmaf(q.z, __uint_as_float(w1 << 16), a);
-                    a = fmaf(q.w, __uint_as_float(w1 & 0xFFFF0000u), a);
-                    acc[k][i] = a;
-                }
-            }
+            const float4 p0 = *reinterpret_cast<const float4 *>(qp + ch), p1 = *reinterpret_cast<const float4 *>(qp + ch + 4);
+            const float4 n0 = *reinterpret_cast<const float4 *>(qn + ch), n1 = *reinterpret_cast<const float4 *>(qn + ch + 4);
+            const float *h = hi + 8 * i, *l = lo + 8 * i;
+            float a = p0.x * h[0];
+            a = fmaf(p0.y, h[1], a), a = fmaf(p0.z, h[2], a), a = fmaf(p0.w, h[3], a);
+            a = fmaf(p1.x, h[4], a), a = fmaf(p1.y, h[5], a), a = fmaf(p1.z, h[6], a), a = fmaf(p1.w, h[7], a);
+            a = fmaf(n0.x, l[0], a), a = fmaf(n0.y, l[1], a), a = fmaf(n0.z, l[2], a), a = fmaf(n0.w, l[3], a);
+            a = fmaf(n1.x, l[4], a), a = fmaf(n1.y, l[5], a), a = fmaf(n1.z, l[6], a), a = fmaf(n1.w, l[7], a);
+            acc[i] = a;
         }
+        float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
 #pragma unroll
-        for (int k = 0; k < K; ++k) {
-            float s = acc[k][0] + acc[k][1];
-#pragma unroll
-            for (int o = Geo::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-            best[k] = fmaxf(best[k], s);
-        }
+        for (int o = Geo::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+        best = fmaxf(best, s);
     }
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const uint32_t c = c0 + k * Geo::kSlots;
-        if (c < count && j == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best[k];
-    }
+    if (active && j == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
 }
 
 // Order key of a non-mandatory candidate: ascending key = bound descending.
