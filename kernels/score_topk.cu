@@ -59,7 +59,9 @@ __device__ __forceinline__ void bf16x8_to_f32(uint4 w, float *out) {
 // 42% of DRAM bandwidth (767 us); this layout reaches 59% (545 us), bounded by
 // the shared-memory reads of q; lanes across channels with q in registers and
 // a warp walking 8 pages avoids shared memory but was latency-bound (660 us
-// with 4 pages' loads in flight, 903 us with 8 and fewer resident warps).
+// with 4 pages' loads in flight, 903 us with 8 and fewer resident warps);
+// D/16 lanes per page with 2 pages per lane (each q read serving two pages)
+// ran 578 us, its shared-memory stalls unchanged.
 // B = 1, 32K: 10.1 us here, 12.2 us for the register variant.
 template <int D>
 struct ScoreGeom {
