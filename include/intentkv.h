@@ -654,9 +654,11 @@ IKV_API ikv_status ikv_seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t l
  * truncate, eviction and format change: per-channel min and max and the mean
  * of K over the page's live tokens (as stored, i.e. dequantized), head_dim
  * floats each, host memory. The page keeps them as bfloat16: k_min rounded
- * down and k_max rounded up (so they still bound every stored key, within
- * 2^-8 relative), k_mean rounded to nearest; these calls return those values. Any pointer may be NULL. n_tokens_out: tokens
- * summarized. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED.
+ * down and k_max rounded up (so they still bound every stored key; each is
+ * less than 2^-7 relative away from the exact value), k_mean rounded to
+ * nearest; these calls return those values. Any pointer may be NULL.
+ * n_tokens_out: tokens summarized. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE,
+ * IKV_E_EVICTED.
  */
 IKV_API ikv_status ikv_seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t kv_head,
                                         uint32_t page, float *k_min, float *k_max, float *k_mean,
