@@ -1,7 +1,8 @@
 // CPU decode throughput: one decode step (one query token, one layer) of a
 // Llama-3-8B-like shape (32 q-heads, 8 kv-heads, head_dim 128, page 16) over
 // 8K, 32K and 128K tokens, dense and with 25% of the pages selected, in F16,
-// INT8, INT4 and FP8 pages.
+// INT8, INT4 and FP8 pages; and (F16) query-aware top-k to a 25% token budget
+// over every page (Quest bounds from the pages' key summaries, then decode).
 //
 // Counters:
 //   read_GBps     K/V bytes read (ikv_decoder_last_bytes_read) per second
@@ -9,6 +10,7 @@
 //                 BM_ReadBandwidth in the same run (same thread count)
 //   vs_dense      time of the dense case of the same format and context / this time
 //   vs_f16        time of the F16 case of the same context and selection / this time
+//   vs_sel        (top-k) time of the random 25% selection of the same context / this time
 //
 // Every benchmark uses all hardware threads (decoder n_threads = 0).
 #include <benchmark/benchmark.h>
@@ -149,9 +151,10 @@ ikv_plan *random_plan(uint32_t ctx, int percent) {
 void BM_Decode(benchmark::State &state) {
     const auto fmt = ikv_format(state.range(0));
     const auto ctx = uint32_t(state.range(1));
-    const int percent = int(state.range(2));
+    const int percent = int(state.range(2));  // negative: top-k to -percent% of the tokens
+    const bool topk = percent < 0;
     Fixture &f = fixture(fmt, ctx);
-    ikv_plan *plan = percent < 100 ? random_plan(ctx, percent) : nullptr;
+    ikv_plan *plan = percent > 0 && percent < 100 ? random_plan(ctx, percent) : nullptr;
     ikv_decoder_config dc = ikv_decoder_default_config();
     dc.n_threads = 0;  // all hardware threads
     ikv_decoder *dec = nullptr;
@@ -167,6 +170,7 @@ void BM_Decode(benchmark::State &state) {
     a.n_q_heads = kQHeads;
     a.q = q.data();
     a.out = out.data();
+    if (topk) a.topk_token_budget = uint32_t(uint64_t(ctx) * uint32_t(-percent) / 100);
     double seconds = 0;
     for (auto _ : state) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -186,9 +190,11 @@ void BM_Decode(benchmark::State &state) {
     if (g_read_bw > 0) state.counters["bw_share"] = double(bytes) / per / g_read_bw;
     auto dense = g_seconds.find({int(fmt), ctx, 100});
     if (percent < 100 && dense != g_seconds.end()) state.counters["vs_dense"] = dense->second / per;
+    auto sel = g_seconds.find({int(fmt), ctx, -percent});
+    if (topk && sel != g_seconds.end()) state.counters["vs_sel"] = sel->second / per;  // random selection / top-k
     auto f16 = g_seconds.find({int(IKV_FMT_F16), ctx, percent});
     if (fmt != IKV_FMT_F16 && f16 != g_seconds.end()) state.counters["vs_f16"] = f16->second / per;
-    state.SetLabel(std::string(ikv_format_name(fmt)) + (percent < 100 ? " 25%" : " dense"));
+    state.SetLabel(std::string(ikv_format_name(fmt)) + (topk ? " top-k 25%" : percent < 100 ? " 25%" : " dense"));
     ikv_decoder_destroy(dec);
     ikv_plan_destroy(plan);
 }
@@ -198,12 +204,14 @@ void register_all() {
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8, IKV_FMT_INT4, IKV_FMT_FP8_E4M3};
     for (uint32_t ctx : {8192u, 32768u, 131072u})
         for (ikv_format f : fmts)
-            for (int pct : {100, 25})
+            for (int pct : {100, 25, -25}) {
+                if (pct < 0 && f != IKV_FMT_F16) continue;  // top-k: F16 pages only
                 benchmark::RegisterBenchmark("BM_Decode", BM_Decode)
                     ->Args({f, ctx, pct})
                     ->Unit(benchmark::kMicrosecond)
                     ->UseRealTime()
                     ->MinTime(0.3);
+            }
 }
 
 }  // namespace

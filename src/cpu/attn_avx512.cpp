@@ -75,11 +75,12 @@ struct O {
 };
 
 #include "cpu/attn_impl.hpp"
+#include "cpu/quest_impl.hpp"
 
 }  // namespace
 
 const CpuKernels &cpu_kernels_avx512() {
-    static const CpuKernels k{"avx512", attend_chunk};
+    static const CpuKernels k{"avx512", attend_chunk, quest_bounds};
     return k;
 }
 

@@ -54,10 +54,30 @@ constexpr uint32_t logit_stride(uint32_t P) { return (P + 15u) / 16u * 16u; }
 
 using AttendChunkFn = void (*)(const ChunkTask &task);
 
+// Quest bounds of n candidate pages for one kv-head (src/decode/selection.hpp):
+// bounds[i] = max over the group's query heads g of
+//   sum_d qpos[g][d] * kmax_i[d] + qneg[g][d] * kmin_i[d],
+// with qpos = max(q, 0) and qneg = min(q, 0), which is
+// sum_d max(q_d * kmin_d, q_d * kmax_d) since kmin <= kmax (two FMAs, no
+// per-channel select). records[i] is page i's key-summary record (bf16
+// k_min[D] then k_max[D], page_format.hpp).
+struct QuestTask {
+    const uint8_t *const *records;
+    uint32_t n;
+    const float *qpos;  // [group][D]
+    const float *qneg;  // [group][D]
+    uint32_t group;
+    uint32_t D;         // a multiple of 16
+    float *bounds;      // [n]
+};
+
+using QuestBoundsFn = void (*)(const QuestTask &task);
+
 // The kernels of one ISA path.
 struct CpuKernels {
     const char *isa;
     AttendChunkFn attend_chunk;
+    QuestBoundsFn quest_bounds;
 };
 
 // Defined by the ISA files; only those this architecture compiles exist.

@@ -110,11 +110,12 @@ struct O {
 };
 
 #include "cpu/attn_impl.hpp"
+#include "cpu/quest_impl.hpp"
 
 }  // namespace
 
 const CpuKernels &cpu_kernels_scalar() {
-    static const CpuKernels k{"scalar", attend_chunk};
+    static const CpuKernels k{"scalar", attend_chunk, quest_bounds};
     return k;
 }
 

@@ -61,29 +61,60 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                 for (uint32_t d = 0; d < D; ++d) dst[d] = load_elem(a.q, a.q_dtype, src + d) * scale;
             }
 
+    // ---- the entries of every sequence ----
+    S.entries.clear();
+    S.entry_lo.assign(1, 0);
+    for (uint32_t b = 0; b < B; ++b) {
+        collect_entries(snaps[b], a.plans ? a.plans[b] : nullptr, P, S.picked);
+        S.entries.insert(S.entries.end(), S.picked.begin(), S.picked.end());
+        S.entry_lo.push_back(uint32_t(S.entries.size()));
+    }
+
+    // ---- top-k: Quest bounds of every (sequence, kv-head), blocks of entries in parallel ----
+    // (one thread scoring every page was most of a top-k step: bench_decode's top-k rows)
+    const bool topk = a.topk_token_budget > 0;
+    const uint64_t n_all = S.entries.size();
+    if (topk) {
+        constexpr uint32_t kBoundBlock = 256;  // entries per task
+        S.bounds.resize(n_all * H);
+        S.bound_tasks.clear();
+        for (uint32_t b = 0; b < B; ++b)
+            for (uint32_t h = 0; h < H; ++h)
+                for (uint32_t e0 = S.entry_lo[b]; e0 < S.entry_lo[b + 1]; e0 += kBoundBlock)
+                    S.bound_tasks.push_back({b, h, e0, std::min(e0 + kBoundBlock, S.entry_lo[b + 1])});
+        auto score = [&](std::size_t i, unsigned) {
+            const DecodeScratch::BoundTask &t = S.bound_tasks[i];
+            quest_bounds(S.entries.data() + t.e0, t.e1 - t.e0, snaps[t.b], shape, a.layer, t.h,
+                         S.q.data() + (uint64_t(t.b) * H + t.h) * RD, group, S.bounds.data() + t.h * n_all + t.e0);
+        };
+        threads.parallel_for(S.bound_tasks.size(), score);
+    }
+
     // ---- selection -> spans per (b, h) ----
     S.spans.clear();
     S.span_lo.assign(1, 0);
     uint64_t bytes = 0, total_tokens = 0;
     for (uint32_t b = 0; b < B; ++b) {
         const SeqSnapshot &snap = snaps[b];
-        collect_entries(snap, a.plans ? a.plans[b] : nullptr, P, S.entries);
+        const uint32_t lo = S.entry_lo[b], n = S.entry_lo[b + 1] - lo;
+        uint64_t scored = 0;  // the bounds top-k reads: k_min/k_max of every non-mandatory entry
+        for (uint32_t i = lo; i < lo + n; ++i) scored += S.entries[i].mandatory ? 0 : 1;
         for (uint32_t h = 0; h < H; ++h) {
-            const dvec<Entry> *use = &S.entries;
-            if (a.topk_token_budget > 0) {
-                select_topk(S.entries, snap, shape, a.layer, h, S.q.data() + (uint64_t(b) * H + h) * RD, group,
-                            a.topk_token_budget, S.picked);
-                use = &S.picked;
-                for (const Entry &e : S.entries)  // the bounds it scored
-                    if (!e.mandatory) bytes += summary_bound_bytes(D);
+            const Entry *use = S.entries.data() + lo;
+            uint32_t count = n;
+            if (topk) {
+                select_topk(use, n, S.bounds.data() + h * n_all + lo, a.topk_token_budget, S.picked);
+                use = S.picked.data();
+                count = uint32_t(S.picked.size());
+                bytes += scored * summary_bound_bytes(D);
             }
-            for (const Entry &e : *use) {
-                const PageRef &ref = snap.pages[e.page];
-                const uint32_t pos0 = e.page * P;
+            for (const Entry *e = use; e < use + count; ++e) {
+                const PageRef &ref = snap.pages[e->page];
+                const uint32_t pos0 = e->page * P;
                 S.spans.push_back(SpanRef{ref.base + (uint64_t(a.layer) * H + h) * layouts[ref.format].bytes,
-                                          uint32_t(ref.format), e.begin - pos0, e.end - pos0, pos0});
-                bytes += subpage_read_bytes(ref.format, P, D, e.end - e.begin);
-                total_tokens += e.end - e.begin;
+                                          uint32_t(ref.format), e->begin - pos0, e->end - pos0, pos0});
+                bytes += subpage_read_bytes(ref.format, P, D, e->end - e->begin);
+                total_tokens += e->end - e->begin;
             }
             S.span_lo.push_back(S.spans.size());
         }

@@ -18,7 +18,13 @@ namespace ikv {
 // not allocate.
 struct DecodeScratch {
     dvec<float> q;          // [B*H][R][D] scaled fp32 queries, grouped by kv-head
-    dvec<Entry> entries, picked;
+    dvec<Entry> entries, picked;  // entries: every sequence's, at entry_lo[b]
+    dvec<uint32_t> entry_lo;      // [B + 1]
+    dvec<float> bounds;           // top-k: [H][entries] Quest bounds
+    struct BoundTask {
+        uint32_t b, h, e0, e1;  // entries [e0, e1) of sequence b, kv-head h
+    };
+    dvec<BoundTask> bound_tasks;
     dvec<SpanRef> spans;    // all spans, grouped by (b, h)
     dvec<uint64_t> span_lo; // [B*H + 1] offsets into spans
     struct Item {

@@ -3,7 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/quant.hpp"
+#include "cpu/attn_kernel.hpp"
+#include "cpu/dispatch.hpp"
 
 namespace ikv {
 
@@ -31,47 +32,59 @@ void collect_entries(const SeqSnapshot &snap, const ikv_plan *plan, uint32_t P, 
                      (pages[i].flags & IKV_PAGE_MANDATORY) != 0, out);
 }
 
-void select_topk(const dvec<Entry> &in, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
-                 uint32_t head, const float *q, uint32_t group, uint32_t budget, dvec<Entry> &out) {
+void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
+                  uint32_t head, const float *q, uint32_t group, float *bounds) {
     const uint32_t D = shape.head_dim;
-    struct Ranked {
-        float bound;
-        uint32_t index;
-    };
-    dvec<Ranked> cand;
-    cand.reserve(in.size());
-    uint64_t taken = 0;
-    for (uint32_t i = 0; i < in.size(); ++i) {
-        const Entry &e = in[i];
-        if (e.mandatory) {
-            taken += e.end - e.begin;
-            continue;
-        }
-        const PageRef &ref = snap.pages[e.page];
-        const uint16_t *kmin =
-            reinterpret_cast<const uint16_t *>(ref.base + summary_offset(shape, ref.format, layer, head));
-        const uint16_t *kmax = kmin + D;
-        float best = -INFINITY;
-        for (uint32_t g = 0; g < group; ++g) {
-            const float *qg = q + uint64_t(g) * D;
-            float s = 0.0f;
-            for (uint32_t d = 0; d < D; ++d)
-                s += std::max(qg[d] * bf16_to_f32(kmin[d]), qg[d] * bf16_to_f32(kmax[d]));
-            best = std::max(best, s);
-        }
-        cand.push_back(Ranked{best, i});
+    dvec<float> qs(2ull * group * D);  // q+ then q- of each query head
+    float *qpos = qs.data(), *qneg = qs.data() + uint64_t(group) * D;
+    for (uint64_t e = 0; e < uint64_t(group) * D; ++e) {
+        qpos[e] = std::max(q[e], 0.0f);
+        qneg[e] = std::min(q[e], 0.0f);
     }
-    std::stable_sort(cand.begin(), cand.end(), [](const Ranked &a, const Ranked &b) { return a.bound > b.bound; });
-    dvec<uint8_t> keep(in.size(), 0);
-    for (uint32_t i = 0; i < in.size(); ++i) keep[i] = in[i].mandatory;
-    for (const Ranked &c : cand) {
-        const uint32_t span = in[c.index].end - in[c.index].begin;
+    const CpuKernels &K = cpu_kernels();
+    constexpr uint32_t kBatch = 64;  // records per kernel call
+    const uint8_t *recs[kBatch];
+    uint32_t idx[kBatch];
+    float out[kBatch];
+    uint32_t m = 0;
+    auto flush = [&] {
+        QuestTask t{recs, m, qpos, qneg, group, D, out};
+        K.quest_bounds(t);
+        for (uint32_t k = 0; k < m; ++k) bounds[idx[k]] = out[k];
+        m = 0;
+    };
+    for (uint32_t i = 0; i < n; ++i) {
+        bounds[i] = -INFINITY;
+        if (entries[i].mandatory) continue;
+        const PageRef &ref = snap.pages[entries[i].page];
+        recs[m] = ref.base + summary_offset(shape, ref.format, layer, head);
+        idx[m++] = i;
+        if (m == kBatch) flush();
+    }
+    if (m) flush();
+}
+
+void select_topk(const Entry *in, uint32_t n, const float *bounds, uint32_t budget, dvec<Entry> &out) {
+    dvec<uint32_t> order;
+    order.reserve(n);
+    uint64_t taken = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+        if (in[i].mandatory)
+            taken += in[i].end - in[i].begin;
+        else
+            order.push_back(i);
+    }
+    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return bounds[a] > bounds[b]; });
+    dvec<uint8_t> keep(n, 0);
+    for (uint32_t i = 0; i < n; ++i) keep[i] = in[i].mandatory;
+    for (uint32_t c : order) {
+        const uint32_t span = in[c].end - in[c].begin;
         if (taken + span > budget) break;
         taken += span;
-        keep[c.index] = 1;
+        keep[c] = 1;
     }
     out.clear();
-    for (uint32_t i = 0; i < in.size(); ++i)
+    for (uint32_t i = 0; i < n; ++i)
         if (keep[i]) out.push_back(in[i]);
 }
 

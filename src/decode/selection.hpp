@@ -29,15 +29,20 @@ struct Entry {
 // evicted pages, or that end up empty, are dropped. Order is kept.
 void collect_entries(const SeqSnapshot &snap, const ikv_plan *plan, uint32_t P, dvec<Entry> &out);
 
-// Query-aware top-k for one kv-head. q holds `group` rows of D floats (the
-// group's query heads at the first query token, scaled). Keeps every
-// mandatory entry; ranks the others by the Quest bound
+// Quest bounds of n entries of one sequence for one kv-head, with the active
+// ISA's kernel (cpu/attn_kernel.hpp quest_bounds): bounds[i] =
 //   max_g sum_d max(q_gd * kmin_d, q_gd * kmax_d)
-// read from the page's key summary, descending (ties: earlier entry first),
-// and takes them while the tokens taken (mandatory ones included) plus the
-// entry's span stay within budget, stopping at the first that does not fit.
-// The result is in page order.
-void select_topk(const dvec<Entry> &in, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
-                 uint32_t head, const float *q, uint32_t group, uint32_t budget, dvec<Entry> &out);
+// from entry i's page key summary (bf16, outward-rounded); mandatory entries
+// get -inf (they are never ranked). q holds `group` rows of D floats (the
+// group's query heads at the first query token, scaled).
+void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
+                  uint32_t head, const float *q, uint32_t group, float *bounds);
+
+// Query-aware top-k for one kv-head from the entries' bounds: keeps every
+// mandatory entry; ranks the others by bound, descending (ties: earlier
+// entry first), and takes them while the tokens taken (mandatory ones
+// included) plus the entry's span stay within budget, stopping at the first
+// that does not fit. The result is in page order.
+void select_topk(const Entry *in, uint32_t n, const float *bounds, uint32_t budget, dvec<Entry> &out);
 
 }  // namespace ikv
