@@ -4,9 +4,17 @@
 // A record is 4*D bytes (bf16 k_min, k_max), read once per query head of the
 // group from L1; two accumulators (k_max with q+, k_min with q-) per head.
 
+constexpr uint32_t kQuestPrefetch = 4;  // records ahead: each sits in another page, far from the last
+
+inline void prefetch_record(const uint8_t *rec, uint32_t D) {
+    for (uint32_t off = 0; off < 4 * D; off += 64) O::prefetch(rec + off);
+}
+
 void quest_bounds(const QuestTask &T) {
     const uint32_t D = T.D;
+    for (uint32_t i = 0; i < kQuestPrefetch && i < T.n; ++i) prefetch_record(T.records[i], D);
     for (uint32_t i = 0; i < T.n; ++i) {
+        if (i + kQuestPrefetch < T.n) prefetch_record(T.records[i + kQuestPrefetch], D);
         const uint8_t *kmin = T.records[i], *kmax = kmin + 2ull * D;
         float best = -INFINITY;
         for (uint32_t g = 0; g < T.group; ++g) {
