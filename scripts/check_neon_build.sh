@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Cross-compile the NEON decode kernel (and the portable one) for aarch64 and,
-# when qemu-aarch64 is installed, run a small check that the NEON kernel and
-# the scalar kernel agree on random pages of every format.
+# Cross-compile the NEON decode kernels (and the portable ones) for aarch64 and,
+# when qemu-aarch64 is installed, run a small check that the NEON kernels and
+# the scalar ones agree (attention on random pages of every format, top-k bounds).
 # Needs: apt-get install -y g++-aarch64-linux-gnu [qemu-user]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"

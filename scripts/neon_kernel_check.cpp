@@ -1,5 +1,7 @@
-// Used by check_neon_build.sh: the NEON kernel against the portable kernel on
-// random sub-pages of every format (built for aarch64, run under qemu).
+// Used by check_neon_build.sh: the NEON kernels against the portable ones
+// (built for aarch64, run under qemu): attention on random sub-pages of every
+// format, and the top-k Quest bounds on random key-summary records (also
+// against float64).
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -68,6 +70,51 @@ int main() {
         const double rel = std::sqrt(num / den);
         std::printf("format %-9s rows %2u: neon vs scalar rel L2 %.3g\n", kNames[f], R, rel);
         if (!(rel < 1e-5)) ++failures;
+    }
+    // Quest bounds: n records of bf16 k_min <= k_max, a group of 4 query heads.
+    {
+        const uint32_t n = 37, group = 4;
+        std::vector<uint16_t> recs(size_t(n) * 3 * D);
+        std::vector<const uint8_t *> ptr(n);
+        for (uint32_t i = 0; i < n; ++i) {
+            uint16_t *r = recs.data() + size_t(i) * 3 * D;
+            for (uint32_t d = 0; d < D; ++d) {
+                const float a = nd(rng), b = nd(rng);
+                encode_summary(r, D, d, std::fmin(a, b), std::fmax(a, b), 0.5f * (a + b));
+            }
+            ptr[i] = reinterpret_cast<const uint8_t *>(r);
+        }
+        std::vector<float> q(group * D), qpos(q.size()), qneg(q.size());
+        for (size_t e = 0; e < q.size(); ++e) {
+            q[e] = nd(rng);
+            qpos[e] = std::fmax(q[e], 0.0f);
+            qneg[e] = std::fmin(q[e], 0.0f);
+        }
+        std::vector<float> out[2];
+        for (int which = 0; which < 2; ++which) {
+            out[which].assign(n, 0.0f);
+            const QuestTask t{ptr.data(), n, qpos.data(), qneg.data(), group, D, out[which].data()};
+            (which == 0 ? cpu_kernels_neon() : cpu_kernels_scalar()).quest_bounds(t);
+        }
+        double worst = 0;
+        for (uint32_t i = 0; i < n; ++i) {
+            const uint16_t *r = recs.data() + size_t(i) * 3 * D;
+            double best = -INFINITY, mag = 0;
+            for (uint32_t g = 0; g < group; ++g) {
+                double sum = 0, m = 0;
+                for (uint32_t d = 0; d < D; ++d) {
+                    const double qd = q[g * D + d], lo = bf16_to_f32(r[d]), hi = bf16_to_f32(r[D + d]);
+                    sum += std::fmax(qd * lo, qd * hi);
+                    m += std::fabs(qd) * std::fmax(std::fabs(lo), std::fabs(hi));
+                }
+                best = std::fmax(best, sum);
+                mag = std::fmax(mag, m);
+            }
+            for (int which = 0; which < 2; ++which) worst = std::fmax(worst, std::fabs(out[which][i] - best) / (1.0 + mag));
+        }
+        std::printf("quest bounds (%u records, group %u): neon and scalar vs float64, worst scaled err %.3g\n", n, group,
+                    worst);
+        if (!(worst < 1e-5)) ++failures;
     }
     std::printf(failures ? "FAILED\n" : "OK\n");
     return failures ? 1 : 0;
