@@ -259,23 +259,13 @@ static void test_promote_after_demote(void **state) {
 /* bfloat16 helpers for the summary checks, written from the definition (an
  * fp32 value with 16 zero low bits; neighbours one step of the top 16 bits
  * apart), independently of the library's rounding code. */
-static uint32_t f32_u(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return u;
-}
-static float u_f32(uint32_t u) {
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-static int is_bf16(float x) { return (f32_u(x) & 0xFFFFu) == 0; }
+static int is_bf16(float x) { return (ikvt_f32_bits(x) & 0xFFFFu) == 0; }
 /* The bf16 value next above (up = 1) or below (up = 0) the bf16 value x. */
 static float bf16_next(float x, int up) {
-    if (x == 0.0f) return u_f32(up ? 0x00010000u : 0x80010000u);
-    const uint32_t u = f32_u(x);
+    if (x == 0.0f) return ikvt_bits_f32(up ? 0x00010000u : 0x80010000u);
+    const uint32_t u = ikvt_f32_bits(x);
     const int away = (x > 0) == (up != 0); /* moving away from zero grows the magnitude bits */
-    return u_f32(away ? u + 0x10000u : u - 0x10000u);
+    return ikvt_bits_f32(away ? u + 0x10000u : u - 0x10000u);
 }
 
 /* Each page's key summary against a plain recomputation from the values read

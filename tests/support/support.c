@@ -44,12 +44,12 @@ void ikvt_expect_status_impl(ikv_status got, ikv_status expected, const char *ne
     }
 }
 
-static uint32_t f32_bits(float f) {
+uint32_t ikvt_f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
 }
-static float bits_f32(uint32_t u) {
+float ikvt_bits_f32(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
@@ -85,7 +85,7 @@ void ikvt_to_f16(const float *in, uint16_t *out, size_t n) {
 
 void ikvt_to_bf16(const float *in, uint16_t *out, size_t n) {
     for (size_t i = 0; i < n; ++i) {
-        uint32_t x = f32_bits(in[i]);
+        uint32_t x = ikvt_f32_bits(in[i]);
         x += 0x7FFFu + ((x >> 16) & 1u);
         out[i] = (uint16_t)(x >> 16);
     }
@@ -97,7 +97,7 @@ float ikvt_f16_to_f32(uint16_t h) {
     return (float)((h & 0x8000u) ? -v : v);
 }
 
-float ikvt_bf16_to_f32(uint16_t b) { return bits_f32((uint32_t)b << 16); }
+float ikvt_bf16_to_f32(uint16_t b) { return ikvt_bits_f32((uint32_t)b << 16); }
 
 double ikvt_rel_l2(const float *a, const double *b, size_t n) {
     double num = 0, den = 0;

@@ -34,6 +34,9 @@ void ikvt_to_f16(const float *in, uint16_t *out, size_t n);
 void ikvt_to_bf16(const float *in, uint16_t *out, size_t n);
 float ikvt_f16_to_f32(uint16_t h);
 float ikvt_bf16_to_f32(uint16_t b);
+/* The bits of an fp32 value and back (memcpy, no aliasing). */
+uint32_t ikvt_f32_bits(float f);
+float ikvt_bits_f32(uint32_t u);
 
 /* Relative L2 error ||a - b|| / ||b|| in float64 (b is the reference). */
 double ikvt_rel_l2(const float *a, const double *b, size_t n);
