@@ -76,6 +76,11 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
     const uint64_t n_all = S.entries.size();
     if (topk) {
         constexpr uint32_t kBoundBlock = 256;  // entries per task
+        const uint64_t GD = uint64_t(group) * D;  // rows 0..group-1 of each (b, h): query token 0
+        S.qsigns.resize(uint64_t(BH) * 2 * GD);
+        for (uint32_t bh = 0; bh < BH; ++bh)
+            split_signs(S.q.data() + uint64_t(bh) * RD, GD, S.qsigns.data() + bh * 2 * GD,
+                        S.qsigns.data() + bh * 2 * GD + GD);
         S.bounds.resize(n_all * H);
         S.bound_tasks.clear();
         for (uint32_t b = 0; b < B; ++b)
@@ -84,8 +89,9 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                     S.bound_tasks.push_back({b, h, e0, std::min(e0 + kBoundBlock, S.entry_lo[b + 1])});
         auto score = [&](std::size_t i, unsigned) {
             const DecodeScratch::BoundTask &t = S.bound_tasks[i];
-            quest_bounds(S.entries.data() + t.e0, t.e1 - t.e0, snaps[t.b], shape, a.layer, t.h,
-                         S.q.data() + (uint64_t(t.b) * H + t.h) * RD, group, S.bounds.data() + t.h * n_all + t.e0);
+            const float *qs = S.qsigns.data() + (uint64_t(t.b) * H + t.h) * 2 * GD;
+            quest_bounds(S.entries.data() + t.e0, t.e1 - t.e0, snaps[t.b], shape, a.layer, t.h, qs, qs + GD, group,
+                         S.bounds.data() + t.h * n_all + t.e0);
         };
         threads.parallel_for(S.bound_tasks.size(), score);
     }
@@ -103,7 +109,7 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             const Entry *use = S.entries.data() + lo;
             uint32_t count = n;
             if (topk) {
-                select_topk(use, n, S.bounds.data() + h * n_all + lo, a.topk_token_budget, S.picked);
+                select_topk(use, n, S.bounds.data() + h * n_all + lo, a.topk_token_budget, S.order, S.keep, S.picked);
                 use = S.picked.data();
                 count = uint32_t(S.picked.size());
                 bytes += scored * summary_bound_bytes(D);

@@ -21,6 +21,9 @@ struct DecodeScratch {
     dvec<Entry> entries, picked;  // entries: every sequence's, at entry_lo[b]
     dvec<uint32_t> entry_lo;      // [B + 1]
     dvec<float> bounds;           // top-k: [H][entries] Quest bounds
+    dvec<float> qsigns;           // top-k: [B*H][2][group][D] q+ then q- of query token 0
+    dvec<uint32_t> order;         // top-k: select_topk scratch
+    dvec<uint8_t> keep;
     struct BoundTask {
         uint32_t b, h, e0, e1;  // entries [e0, e1) of sequence b, kv-head h
     };

@@ -32,15 +32,16 @@ void collect_entries(const SeqSnapshot &snap, const ikv_plan *plan, uint32_t P, 
                      (pages[i].flags & IKV_PAGE_MANDATORY) != 0, out);
 }
 
-void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
-                  uint32_t head, const float *q, uint32_t group, float *bounds) {
-    const uint32_t D = shape.head_dim;
-    dvec<float> qs(2ull * group * D);  // q+ then q- of each query head
-    float *qpos = qs.data(), *qneg = qs.data() + uint64_t(group) * D;
-    for (uint64_t e = 0; e < uint64_t(group) * D; ++e) {
+void split_signs(const float *q, uint64_t n, float *qpos, float *qneg) {
+    for (uint64_t e = 0; e < n; ++e) {
         qpos[e] = std::max(q[e], 0.0f);
         qneg[e] = std::min(q[e], 0.0f);
     }
+}
+
+void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
+                  uint32_t head, const float *qpos, const float *qneg, uint32_t group, float *bounds) {
+    const uint32_t D = shape.head_dim;
     const CpuKernels &K = cpu_kernels();
     constexpr uint32_t kBatch = 64;  // records per kernel call
     const uint8_t *recs[kBatch];
@@ -64,9 +65,9 @@ void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, con
     if (m) flush();
 }
 
-void select_topk(const Entry *in, uint32_t n, const float *bounds, uint32_t budget, dvec<Entry> &out) {
-    dvec<uint32_t> order;
-    order.reserve(n);
+void select_topk(const Entry *in, uint32_t n, const float *bounds, uint32_t budget, dvec<uint32_t> &order,
+                 dvec<uint8_t> &keep, dvec<Entry> &out) {
+    order.clear();
     uint64_t taken = 0;
     for (uint32_t i = 0; i < n; ++i) {
         if (in[i].mandatory)
@@ -75,7 +76,7 @@ void select_topk(const Entry *in, uint32_t n, const float *bounds, uint32_t budg
             order.push_back(i);
     }
     std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return bounds[a] > bounds[b]; });
-    dvec<uint8_t> keep(n, 0);
+    keep.resize(n);
     for (uint32_t i = 0; i < n; ++i) keep[i] = in[i].mandatory;
     for (uint32_t c : order) {
         const uint32_t span = in[c].end - in[c].begin;

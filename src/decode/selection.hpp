@@ -29,20 +29,27 @@ struct Entry {
 // evicted pages, or that end up empty, are dropped. Order is kept.
 void collect_entries(const SeqSnapshot &snap, const ikv_plan *plan, uint32_t P, dvec<Entry> &out);
 
+// qpos[e] = max(q[e], 0), qneg[e] = min(q[e], 0) for e < n: the query in the
+// form the Quest-bound kernel takes.
+void split_signs(const float *q, uint64_t n, float *qpos, float *qneg);
+
 // Quest bounds of n entries of one sequence for one kv-head, with the active
 // ISA's kernel (cpu/attn_kernel.hpp quest_bounds): bounds[i] =
 //   max_g sum_d max(q_gd * kmin_d, q_gd * kmax_d)
 // from entry i's page key summary (bf16, outward-rounded); mandatory entries
-// get -inf (they are never ranked). q holds `group` rows of D floats (the
-// group's query heads at the first query token, scaled).
+// get -inf (they are never ranked). qpos/qneg: split_signs of the group's
+// `group` rows of D floats (query heads at the first query token, scaled).
+// No allocation.
 void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
-                  uint32_t head, const float *q, uint32_t group, float *bounds);
+                  uint32_t head, const float *qpos, const float *qneg, uint32_t group, float *bounds);
 
 // Query-aware top-k for one kv-head from the entries' bounds: keeps every
 // mandatory entry; ranks the others by bound, descending (ties: earlier
 // entry first), and takes them while the tokens taken (mandatory ones
 // included) plus the entry's span stay within budget, stopping at the first
-// that does not fit. The result is in page order.
-void select_topk(const Entry *in, uint32_t n, const float *bounds, uint32_t budget, dvec<Entry> &out);
+// that does not fit. The result is in page order. order and keep are
+// scratch, reused across calls.
+void select_topk(const Entry *in, uint32_t n, const float *bounds, uint32_t budget, dvec<uint32_t> &order,
+                 dvec<uint8_t> &keep, dvec<Entry> &out);
 
 }  // namespace ikv
