@@ -33,8 +33,12 @@
 // FP8 K scale and scale*log2(e) are applied to the fp32 scores, softmax runs
 // in fp32 (base 2), P is rounded to the operand type. Error class: f16/bf16
 // operands with fp32 accumulation (FlashAttention's), see docs/CUDA.md. On
-// the f16 path K/V values and scales outside f16's normal range lose
-// precision (use F32 or BF16 queries for such data).
+// the f16 pair paths the INT8 scales and the INT4 scales and minimums are
+// rounded to f16 and applied with one HMUL2 / HFMA2 (INT4: ~2.5x the f16
+// rounding error of one fp32 FMA rounded once, rel. L2 ~1e-3 against 3e-4,
+// still ~30x below INT4's own s/2). On the f16 path K/V values and scales
+// outside f16's normal range lose precision (use F32 or BF16 queries for such
+// data).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -120,10 +124,25 @@ __device__ __forceinline__ float exp2_approx(float x) {
 #endif
 }
 
+// Exact f16 pair of two nibbles (bits 0-3 and 16-19 of x): the nibble becomes
+// the low mantissa of 1024 (0x640n = 1024 + n), minus 1024. The mask and the
+// OR are one LOP3 (written out: with two immediates the compiler emits two).
+__device__ __forceinline__ uint32_t i4pair_f16(uint32_t x) {
+    const __half2 off = __floats2half2_rn(1024.0f, 1024.0f);
+    uint32_t y;
+#if defined(__CUDA_ARCH__)
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(y) : "r"(x), "r"(0x000F000Fu), "r"(0x64006400u));  // (a & b) | c
+#else
+    y = (x & 0x000F000Fu) | 0x64006400u;
+#endif
+    return from_h2(__hsub2(as_h2(y), off));
+}
+
 // Whether (format, operand type) has a direct pair path (no fp32 round trip).
 template <int F, bool BF>
 constexpr bool fast_path() {
-    return BF ? F == IKV_FMT_BF16 : (F == IKV_FMT_F16 || F == IKV_FMT_INT8 || F == IKV_FMT_FP8_E4M3);
+    return BF ? F == IKV_FMT_BF16
+              : (F == IKV_FMT_F16 || F == IKV_FMT_INT8 || F == IKV_FMT_FP8_E4M3 || F == IKV_FMT_INT4);
 }
 
 // ------------------------------------------------------------ warp state --
@@ -167,10 +186,34 @@ __device__ __forceinline__ void init_state(State<D, TR> &w, const float *Qs, int
     }
 }
 
-// 8 contiguous channels [ch, ch+8) of K row r as 4 operand pairs (0,1) (2,3)
-// (4,5) (6,7), K scales applied (INT8/INT4 per channel; FP8's is applied to S).
+// Per-channel K coefficients of 8 contiguous channels [ch, ch+8) as operand
+// pairs, for the pair paths that apply them in f16 (INT8: scale; INT4: scale
+// and min). Converted once per channel slice and reused for every K row the
+// lane reads there (both n-tiles of a chunk).
+struct KCoef {
+    uint32_t s[4], m[4];
+};
 template <int D, int F, bool BF>
-__device__ __forceinline__ void k_pairs(const uint8_t *Karea, const float *Sc, int r, int ch, uint32_t out[4]) {
+__device__ __forceinline__ void k_coefs(const float *Sc, int ch, KCoef &k) {
+    if constexpr (fast_path<F, BF>() && (F == IKV_FMT_INT8 || F == IKV_FMT_INT4)) {
+        const float4 a = *reinterpret_cast<const float4 *>(Sc + ch), b = *reinterpret_cast<const float4 *>(Sc + ch + 4);
+        k.s[0] = pack<false>(a.x, a.y), k.s[1] = pack<false>(a.z, a.w);
+        k.s[2] = pack<false>(b.x, b.y), k.s[3] = pack<false>(b.z, b.w);
+        if constexpr (F == IKV_FMT_INT4) {
+            const float4 c = *reinterpret_cast<const float4 *>(Sc + D + ch);
+            const float4 d = *reinterpret_cast<const float4 *>(Sc + D + ch + 4);
+            k.m[0] = pack<false>(c.x, c.y), k.m[1] = pack<false>(c.z, c.w);
+            k.m[2] = pack<false>(d.x, d.y), k.m[3] = pack<false>(d.z, d.w);
+        }
+    }
+}
+
+// 8 contiguous channels [ch, ch+8) of K row r as 4 operand pairs (0,1) (2,3)
+// (4,5) (6,7), K scales applied (INT8/INT4 per channel, from kc on the pair
+// paths; FP8's is applied to S).
+template <int D, int F, bool BF>
+__device__ __forceinline__ void k_pairs(const uint8_t *Karea, const float *Sc, const KCoef &kc, int r, int ch,
+                                        uint32_t out[4]) {
     using M = dec::Fmt<D, F>;
     const uint8_t *src = at<D, F>(Karea, r, ch * M::kLaneBytes / 8);
     if constexpr (fast_path<F, BF>() && (F == IKV_FMT_F16 || F == IKV_FMT_BF16)) {
@@ -178,12 +221,19 @@ __device__ __forceinline__ void k_pairs(const uint8_t *Karea, const float *Sc, i
         out[0] = w.x, out[1] = w.y, out[2] = w.z, out[3] = w.w;
     } else if constexpr (fast_path<F, BF>() && F == IKV_FMT_INT8) {
         const uint2 w = *reinterpret_cast<const uint2 *>(src);
-        const float4 a = *reinterpret_cast<const float4 *>(Sc + ch), b = *reinterpret_cast<const float4 *>(Sc + ch + 4);
         const uint32_t x0 = w.x ^ 0x80808080u, x1 = w.y ^ 0x80808080u;
-        out[0] = from_h2(__hmul2(as_h2(i8pair_f16(x0, 0x4140)), __floats2half2_rn(a.x, a.y)));
-        out[1] = from_h2(__hmul2(as_h2(i8pair_f16(x0, 0x4342)), __floats2half2_rn(a.z, a.w)));
-        out[2] = from_h2(__hmul2(as_h2(i8pair_f16(x1, 0x4140)), __floats2half2_rn(b.x, b.y)));
-        out[3] = from_h2(__hmul2(as_h2(i8pair_f16(x1, 0x4342)), __floats2half2_rn(b.z, b.w)));
+        out[0] = from_h2(__hmul2(as_h2(i8pair_f16(x0, 0x4140)), as_h2(kc.s[0])));
+        out[1] = from_h2(__hmul2(as_h2(i8pair_f16(x0, 0x4342)), as_h2(kc.s[1])));
+        out[2] = from_h2(__hmul2(as_h2(i8pair_f16(x1, 0x4140)), as_h2(kc.s[2])));
+        out[3] = from_h2(__hmul2(as_h2(i8pair_f16(x1, 0x4342)), as_h2(kc.s[3])));
+    } else if constexpr (fast_path<F, BF>() && F == IKV_FMT_INT4) {
+        // Byte j holds channels 2j (bits 0-3) and 2j+1 (bits 4-7): put byte j
+        // of w at bits 0-7 and byte j of w >> 4 at bits 16-23 (one PRMT).
+        const uint32_t w = *reinterpret_cast<const uint32_t *>(src), wh = w >> 4;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            out[j] = from_h2(__hfma2(as_h2(i4pair_f16(__byte_perm(w, wh, uint32_t(j | (4 + j) << 8)))),
+                                     as_h2(kc.s[j]), as_h2(kc.m[j])));
     } else if constexpr (fast_path<F, BF>() && F == IKV_FMT_FP8_E4M3) {
         const uint2 w = *reinterpret_cast<const uint2 *>(src);
         out[0] = fp8pair_f16(w.x), out[1] = fp8pair_f16(w.x >> 16);
@@ -248,6 +298,27 @@ __device__ __forceinline__ void v_pairs(const uint8_t *Varea, const float *Sc, i
                 for (int e = 0; e < 4; ++e) o[4 * k + e] = from_h2(__hmul2(as_h2(p[e]), sc[hp]));
             }
         }
+    } else if constexpr (fast_path<F, BF>() && F == IKV_FMT_INT4) {
+        // Token pair (a, b) = rows t0 + 2hp, +1; channels ch..ch+7 lie in one
+        // 32-channel group, so each token has one (scale, min) here.
+        constexpr int G = M::kG;
+        const int grp = ch / 32;
+#pragma unroll
+        for (int hp = 0; hp < 2; ++hp) {
+            const int ta = t0 + 2 * hp;
+            const __half2 sc = __floats2half2_rn(Sc[2 * D + ta * G + grp], Sc[2 * D + (ta + 1) * G + grp]);
+            const __half2 mn =
+                __floats2half2_rn(Sc[2 * D + 16 * G + ta * G + grp], Sc[2 * D + 16 * G + (ta + 1) * G + grp]);
+            const uint32_t wa = *reinterpret_cast<const uint32_t *>(at<D, F>(Varea, ta, boff));
+            const uint32_t wb = *reinterpret_cast<const uint32_t *>(at<D, F>(Varea, ta + 1, boff));
+            uint32_t *o = hp ? hi : lo;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const uint32_t x = __byte_perm(wa, wb, uint32_t(k | (4 + k) << 8));  // a.byte k at 0, b.byte k at 16
+                o[2 * k] = from_h2(__hfma2(as_h2(i4pair_f16(x)), sc, mn));
+                o[2 * k + 1] = from_h2(__hfma2(as_h2(i4pair_f16(x >> 4)), sc, mn));
+            }
+        }
     } else {  // through fp32
         float x[4][8];
 #pragma unroll
@@ -284,16 +355,22 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, int r0, int r
     const float *Sc = reinterpret_cast<const float *>(slot + M::kScaleOff);
 
     // ---- S: two n-tiles of 8 tokens; lane's columns are tokens 4c + 2nt + {0,1}.
+    // The channel slice u is the outer loop so its K coefficients are
+    // converted once for both n-tiles.
     float s[2][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
-        const int kr = 2 * g - (g & 1) + 2 * nt;
 #pragma unroll
-        for (int u = 0; u < D / 32; ++u) {
+    for (int u = 0; u < D / 32; ++u) {
+        KCoef kc;
+        k_coefs<D, F, BF>(Sc, 32 * u + 8 * c, kc);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            const int kr = 2 * g - (g & 1) + 2 * nt;
             uint32_t b[4];
-            k_pairs<D, F, BF>(Karea, Sc, kr, 32 * u + 8 * c, b);
+            k_pairs<D, F, BF>(Karea, Sc, kc, kr, 32 * u + 8 * c, b);
             mma<BF>(s[nt], w.qf[2 * u][0], kH > 1 ? w.qf[2 * u][1] : 0u, w.qf[2 * u][kH], kH > 1 ? w.qf[2 * u][3] : 0u,
                     b[0], b[1]);
             mma<BF>(s[nt], w.qf[2 * u + 1][0], kH > 1 ? w.qf[2 * u + 1][1] : 0u, w.qf[2 * u + 1][kH],

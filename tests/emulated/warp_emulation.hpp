@@ -124,6 +124,15 @@ inline unsigned __float_as_uint(float f) {
     return u;
 }
 
+// HFMA2 is device-only in cuda_fp16.h: a * b + c per half, the product and the
+// sum exact in double (f16 has 11-bit significands and exponents within
+// 2^+-24, so both fit), rounded once to f16 as the instruction does.
+inline __half2 __hfma2(const __half2 a, const __half2 b, const __half2 c) {
+    const float2 x = __half22float2(a), y = __half22float2(b), z = __half22float2(c);
+    return __halves2half2(__double2half(double(x.x) * double(y.x) + double(z.x)),
+                          __double2half(double(x.y) * double(y.y) + double(z.y)));
+}
+
 // d += A B for the warp (see the layout above); every lane calls it.
 inline void ikv_emulated_mma(bool bf, float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                              uint32_t b1) {
