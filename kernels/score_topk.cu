@@ -20,6 +20,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "common/quant.hpp"
@@ -31,6 +32,7 @@ namespace cuda {
 namespace {
 
 constexpr int kScoreWarps = 8;
+constexpr uint32_t kScoreBlocks = 1024;  // score grid target: ~4 waves of 2 blocks on 132 SMs
 constexpr int kSelectThreads = 1024;
 
 __device__ __forceinline__ float load_q(const void *p, ikv_dtype dt, uint64_t i) {
@@ -71,8 +73,42 @@ struct ScoreGeom {
     static constexpr int kPagesPerBlock = kScoreWarps * kPagesPerWarp;
 };
 
+// One lane's share of a page's bound record: kVec 16-byte vectors of k_min
+// and of k_max (bf16).
 template <int D>
-__global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const TopkParams p) {
+struct BoundSlice {
+    uint4 mn[ScoreGeom<D>::kVec], mx[ScoreGeom<D>::kVec];
+};
+
+// Issue the loads of lane part j of candidate pg's record (zeros when !active:
+// the lane still joins its page's shuffles).
+template <int D>
+__device__ __forceinline__ void load_slice(const TopkParams &p, const DevPage &pg, bool active, uint32_t head,
+                                           uint32_t j, BoundSlice<D> &b) {
+    using Geo = ScoreGeom<D>;
+    if (active) {
+        const uint4 *rec = reinterpret_cast<const uint4 *>(
+            pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
+#pragma unroll
+        for (int i = 0; i < Geo::kVec; ++i) {
+            b.mn[i] = rec[i * Geo::kLanes + j];
+            b.mx[i] = rec[D / 8 + i * Geo::kLanes + j];
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < Geo::kVec; ++i) b.mn[i] = b.mx[i] = make_uint4(0, 0, 0, 0);
+    }
+}
+
+// Each block walks page groups blockIdx.x, + gridDim.x, ... of its (kv-head,
+// sequence) and keeps the NEXT group's record loads in flight while it
+// computes the current one (the candidate entry two groups ahead). Why: with
+// one group per block (until 2026-11-24) a warp loaded its 4 KB, waited, then
+// computed ~600 instructions with nothing in flight; ncu at B = 32, 128K
+// showed 16 resident warps per SM (100 registers) issuing 0.30 per scheduler
+// cycle and DRAM at 59%. The q staging is also paid once per block now.
+template <int D>
+__global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkParams p) {
     using Geo = ScoreGeom<D>;
     extern __shared__ __align__(16) float qs[];  // [G][2][D]: q+ then q- of query token 0 of the group
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -80,28 +116,21 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const TopkParam
     const uint32_t head = blockIdx.y, seq = blockIdx.z;
     const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
     const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
+    const uint32_t in_group = warp * Geo::kPagesPerWarp + lane / Geo::kLanes;  // the lane's page in a group
     pdl_wait();  // q and the candidate lists come from earlier work (kernels/launch_pdl.cuh)
     pdl_launch_dependents();
     const uint32_t count = p.candidates.counts[seq];
-    const uint32_t c = (blockIdx.x * kScoreWarps + warp) * Geo::kPagesPerWarp + lane / Geo::kLanes;
-    const bool active = c < count;
-    // The bounds' loads go out before the query is staged. Vector i of lane j
-    // is the record's vector i*kLanes + j: a page's lanes read 16*kLanes
-    // contiguous bytes per load.
-    uint4 mn[Geo::kVec], mx[Geo::kVec];
-    if (active) {
-        const DevPage pg = p.candidates.pages[uint64_t(seq) * p.candidates.stride + c];
-        const uint4 *rec = reinterpret_cast<const uint4 *>(
-            pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head));
-#pragma unroll
-        for (int i = 0; i < Geo::kVec; ++i) {
-            mn[i] = rec[i * Geo::kLanes + j];
-            mx[i] = rec[D / 8 + i * Geo::kLanes + j];
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < Geo::kVec; ++i) mn[i] = mx[i] = make_uint4(0, 0, 0, 0);
-    }
+    const DevPage *cands = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
+    auto cand = [&](uint32_t grp) { return grp * Geo::kPagesPerBlock + in_group; };
+    auto entry = [&](uint32_t grp) { return cand(grp) < count ? cands[cand(grp)] : DevPage{}; };
+
+    // The first group's bounds go out before the query is staged. Vector i of
+    // lane j is the record's vector i*kLanes + j: a page's lanes read
+    // 16*kLanes contiguous bytes per load.
+    uint32_t grp = blockIdx.x;
+    BoundSlice<D> cur;
+    load_slice<D>(p, entry(grp), cand(grp) < count, head, j, cur);
+    DevPage next = entry(grp + gridDim.x);
     for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) {
         const float x = load_q(p.q, p.q_dtype, q0 + e);
         const uint32_t g = e / D, d = e % D;
@@ -109,35 +138,42 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const TopkParam
         qs[g * 2 * D + D + d] = fminf(x, 0.0f);
     }
     __syncthreads();
-    float lo[Geo::kVec * 8], hi[Geo::kVec * 8];
-#pragma unroll
-    for (int i = 0; i < Geo::kVec; ++i) {
-        bf16x8_to_f32(mn[i], lo + 8 * i);
-        bf16x8_to_f32(mx[i], hi + 8 * i);
-    }
-    float best = -INFINITY;
-    for (uint32_t g = 0; g < G; ++g) {
-        const float *qp = qs + g * 2 * D, *qn = qp + D;
-        float acc[Geo::kVec];
+    for (; grp * Geo::kPagesPerBlock < count; grp += gridDim.x) {  // uniform over the block
+        const uint32_t c = cand(grp), gn = grp + gridDim.x;
+        BoundSlice<D> nxt;
+        load_slice<D>(p, next, cand(gn) < count, head, j, nxt);
+        next = entry(gn + gridDim.x);
+        float lo[Geo::kVec * 8], hi[Geo::kVec * 8];
 #pragma unroll
         for (int i = 0; i < Geo::kVec; ++i) {
-            const uint32_t ch = (i * Geo::kLanes + j) * 8;
-            const float4 p0 = *reinterpret_cast<const float4 *>(qp + ch), p1 = *reinterpret_cast<const float4 *>(qp + ch + 4);
-            const float4 n0 = *reinterpret_cast<const float4 *>(qn + ch), n1 = *reinterpret_cast<const float4 *>(qn + ch + 4);
-            const float *h = hi + 8 * i, *l = lo + 8 * i;
-            float a = p0.x * h[0];
-            a = fmaf(p0.y, h[1], a), a = fmaf(p0.z, h[2], a), a = fmaf(p0.w, h[3], a);
-            a = fmaf(p1.x, h[4], a), a = fmaf(p1.y, h[5], a), a = fmaf(p1.z, h[6], a), a = fmaf(p1.w, h[7], a);
-            a = fmaf(n0.x, l[0], a), a = fmaf(n0.y, l[1], a), a = fmaf(n0.z, l[2], a), a = fmaf(n0.w, l[3], a);
-            a = fmaf(n1.x, l[4], a), a = fmaf(n1.y, l[5], a), a = fmaf(n1.z, l[6], a), a = fmaf(n1.w, l[7], a);
-            acc[i] = a;
+            bf16x8_to_f32(cur.mn[i], lo + 8 * i);
+            bf16x8_to_f32(cur.mx[i], hi + 8 * i);
         }
-        float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+        float best = -INFINITY;
+        for (uint32_t g = 0; g < G; ++g) {
+            const float *qp = qs + g * 2 * D, *qn = qp + D;
+            float acc[Geo::kVec];
 #pragma unroll
-        for (int o = Geo::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-        best = fmaxf(best, s);
+            for (int i = 0; i < Geo::kVec; ++i) {
+                const uint32_t ch = (i * Geo::kLanes + j) * 8;
+                const float4 p0 = *reinterpret_cast<const float4 *>(qp + ch), p1 = *reinterpret_cast<const float4 *>(qp + ch + 4);
+                const float4 n0 = *reinterpret_cast<const float4 *>(qn + ch), n1 = *reinterpret_cast<const float4 *>(qn + ch + 4);
+                const float *h = hi + 8 * i, *l = lo + 8 * i;
+                float a = p0.x * h[0];
+                a = fmaf(p0.y, h[1], a), a = fmaf(p0.z, h[2], a), a = fmaf(p0.w, h[3], a);
+                a = fmaf(p1.x, h[4], a), a = fmaf(p1.y, h[5], a), a = fmaf(p1.z, h[6], a), a = fmaf(p1.w, h[7], a);
+                a = fmaf(n0.x, l[0], a), a = fmaf(n0.y, l[1], a), a = fmaf(n0.z, l[2], a), a = fmaf(n0.w, l[3], a);
+                a = fmaf(n1.x, l[4], a), a = fmaf(n1.y, l[5], a), a = fmaf(n1.z, l[6], a), a = fmaf(n1.w, l[7], a);
+                acc[i] = a;
+            }
+            float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+#pragma unroll
+            for (int o = Geo::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+            best = fmaxf(best, s);
+        }
+        if (c < count && j == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
+        cur = nxt;
     }
-    if (active && j == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
 }
 
 // Order key of a non-mandatory candidate: ascending key = bound descending.
@@ -344,8 +380,14 @@ cudaError_t allow_select_smem() {
 
 template <int D>
 cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
+    // Blocks per (kv-head, sequence): about kScoreBlocks in all, so that a
+    // block walks several groups with the next one's loads in flight (B >= 8),
+    // but never fewer than one group each (B = 1 keeps every SM busy).
     const uint32_t per_block = ScoreGeom<D>::kPagesPerBlock;
-    const dim3 grid((p.max_candidates + per_block - 1) / per_block, p.shape.n_kv_heads, p.n_seqs);
+    const uint32_t groups = (p.max_candidates + per_block - 1) / per_block;
+    const uint32_t heads = p.shape.n_kv_heads * p.n_seqs;
+    const uint32_t bx = std::max(1u, std::min(groups, (kScoreBlocks + heads - 1) / heads));
+    const dim3 grid(bx, p.shape.n_kv_heads, p.n_seqs);
     const int qbytes = int(p.n_q_heads / p.shape.n_kv_heads * D * 8);  // q+ and q- of the group
     if (qbytes > 48 * 1024) {  // very wide groups only
         const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(score_kernel<D>),

@@ -385,9 +385,9 @@ std::vector<uint32_t> host_select(const std::vector<DevPage> &cand, const float 
 
 // One head_dim and group size: the score kernel's geometry depends on D
 // (D/32 lanes per page), its q+/q- staging and loop on G.
-void check_topk_case(bool quick, int n_sms, uint32_t D, uint32_t G) {
+void check_topk_case(bool quick, int n_sms, uint32_t D, uint32_t G, uint32_t Hkv) {
     std::vector<void *> allocs;
-    const PageShape s{1, 2, D, 16};
+    const PageShape s{1, Hkv, D, 16};
     const uint32_t Hq = s.n_kv_heads * G, T = 2;
     const std::vector<uint32_t> lens = quick ? std::vector<uint32_t>{16 * 300 + 5, 16 * 37}
                                              : std::vector<uint32_t>{16 * 5000 + 5, 16 * 37, 16 * 1200};
@@ -499,9 +499,12 @@ void check_topk_case(bool quick, int n_sms, uint32_t D, uint32_t G) {
     free_all(&allocs);
 }
 
+// {D, G, kv-heads}. The score kernel walks several page groups per block
+// once sequences x kv-heads pass ~1024 / groups (kernels/score_topk.cu): the
+// last case (96 lists of up to 40 groups) has blocks walk ~4 groups each.
 void check_topk(bool quick, int n_sms) {
-    const uint32_t cases[][2] = {{128, 4}, {64, 1}, {256, 8}, {128, 6}};
-    for (const auto &c : cases) check_topk_case(quick, n_sms, c[0], c[1]);
+    const uint32_t cases[][3] = {{128, 4, 2}, {64, 1, 2}, {256, 8, 2}, {128, 6, 2}, {64, 2, 32}};
+    for (const auto &c : cases) check_topk_case(quick, n_sms, c[0], c[1], c[2]);
 }
 
 // Score + top-k + decode captured in a CUDA graph on a non-default stream:
