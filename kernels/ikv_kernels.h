@@ -155,8 +155,6 @@ cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream);
 // computes them) are written.
 cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer,
                                   const float *k, const float *v, uint32_t n_valid, cudaStream_t stream);
-// Every layer of a fresh page as launch_quantize_layer with n_valid = 0 writes it.
-cudaError_t launch_quantize_empty_page(const PageShape &shape, ikv_format f, uint8_t *page, cudaStream_t stream);
 
 // ------------------------------------------------ appends from the device --
 // An append's engine rows (ikv_append addressing, strides in elements):
@@ -173,6 +171,8 @@ struct AppendRows {
 // One page write of an append: input tokens [token0, token0+rows) of `layer`
 // go to rows [row0, row0+rows) of every head of `stage` (K [H][P][D] then V),
 // then the layer of `page` is quantized from stage rows [0, row0+rows).
+// A job with stage == nullptr and row0 = rows = 0 writes the layer empty (as
+// launch_quantize_layer with n_valid = 0: fresh pages).
 struct AppendJob {
     uint8_t *page;
     float *stage;
@@ -191,7 +191,8 @@ cudaError_t launch_find_nonfinite(const PageShape &shape, const AppendRows &in, 
 // converted to fp32 into each job's stage.
 cudaError_t launch_stage_rows(const PageShape &shape, const AppendRows &in, const AppendJob *jobs, uint32_t n_jobs,
                               cudaStream_t stream);
-// The quantize part of n_jobs jobs (after launch_stage_rows on the same stream).
+// The quantize part of n_jobs jobs (after launch_stage_rows on the same stream;
+// empty-layer jobs need no staging).
 cudaError_t launch_quantize_jobs(const PageShape &shape, const AppendJob *jobs, uint32_t n_jobs,
                                  cudaStream_t stream);
 

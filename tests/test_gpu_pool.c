@@ -17,7 +17,8 @@
  * device input is rejected with IKV_E_INVALID naming its position, and the
  * pool is unchanged (length, stats, stored values).
  *
- * IKV_GPU_POOL_BENCH=1 adds a timing run (no assertion on times): one-token
+ * IKV_GPU_POOL_BENCH=1 adds a timing run (no assertion on times; =bulk runs
+ * only its bulk appends, skipping the tests, for a profiler): one-token
  * IKV_ALL_LAYERS append latency (32 layers, 8 kv-heads, head_dim 128, page 16,
  * F16 input, F16 and INT8 pages) from device and from host pointers, and bulk
  * append throughput (GB/s of K+V input). Lines start with "BENCH".
@@ -328,6 +329,26 @@ static void test_device_appends_match_cpu(void **state) {
         }
 }
 
+/* Strides that are not multiples of 4 elements: the device staging takes its
+ * one-element path instead of 4-channel vectors (kernels/append_rows.cu). */
+static void test_unaligned_device_input_matches_cpu(void **state) {
+    (void)state;
+    static const ikv_dtype dts[] = {IKV_DTYPE_F32, IKV_DTYPE_F16, IKV_DTYPE_BF16};
+    static const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8, IKV_FMT_INT4};
+    for (int f = 0; f < 3; ++f)
+        for (int di = 0; di < 3; ++di) {
+            pools_t p = make_pools(fmts[f], dts[di], 0x0dd50000u + 16u * f + di);
+            seq_t s = new_seq(&p);
+            append_both(&p, &s, IKV_ALL_LAYERS, 19, H * (D + 1) + 3, D + 1, 19 * (H * (D + 1) + 3) + 5, 0);
+            append_both(&p, &s, IKV_ALL_LAYERS, 2, 0, 0, 0, 0); /* aligned again: the vector path */
+            expect_same_seq(&p, &s);
+            IKVT_OK(ikv_seq_destroy(p.cpu, s.c));
+            IKVT_OK(ikv_seq_destroy(p.gpu, s.g));
+            ikv_pool_destroy(p.cpu);
+            ikv_pool_destroy(p.gpu);
+        }
+}
+
 /* Everything an append could change, to compare before and after a refused one. */
 typedef struct {
     ikv_pool_stats stats;
@@ -438,7 +459,9 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static void run_bench(void) {
+/* bulk_only: just the bulk appends (IKV_GPU_POOL_BENCH=bulk), so a profiler
+ * sees their kernels first. */
+static void run_bench(int bulk_only) {
     enum { BL = 32, BH = 8, BD = 128, BP = 16, STEPS = 512, WARM = 32, BULK = 2048, REPS = 5 };
     static const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
     const size_t tok_elems = (size_t)BL * BH * BD; /* one token of every layer */
@@ -464,7 +487,7 @@ static void run_bench(void) {
         ikv_pool *pool = NULL;
         IKVT_OK(ikv_pool_create(&c, &pool));
         const char *fname = fmts[fi] == IKV_FMT_F16 ? "F16" : "INT8";
-        for (int from_host = 0; from_host < 2; ++from_host) {
+        for (int from_host = 0; from_host < 2 && !bulk_only; ++from_host) {
             ikv_seq_id s;
             IKVT_OK(ikv_seq_create(pool, &s));
             double t[STEPS];
@@ -521,12 +544,17 @@ int main(void) {
     const int failed = cmocka_run_group_tests_name("gpu_pool_everywhere", everywhere, NULL, NULL);
     if (failed) return failed;
     ikvt_require_cuda_device();
+    const char *bench = getenv("IKV_GPU_POOL_BENCH");
+    if (bench && strcmp(bench, "bulk") == 0) {
+        run_bench(1);
+        return 0;
+    }
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_device_appends_match_cpu),
+        cmocka_unit_test(test_unaligned_device_input_matches_cpu),
         cmocka_unit_test(test_nonfinite_device_input_rejected),
     };
     const int rc = cmocka_run_group_tests_name("gpu_pool", gpu, NULL, NULL);
-    const char *bench = getenv("IKV_GPU_POOL_BENCH");
-    if (rc == 0 && bench && strcmp(bench, "1") == 0) run_bench();
+    if (rc == 0 && bench && strcmp(bench, "1") == 0) run_bench(0);
     return rc;
 }

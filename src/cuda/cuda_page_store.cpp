@@ -102,15 +102,27 @@ public:
         return init_pages(&one, 1);
     }
 
+    // Every layer of every page written empty (as write_subpage with no rows:
+    // zero bytes, empty scales, zero summaries; sub-pages and summaries tile a
+    // page) by one launch over (page, layer) jobs. It was a memset and a
+    // kernel per page: 256 launches and 0.42 ms for the 128 fresh pages of a
+    // 2048-token append (bench/RESULTS.md section 3b).
     ikv_status init_pages(const PageInit *pages, size_t n) override {
+        if (n == 0) return IKV_OK;
+        const uint64_t n_jobs = uint64_t(n) * shape_.n_layers;
+        if (n_jobs > 0x7FFFFFFFull / shape_.n_kv_heads) return fail(IKV_E_INVALID, "ikv_pool: too many pages at once");
+        std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
-        cudaError_t err = cudaSuccess;
-        for (size_t i = 0; i < n && err == cudaSuccess; ++i) {
-            err = cudaMemsetAsync(pages[i].page, 0, page_bytes(shape_, pages[i].format), stream_);
-            // Empty sub-pages as write_subpage writes them (unit scales), zero summaries.
-            if (err == cudaSuccess) err = cuda::launch_quantize_empty_page(shape_, pages[i].format, pages[i].page, stream_);
-        }
+        cudaError_t err = ensure_append_buffers(size_t(n_jobs));
+        if (err != cudaSuccess) return cuda_fail(err, "ikv_pool", "allocating the page-initialization jobs");
+        for (size_t i = 0; i < n; ++i)
+            for (uint32_t l = 0; l < shape_.n_layers; ++l)
+                jobs_host_[i * shape_.n_layers + l] = cuda::AppendJob{pages[i].page, nullptr, l, 0, 0, 0,
+                                                                      uint32_t(pages[i].format), 0};
+        err = cudaMemcpyAsync(jobs_dev_, jobs_host_, n_jobs * sizeof(cuda::AppendJob), cudaMemcpyHostToDevice,
+                              stream_);
+        if (err == cudaSuccess) err = cuda::launch_quantize_jobs(shape_, jobs_dev_, uint32_t(n_jobs), stream_);
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "initializing device pages");
     }
