@@ -416,6 +416,23 @@ static void test_nonfinite_device_input_rejected(void **state) {
             free_image(&after);
             free_input(&in);
 
+            /* The same with odd strides (the check's row kernel, not its 16-byte vectors):
+             * inf in K at (layer 0, token 1, head 1, channel 2) before a NaN later in V */
+            in = make_input(p.cpu, p.dt, IKV_ALL_LAYERS, 3, H * (D + 1) + 1, D + 1, 3 * (H * (D + 1) + 1) + 3, &p.rng);
+            put(in.k, p.dt, (size_t)elem_index(&in.a, 0, 1, 1) + 2, INFINITY);
+            put(in.v, p.dt, (size_t)elem_index(&in.a, 0, 0, 0), NAN);
+            upload_again(&in);
+            a = in.a;
+            a.k = in.k_dev;
+            a.v = in.v_dev;
+            a.src_on_device = 1;
+            IKVT_EXPECT_STATUS(ikv_pool_append(p.gpu, s.g, &a), IKV_E_INVALID,
+                               "k[layer 0, token 1, head 1, channel 2] is inf");
+            after = take_image(p.gpu, &s);
+            expect_same_image(&before, &after, &s);
+            free_image(&after);
+            free_input(&in);
+
             /* +inf in K of a single-layer append (last channel), from device memory */
             in = make_input(p.cpu, p.dt, 2, 3, 0, 0, 0, &p.rng);
             put(in.k, p.dt, (size_t)elem_index(&in.a, 0, 1, 0) + D - 1, INFINITY);
