@@ -1,7 +1,9 @@
 // Appends from device pointers: the engine's K/V rows never leave the device.
-//   find_nonfinite_kernel: the first NaN/inf of the input in the order the
-//     host check uses (K before V, layer, token, head, channel), as one
-//     64-bit key lowered by atomicMin; the host reads back those 8 bytes.
+//   find_nonfinite_vec_kernel / find_nonfinite_kernel: the first NaN/inf of
+//     the input in the order the host check uses (K before V, layer, token,
+//     head, channel), as one 64-bit key lowered by atomicMin; the host reads
+//     back those 8 bytes. 16-byte vectors when every row start is aligned
+//     for them, else one warp per row.
 //   stage_rows_kernel: input rows (F32/F16/BF16, any ikv_append strides)
 //     converted to fp32 into the (sequence, layer) staging buffers in device
 //     memory; the quantize kernel (quantize_pages.cu) then reads the staging.
@@ -36,6 +38,21 @@ __device__ __forceinline__ int nonfinite(uint32_t b, ikv_dtype dt) {
     return (b & exp) != exp ? 0 : (b & man) == 0 ? 2 : 1;
 }
 
+// Vector i of the flattened rows (nvec vectors a row; a row kernel passes
+// nvec = 1): its row, its index in the row, and the row's (head, token,
+// which * n_layers + layer). I = uint32_t when the count allows (always, in
+// practice): 32-bit divisions.
+template <class I>
+__device__ __forceinline__ void split_vector(I i, uint32_t nvec, uint32_t H, uint32_t n_tokens, uint64_t *row,
+                                             uint32_t *vi, uint32_t *h, uint32_t *t, uint32_t *wl) {
+    const I r = i / nvec, lt = r / H;  // lt = (which * n_layers + layer) * n_tokens + token
+    *row = r;
+    *vi = uint32_t(i - r * nvec);
+    *h = uint32_t(r - lt * H);
+    *t = uint32_t(lt % n_tokens);
+    *wl = uint32_t(lt / n_tokens);
+}
+
 constexpr int kRowsPerWarp = 4;  // rows a warp has in flight per iteration
 constexpr int kPerLane = 8;      // channels per lane per pass (rows of up to 256 channels in one pass)
 
@@ -58,14 +75,12 @@ __global__ void find_nonfinite_kernel(PageShape shape, AppendRows in, uint32_t l
 #pragma unroll
         for (int k = 0; k < kRowsPerWarp; ++k) {
             const uint64_t row = r0 + k < rows ? r0 + k : r0;  // a missing row repeats r0 (tested once)
-            uint32_t h, t, wl;  // 32-bit divisions when the row count allows (always, in practice)
-            if (rows <= 0xFFFFFFFFull) {
-                const uint32_t r = uint32_t(row), lt = r / H;  // lt = (which * n_layers + layer) * n_tokens + token
-                h = r - lt * H, t = lt % n_tokens, wl = lt / n_tokens;
-            } else {
-                const uint64_t lt = row / H;
-                h = uint32_t(row % H), t = uint32_t(lt % n_tokens), wl = uint32_t(lt / n_tokens);
-            }
+            uint64_t r;
+            uint32_t v, h, t, wl;
+            if (rows <= 0xFFFFFFFFull)
+                split_vector<uint32_t>(uint32_t(row), 1, H, n_tokens, &r, &v, &h, &t, &wl);
+            else
+                split_vector<uint64_t>(row, 1, H, n_tokens, &r, &v, &h, &t, &wl);
             base[k] = wl >= n_layers ? in.v : in.k;
             off[k] = input_offset(in, l0 + (wl >= n_layers ? wl - n_layers : wl), t, h);
         }
@@ -97,19 +112,6 @@ __global__ void find_nonfinite_kernel(PageShape shape, AppendRows in, uint32_t l
 // in flight. The row kernel above read 2 bytes per lane and ran at 29% of
 // DRAM bandwidth (0.28 ms for 268 MB of F16 input).
 constexpr int kUnroll = 4;
-
-// Vector i of the flattened rows: its row, its index in the row, and the
-// row's (head, token, which * n_layers + layer).
-template <class I>
-__device__ __forceinline__ void split_vector(I i, uint32_t nvec, uint32_t H, uint32_t n_tokens, uint64_t *row,
-                                             uint32_t *vi, uint32_t *h, uint32_t *t, uint32_t *wl) {
-    const I r = i / nvec, lt = r / H;  // lt = (which * n_layers + layer) * n_tokens + token
-    *row = r;
-    *vi = uint32_t(i - r * nvec);
-    *h = uint32_t(r - lt * H);
-    *t = uint32_t(lt % n_tokens);
-    *wl = uint32_t(lt / n_tokens);
-}
 
 __global__ void find_nonfinite_vec_kernel(PageShape shape, AppendRows in, uint32_t l0, uint32_t n_layers,
                                           uint32_t n_tokens, unsigned long long *first) {
