@@ -108,13 +108,15 @@ __device__ void quantize_subpage(const PageShape &shape, ikv_format f, uint8_t *
                     batched(0, n_valid, 1, [&](uint32_t t) { return src[t * D + d]; },
                             [&](uint32_t t, float x) { data[t * rb + d] = uint8_t(quant_int8(x, s)); });
                 }
-            } else {
-                for (uint32_t t = tid; t < n_valid; t += kThreads) {
+            } else {  // V: one warp per token, its lanes across the channels (max is exact in any order)
+                const uint32_t lane = tid % 32;
+                for (uint32_t t = tid / 32; t < n_valid; t += kThreads / 32) {
                     float amax = 0.0f;
-                    for (uint32_t d = 0; d < D; ++d) amax = fmaxf(amax, fabsf(src[t * D + d]));
+                    for (uint32_t d = lane; d < D; d += 32) amax = fmaxf(amax, fabsf(src[t * D + d]));
+                    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
                     const float s = int8_scale(amax);
-                    scales[t] = s;
-                    batched(0, D, 1, [&](uint32_t d) { return src[t * D + d]; },
+                    if (lane == 0) scales[t] = s;
+                    batched(lane, D, 32, [&](uint32_t d) { return src[t * D + d]; },
                             [&](uint32_t d, float x) { data[t * rb + d] = uint8_t(quant_int8(x, s)); });
                 }
             }
@@ -142,23 +144,24 @@ __device__ void quantize_subpage(const PageShape &shape, ikv_format f, uint8_t *
                     }
                     for (uint32_t t = 0; t < n_valid; ++t) data[t * rb + j] = packed[t];
                 }
-            } else {  // one thread per (token, group of 32 channels)
-                const uint32_t G = int4_v_groups(D);
-                for (uint32_t e = tid; e < n_valid * G; e += kThreads) {
+            } else {  // one warp per (token, group of 32 channels): lane = channel of the group
+                static_assert(kInt4VGroup == 32, "a warp per V group");
+                const uint32_t G = int4_v_groups(D), lane = tid % 32;
+                for (uint32_t e = tid / 32; e < n_valid * G; e += kThreads / 32) {
                     const uint32_t t = e / G, g = e % G;
                     const uint32_t d0 = g * kInt4VGroup, d1 = d0 + kInt4VGroup < D ? d0 + kInt4VGroup : D;
-                    float lo = INFINITY, hi = -INFINITY;
-                    for (uint32_t d = d0; d < d1; ++d) {
-                        lo = fminf(lo, src[t * D + d]);
-                        hi = fmaxf(hi, src[t * D + d]);
+                    const uint32_t d = d0 + lane;
+                    const float x = d < d1 ? src[t * D + d] : 0.0f;
+                    float lo = d < d1 ? x : INFINITY, hi = d < d1 ? x : -INFINITY;  // min/max: exact in any order
+                    for (int o = 16; o > 0; o >>= 1) {
+                        lo = fminf(lo, __shfl_xor_sync(0xFFFFFFFFu, lo, o));
+                        hi = fmaxf(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, o));
                     }
                     const float s = int4_scale(lo, hi);
-                    scales[t * G + g] = s;
-                    mins[t * G + g] = lo;
-                    for (uint32_t d = d0; d < d1; ++d) {
-                        const uint8_t q = quant_int4(src[t * D + d], lo, s);
-                        data[t * rb + d / 2] |= uint8_t(d & 1 ? q << 4 : q);
-                    }
+                    if (lane == 0) scales[t * G + g] = s, mins[t * G + g] = lo;
+                    const uint32_t q = d < d1 ? quant_int4(x, lo, s) : 0u;
+                    const uint32_t q_odd = __shfl_down_sync(0xFFFFFFFFu, q, 1);  // channel d + 1 (groups are even-sized)
+                    if (d < d1 && (lane & 1) == 0) data[t * rb + d / 2] = uint8_t(q | q_odd << 4);
                 }
             }
         }
