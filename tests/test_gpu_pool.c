@@ -384,6 +384,22 @@ static void free_image(pool_image_t *im) {
     for (uint32_t l = 0; l < L; ++l) free(im->k[l]), free(im->v[l]);
 }
 
+/* Appending `in` to the CUDA pool (from device memory, or from host memory
+ * when from_host) is refused with IKV_E_INVALID and `msg`, and the pool still
+ * matches `before`. */
+static void expect_refused(pools_t *p, const seq_t *s, const pool_image_t *before, input_t *in, int from_host,
+                           const char *msg) {
+    upload_again(in);
+    ikv_append a = in->a;
+    a.k = from_host ? in->k : in->k_dev;
+    a.v = from_host ? in->v : in->v_dev;
+    a.src_on_device = !from_host;
+    IKVT_EXPECT_STATUS(ikv_pool_append(p->gpu, s->g, &a), IKV_E_INVALID, msg);
+    pool_image_t after = take_image(p->gpu, s);
+    expect_same_image(before, &after, s);
+    free_image(&after);
+}
+
 static void test_nonfinite_device_input_rejected(void **state) {
     (void)state;
     static const ikv_dtype dts[] = {IKV_DTYPE_F32, IKV_DTYPE_F16, IKV_DTYPE_BF16};
@@ -399,21 +415,12 @@ static void test_nonfinite_device_input_rejected(void **state) {
             input_t in = make_input(p.cpu, p.dt, IKV_ALL_LAYERS, 4, H * D + 8, D, 4 * (H * D + 8) + 16, &p.rng);
             put(in.v, p.dt, (size_t)elem_index(&in.a, 1, 2, 1) + 5, NAN);
             put(in.v, p.dt, (size_t)elem_index(&in.a, 2, 0, 0) + 1, INFINITY); /* later in check order */
-            upload_again(&in);
-            ikv_append a = in.a;
-            a.k = in.k_dev;
-            a.v = in.v_dev;
-            a.src_on_device = 1;
-            IKVT_EXPECT_STATUS(ikv_pool_append(p.gpu, s.g, &a), IKV_E_INVALID,
-                               "v[layer 1, token 2, head 1, channel 5] is NaN");
-            a.k = in.k; /* the CPU pool names the same element */
+            expect_refused(&p, &s, &before, &in, 0, "v[layer 1, token 2, head 1, channel 5] is NaN");
+            ikv_append a = in.a; /* the CPU pool names the same element */
+            a.k = in.k;
             a.v = in.v;
-            a.src_on_device = 0;
             IKVT_EXPECT_STATUS(ikv_pool_append(p.cpu, s.c, &a), IKV_E_INVALID,
                                "v[layer 1, token 2, head 1, channel 5] is NaN");
-            pool_image_t after = take_image(p.gpu, &s);
-            expect_same_image(&before, &after, &s);
-            free_image(&after);
             free_input(&in);
 
             /* The same with odd strides (the check's row kernel, not its 16-byte vectors):
@@ -421,37 +428,14 @@ static void test_nonfinite_device_input_rejected(void **state) {
             in = make_input(p.cpu, p.dt, IKV_ALL_LAYERS, 3, H * (D + 1) + 1, D + 1, 3 * (H * (D + 1) + 1) + 3, &p.rng);
             put(in.k, p.dt, (size_t)elem_index(&in.a, 0, 1, 1) + 2, INFINITY);
             put(in.v, p.dt, (size_t)elem_index(&in.a, 0, 0, 0), NAN);
-            upload_again(&in);
-            a = in.a;
-            a.k = in.k_dev;
-            a.v = in.v_dev;
-            a.src_on_device = 1;
-            IKVT_EXPECT_STATUS(ikv_pool_append(p.gpu, s.g, &a), IKV_E_INVALID,
-                               "k[layer 0, token 1, head 1, channel 2] is inf");
-            after = take_image(p.gpu, &s);
-            expect_same_image(&before, &after, &s);
-            free_image(&after);
+            expect_refused(&p, &s, &before, &in, 0, "k[layer 0, token 1, head 1, channel 2] is inf");
             free_input(&in);
 
-            /* +inf in K of a single-layer append (last channel), from device memory */
+            /* +inf in K of a single-layer append (last channel), from device memory, then from host memory */
             in = make_input(p.cpu, p.dt, 2, 3, 0, 0, 0, &p.rng);
             put(in.k, p.dt, (size_t)elem_index(&in.a, 0, 1, 0) + D - 1, INFINITY);
-            upload_again(&in);
-            a = in.a;
-            a.k = in.k_dev;
-            a.v = in.v_dev;
-            a.src_on_device = 1;
-            IKVT_EXPECT_STATUS(ikv_pool_append(p.gpu, s.g, &a), IKV_E_INVALID,
-                               "k[layer 2, token 1, head 0, channel 63] is inf");
-            /* the same refused from host memory */
-            a.k = in.k;
-            a.v = in.v;
-            a.src_on_device = 0;
-            IKVT_EXPECT_STATUS(ikv_pool_append(p.gpu, s.g, &a), IKV_E_INVALID,
-                               "k[layer 2, token 1, head 0, channel 63] is inf");
-            after = take_image(p.gpu, &s);
-            expect_same_image(&before, &after, &s);
-            free_image(&after);
+            expect_refused(&p, &s, &before, &in, 0, "k[layer 2, token 1, head 0, channel 63] is inf");
+            expect_refused(&p, &s, &before, &in, 1, "k[layer 2, token 1, head 0, channel 63] is inf");
             free_image(&before);
             free_input(&in);
 
