@@ -544,30 +544,45 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams
     const uint64_t stride = rows_total;
     const uint64_t b0 = (uint64_t(seq) * Hkv + head) * n_splits * stride + row;
     const float2 *ml = reinterpret_cast<const float2 *>(part_ml);
+    const uint32_t cols = D / 4, groups = kMergeThreads / cols;  // D 64/128/256: 8/4/2 groups
+    const uint32_t col = threadIdx.x % cols, grp = threadIdx.x / cols;
+    const float4 *acc = reinterpret_cast<const float4 *>(part_acc) + b0 * cols + col;
     pdl_wait();  // the decode grid's partials are complete and visible
-    float m = -INFINITY;
-    for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) m = fmaxf(m, ml[b0 + s * stride].x);
+    // The first kPrefetch partials of this thread's splits and its split's
+    // (m, l) are loaded before any reduction: they do not depend on the
+    // weights, so their L2 round trip overlaps the (m, l) one (section 1f of
+    // bench/RESULTS.md: the merge costs ~6 us of a 26 us B = 1 step).
+    constexpr uint32_t kPrefetch = 8;
+    float4 pre[kPrefetch];
+#pragma unroll
+    for (uint32_t k = 0; k < kPrefetch; ++k) {
+        const uint32_t s = grp + k * groups;
+        pre[k] = s < n_splits ? acc[uint64_t(s) * stride * cols] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    const float2 mine = threadIdx.x < n_splits ? ml[b0 + threadIdx.x * stride] : make_float2(-INFINITY, 0.0f);
+    float m = mine.x;
+    for (uint32_t s = threadIdx.x + blockDim.x; s < n_splits; s += blockDim.x) m = fmaxf(m, ml[b0 + s * stride].x);
     m = block_reduce(m, true, tmp);
     float l = 0.0f;
     for (uint32_t s = threadIdx.x; s < n_splits; s += blockDim.x) {
-        const float2 v = ml[b0 + s * stride];
+        const float2 v = s == threadIdx.x ? mine : ml[b0 + s * stride];
         const float w = v.x == -INFINITY ? 0.0f : __expf(v.x - m);
         wgt[s] = w;
         l += v.y * w;
     }
     l = block_reduce(l, false, tmp);  // its barriers also publish wgt
 
-    const uint32_t cols = D / 4, groups = kMergeThreads / cols;  // D 64/128/256: 8/4/2 groups
-    const uint32_t col = threadIdx.x % cols, grp = threadIdx.x / cols;
     float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (l > 0.0f) {
-        const float4 *acc = reinterpret_cast<const float4 *>(part_acc) + b0 * cols + col;
+    auto add = [&](uint32_t s, const float4 &v) {
+        const float w = wgt[s];
+        a.x = fmaf(v.x, w, a.x), a.y = fmaf(v.y, w, a.y), a.z = fmaf(v.z, w, a.z), a.w = fmaf(v.w, w, a.w);
+    };
+    if (l > 0.0f) {  // splits in ascending order, as before the prefetch
+#pragma unroll
+        for (uint32_t k = 0; k < kPrefetch; ++k)
+            if (grp + k * groups < n_splits) add(grp + k * groups, pre[k]);
 #pragma unroll 8
-        for (uint32_t s = grp; s < n_splits; s += groups) {
-            const float w = wgt[s];
-            const float4 v = acc[uint64_t(s) * stride * cols];
-            a.x = fmaf(v.x, w, a.x), a.y = fmaf(v.y, w, a.y), a.z = fmaf(v.z, w, a.z), a.w = fmaf(v.w, w, a.w);
-        }
+        for (uint32_t s = grp + kPrefetch * groups; s < n_splits; s += groups) add(s, acc[uint64_t(s) * stride * cols]);
     }
     red[threadIdx.x] = a;
     __syncthreads();
