@@ -75,7 +75,17 @@ void select_topk(const Entry *in, uint32_t n, const float *bounds, uint32_t budg
         else
             order.push_back(i);
     }
-    std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return bounds[a] > bounds[b]; });
+    // Bound descending, ties by entry index, NaN last (the device select's
+    // order): a strict total order, so std::sort gives the stable order
+    // without std::stable_sort's temporary buffer (an allocation per head and
+    // step).
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        const float x = bounds[a], y = bounds[b];
+        const bool xn = x != x, yn = y != y;
+        if (xn != yn) return yn;
+        if (!xn && x != y) return x > y;
+        return a < b;
+    });
     keep.resize(n);
     for (uint32_t i = 0; i < n; ++i) keep[i] = in[i].mandatory;
     for (uint32_t c : order) {

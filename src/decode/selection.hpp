@@ -45,7 +45,7 @@ void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, con
 
 // Query-aware top-k for one kv-head from the entries' bounds: keeps every
 // mandatory entry; ranks the others by bound, descending (ties: earlier
-// entry first), and takes them while the tokens taken (mandatory ones
+// entry first; NaN last), and takes them while the tokens taken (mandatory ones
 // included) plus the entry's span stay within budget, stopping at the first
 // that does not fit. The result is in page order. order and keep are
 // scratch, reused across calls.
