@@ -38,19 +38,31 @@ __device__ __forceinline__ int nonfinite(uint32_t b, ikv_dtype dt) {
     return (b & exp) != exp ? 0 : (b & man) == 0 ? 2 : 1;
 }
 
-// Vector i of the flattened rows (nvec vectors a row; a row kernel passes
-// nvec = 1): its row, its index in the row, and the row's (head, token,
-// which * n_layers + layer). I = uint32_t when the count allows (always, in
-// practice): 32-bit divisions.
+// Where vector i of the flattened rows lies (nvec vectors a row; the row
+// kernel passes nvec = 1): its row (which, layer, token, head), its index in
+// the row, the array (K or V) and the element offset of the row's start.
+struct Located {
+    uint64_t row;
+    uint32_t vi;
+    const void *base;
+    int64_t off;
+};
+
+// I = uint32_t when the count allows (always, in practice): 32-bit divisions.
 template <class I>
-__device__ __forceinline__ void split_vector(I i, uint32_t nvec, uint32_t H, uint32_t n_tokens, uint64_t *row,
-                                             uint32_t *vi, uint32_t *h, uint32_t *t, uint32_t *wl) {
+__device__ __forceinline__ Located locate_as(I i, uint32_t nvec, uint32_t H, const AppendRows &in, uint32_t l0,
+                                             uint32_t n_layers, uint32_t n_tokens) {
     const I r = i / nvec, lt = r / H;  // lt = (which * n_layers + layer) * n_tokens + token
-    *row = r;
-    *vi = uint32_t(i - r * nvec);
-    *h = uint32_t(r - lt * H);
-    *t = uint32_t(lt % n_tokens);
-    *wl = uint32_t(lt / n_tokens);
+    const uint32_t h = uint32_t(r - lt * H), t = uint32_t(lt % n_tokens), wl = uint32_t(lt / n_tokens);
+    const bool is_v = wl >= n_layers;
+    return Located{uint64_t(r), uint32_t(i - r * nvec), is_v ? in.v : in.k,
+                   input_offset(in, l0 + (is_v ? wl - n_layers : wl), t, h)};
+}
+
+__device__ __forceinline__ Located locate(uint64_t i, uint64_t total, uint32_t nvec, uint32_t H, const AppendRows &in,
+                                          uint32_t l0, uint32_t n_layers, uint32_t n_tokens) {
+    return total <= 0xFFFFFFFFull ? locate_as<uint32_t>(uint32_t(i), nvec, H, in, l0, n_layers, n_tokens)
+                                  : locate_as<uint64_t>(i, nvec, H, in, l0, n_layers, n_tokens);
 }
 
 constexpr int kRowsPerWarp = 4;  // rows a warp has in flight per iteration
@@ -70,20 +82,10 @@ __global__ void find_nonfinite_kernel(PageShape shape, AppendRows in, uint32_t l
     const uint64_t warps = uint64_t(gridDim.x) * (blockDim.x / 32);
     for (uint64_t r0 = (uint64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32) * kRowsPerWarp; r0 < rows;
          r0 += warps * kRowsPerWarp) {
-        const void *base[kRowsPerWarp];
-        int64_t off[kRowsPerWarp];
+        Located at[kRowsPerWarp];
 #pragma unroll
-        for (int k = 0; k < kRowsPerWarp; ++k) {
-            const uint64_t row = r0 + k < rows ? r0 + k : r0;  // a missing row repeats r0 (tested once)
-            uint64_t r;
-            uint32_t v, h, t, wl;
-            if (rows <= 0xFFFFFFFFull)
-                split_vector<uint32_t>(uint32_t(row), 1, H, n_tokens, &r, &v, &h, &t, &wl);
-            else
-                split_vector<uint64_t>(row, 1, H, n_tokens, &r, &v, &h, &t, &wl);
-            base[k] = wl >= n_layers ? in.v : in.k;
-            off[k] = input_offset(in, l0 + (wl >= n_layers ? wl - n_layers : wl), t, h);
-        }
+        for (int k = 0; k < kRowsPerWarp; ++k)  // a missing row repeats r0 (tested once)
+            at[k] = locate(r0 + k < rows ? r0 + k : r0, rows, 1, H, in, l0, n_layers, n_tokens);
         for (uint32_t d0 = 0; d0 < D; d0 += 32 * kPerLane) {
             uint32_t b[kRowsPerWarp][kPerLane];
 #pragma unroll
@@ -91,7 +93,7 @@ __global__ void find_nonfinite_kernel(PageShape shape, AppendRows in, uint32_t l
 #pragma unroll
                 for (int i = 0; i < kPerLane; ++i) {
                     const uint32_t d = d0 + 32 * i + lane;
-                    b[k][i] = d < D ? raw_bits(base[k], in.dtype, off[k] + d) : 0u;
+                    b[k][i] = d < D ? raw_bits(at[k].base, in.dtype, at[k].off + d) : 0u;
                 }
 #pragma unroll
             for (int k = 0; k < kRowsPerWarp; ++k)
@@ -126,15 +128,11 @@ __global__ void find_nonfinite_vec_kernel(PageShape shape, AppendRows in, uint32
         uint32_t vi[kUnroll];
 #pragma unroll
         for (int k = 0; k < kUnroll; ++k) {
-            const uint64_t i = i0 + k * stride < total ? i0 + k * stride : i0;
-            uint32_t h, t, wl;
-            if (total <= 0xFFFFFFFFull)  // 32-bit divisions (always, in practice)
-                split_vector<uint32_t>(uint32_t(i), nvec, H, n_tokens, &row[k], &vi[k], &h, &t, &wl);
-            else
-                split_vector<uint64_t>(i, nvec, H, n_tokens, &row[k], &vi[k], &h, &t, &wl);
-            const uint8_t *base = static_cast<const uint8_t *>(wl >= n_layers ? in.v : in.k);
-            const int64_t off = input_offset(in, l0 + (wl >= n_layers ? wl - n_layers : wl), t, h) + vi[k] * per_vec;
-            w[k] = *reinterpret_cast<const uint4 *>(base + off * (f32 ? 4 : 2));
+            const Located at = locate(i0 + k * stride < total ? i0 + k * stride : i0, total, nvec, H, in, l0,
+                                      n_layers, n_tokens);
+            row[k] = at.row, vi[k] = at.vi;
+            const int64_t off = at.off + at.vi * per_vec;
+            w[k] = *reinterpret_cast<const uint4 *>(static_cast<const uint8_t *>(at.base) + off * (f32 ? 4 : 2));
         }
 #pragma unroll
         for (int k = 0; k < kUnroll; ++k) {
@@ -154,11 +152,15 @@ __global__ void find_nonfinite_vec_kernel(PageShape shape, AppendRows in, uint32
     }
 }
 
-// Element `off` of the input as fp32 (exact widening).
+// F16 or BF16 bits (the low 16) as fp32: exact widening.
+__device__ __forceinline__ float widen16(uint32_t b, bool f16) {
+    return f16 ? f16_to_f32(uint16_t(b)) : bf16_to_f32(uint16_t(b));
+}
+
+// Element `off` of the input as fp32.
 __device__ __forceinline__ float load_input(const void *base, ikv_dtype dt, int64_t off) {
     if (dt == IKV_DTYPE_F32) return static_cast<const float *>(base)[off];
-    const uint16_t b = static_cast<const uint16_t *>(base)[off];
-    return dt == IKV_DTYPE_F16 ? f16_to_f32(b) : bf16_to_f32(b);
+    return widen16(static_cast<const uint16_t *>(base)[off], dt == IKV_DTYPE_F16);
 }
 
 // Block x = (job * H + head) * 2 + (K|V), flat (H and the job count may each
@@ -183,8 +185,7 @@ __global__ void stage_rows_kernel(PageShape shape, AppendRows in, const AppendJo
             } else {
                 const uint2 w = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(base) + off);
                 const bool f16 = in.dtype == IKV_DTYPE_F16;
-                auto cvt = [f16](uint32_t b) { return f16 ? f16_to_f32(uint16_t(b)) : bf16_to_f32(uint16_t(b)); };
-                x = make_float4(cvt(w.x & 0xFFFFu), cvt(w.x >> 16), cvt(w.y & 0xFFFFu), cvt(w.y >> 16));
+                x = make_float4(widen16(w.x, f16), widen16(w.x >> 16, f16), widen16(w.y, f16), widen16(w.y >> 16, f16));
             }
             *reinterpret_cast<float4 *>(dst + e) = x;  // rows of a head are contiguous in staging
         } else {
