@@ -14,6 +14,7 @@
 
 #include "common/quant.hpp"
 #include "ikv_kernels.h"
+#include "launch_pdl.cuh"
 
 namespace ikv {
 namespace cuda {
@@ -212,15 +213,14 @@ cudaError_t launch_find_nonfinite(const PageShape &shape, const AppendRows &in, 
     if (vector_aligned(shape, in)) {
         const uint64_t vecs = rows * (shape.head_dim / (in.dtype == IKV_DTYPE_F32 ? 4 : 8));
         const uint64_t blocks = (vecs + kUnroll * kThreads - 1) / (kUnroll * kThreads);
-        find_nonfinite_vec_kernel<<<unsigned(blocks < 8192 ? blocks : 8192), kThreads, 0, stream>>>(
-            shape, in, l0, n_layers, n_tokens, first);
-        return cudaGetLastError();
+        return launch(find_nonfinite_vec_kernel, dim3(unsigned(blocks < 8192 ? blocks : 8192)), dim3(kThreads), 0,
+                      stream, shape, in, l0, n_layers, n_tokens, first);
     }
     const uint64_t per_block = (kThreads / 32) * kRowsPerWarp;
     const uint64_t blocks = (rows + per_block - 1) / per_block;
     const unsigned grid = unsigned(blocks < 4096 ? blocks : 4096);
-    find_nonfinite_kernel<<<grid, kThreads, 0, stream>>>(shape, in, l0, n_layers, n_tokens, first);
-    return cudaGetLastError();
+    return launch(find_nonfinite_kernel, dim3(grid), dim3(kThreads), 0, stream, shape, in, l0, n_layers, n_tokens,
+                  first);
 }
 
 cudaError_t launch_stage_rows(const PageShape &shape, const AppendRows &in, const AppendJob *jobs, uint32_t n_jobs,
@@ -230,11 +230,8 @@ cudaError_t launch_stage_rows(const PageShape &shape, const AppendRows &in, cons
     // Vector path: every row start 16-byte aligned (pointers and strides), so
     // each thread's 4 channels are one aligned load (staging rows are).
     const unsigned grid = 2 * n_jobs * shape.n_kv_heads;
-    if (vector_aligned(shape, in))
-        stage_rows_kernel<4><<<grid, kThreads, 0, stream>>>(shape, in, jobs);
-    else
-        stage_rows_kernel<1><<<grid, kThreads, 0, stream>>>(shape, in, jobs);
-    return cudaGetLastError();
+    return launch(vector_aligned(shape, in) ? stage_rows_kernel<4> : stage_rows_kernel<1>, dim3(grid), dim3(kThreads),
+                  0, stream, shape, in, jobs);
 }
 
 }  // namespace cuda

@@ -15,6 +15,10 @@
 // once; for side-by-side timing), launch_pdl() is a plain launch; below sm_90
 // both device calls compile to nothing. A PDL launch is captured into a CUDA
 // graph as a programmatic edge, so captured steps keep the overlap.
+//
+// launch() is the same call without PDL, for the kernels outside a step's
+// chain (appends, the multi-token path). Every kernel of the library is
+// launched through these two, so a launch reports its own error only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,6 +26,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace ikv {
 namespace cuda {
@@ -67,11 +72,14 @@ inline bool pdl_supported() {
     return (yes.load(std::memory_order_acquire) & bit) != 0;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream
-// serialization where the device supports it. Returns the launch's error.
+// kernel<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx,
+// with programmatic stream serialization when pdl is set. Returns the
+// launch's own error: `<<<>>>` followed by cudaGetLastError() would also
+// report an error some earlier runtime call of the thread left behind (the
+// engine's, say) as this launch's failure.
 template <typename... KArgs, typename... Args>
-cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                       Args &&...args) {
+cudaError_t launch_ex(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                      Args &&...args) {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -81,8 +89,22 @@ cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t s
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_supported() ? 1 : 0;
+    cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
+
+// A step's kernel: programmatic dependent launch where the device supports it.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                       Args &&...args) {
+    return launch_ex(pdl_supported(), kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+// A plain launch (kernels that do not call pdl_wait()).
+template <typename... KArgs, typename... Args>
+cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   Args &&...args) {
+    return launch_ex(false, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace cuda

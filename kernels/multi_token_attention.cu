@@ -27,6 +27,7 @@
 
 #include "decode_formats.cuh"
 #include "ikv_kernels.h"
+#include "launch_pdl.cuh"
 
 namespace ikv {
 namespace cuda {
@@ -273,13 +274,11 @@ uint32_t warp_blocks(uint64_t warps) { return uint32_t((warps * 32 + kThreads - 
 cudaError_t launch_mt_stage(const DecodeParams &p, bool bf16, uint16_t *qs, float *O, float *m, float *l,
                             cudaStream_t stream) {
     const uint64_t rows = uint64_t(p.n_seqs) * p.n_q_heads * p.n_query_tokens;
-    stage_kernel<<<warp_blocks(rows), kThreads, 0, stream>>>(p, bf16, qs, O, m, l);
-    return cudaGetLastError();
+    return launch(stage_kernel, dim3(warp_blocks(rows)), dim3(kThreads), 0, stream, p, bf16, qs, O, m, l);
 }
 
 cudaError_t launch_mt_offsets(const DecodeParams &p, uint32_t n_lists, uint32_t *offsets, cudaStream_t stream) {
-    offsets_kernel<<<n_lists, kThreads, 0, stream>>>(p.lists, offsets);
-    return cudaGetLastError();
+    return launch(offsets_kernel, dim3(n_lists), dim3(kThreads), 0, stream, p.lists, offsets);
 }
 
 cudaError_t launch_mt_gather(const DecodeParams &p, bool bf16, const uint32_t *offsets, uint32_t bh0, uint32_t nbh,
@@ -287,28 +286,23 @@ cudaError_t launch_mt_gather(const DecodeParams &p, bool bf16, const uint32_t *o
                              cudaStream_t stream) {
     const uint32_t D = p.shape.head_dim, rows_per_block = kThreads / (D / 8);
     const dim3 grid((nk + rows_per_block - 1) / rows_per_block, nbh);
-    switch (D) {
-        case 64: gather_kernel<64><<<grid, kThreads, 0, stream>>>(p, bf16, offsets, bh0, tok0, nk, K, V, pos); break;
-        case 128: gather_kernel<128><<<grid, kThreads, 0, stream>>>(p, bf16, offsets, bh0, tok0, nk, K, V, pos); break;
-        case 256: gather_kernel<256><<<grid, kThreads, 0, stream>>>(p, bf16, offsets, bh0, tok0, nk, K, V, pos); break;
-        default: return cudaErrorInvalidValue;
-    }
-    return cudaGetLastError();
+    const auto kernel = D == 64 ? gather_kernel<64> : D == 128 ? gather_kernel<128> : D == 256 ? gather_kernel<256> : nullptr;
+    if (kernel == nullptr) return cudaErrorInvalidValue;
+    return launch(kernel, grid, dim3(kThreads), 0, stream, p, bf16, offsets, bh0, tok0, nk, K, V, pos);
 }
 
 cudaError_t launch_mt_softmax(const DecodeParams &p, bool bf16, uint32_t bh0, uint32_t nbh, uint32_t nk,
                               const uint32_t *pos, float *S, float *O, float *m, float *l, cudaStream_t stream) {
     if (nk % 128 != 0) return cudaErrorInvalidValue;
     const uint64_t rows = uint64_t(nbh) * p.n_query_tokens * (p.n_q_heads / p.shape.n_kv_heads);
-    softmax_kernel<<<warp_blocks(rows), kThreads, 0, stream>>>(p, bf16, bh0, nbh, nk, pos, S, O, m, l);
-    return cudaGetLastError();
+    return launch(softmax_kernel, dim3(warp_blocks(rows)), dim3(kThreads), 0, stream, p, bf16, bh0, nbh, nk, pos, S, O,
+                  m, l);
 }
 
 cudaError_t launch_mt_finalize(const DecodeParams &p, const float *O, const float *m, const float *l,
                                cudaStream_t stream) {
     const uint64_t rows = uint64_t(p.n_seqs) * p.n_q_heads * p.n_query_tokens;
-    finalize_kernel<<<warp_blocks(rows), kThreads, 0, stream>>>(p, O, m, l);
-    return cudaGetLastError();
+    return launch(finalize_kernel, dim3(warp_blocks(rows)), dim3(kThreads), 0, stream, p, O, m, l);
 }
 
 }  // namespace cuda

@@ -12,6 +12,7 @@
 
 #include "common/quant.hpp"
 #include "ikv_kernels.h"
+#include "launch_pdl.cuh"
 
 namespace ikv {
 namespace cuda {
@@ -220,15 +221,14 @@ cudaError_t launch_quantize_jobs(const PageShape &shape, const AppendJob *jobs, 
                                  cudaStream_t stream) {
     if (!shape_ok(shape) || !flat_grid_ok(n_jobs, shape.n_kv_heads)) return cudaErrorInvalidValue;
     if (n_jobs == 0) return cudaSuccess;
-    quantize_jobs_kernel<<<n_jobs * shape.n_kv_heads, kThreads, 0, stream>>>(shape, jobs);
-    return cudaGetLastError();
+    return launch(quantize_jobs_kernel, dim3(n_jobs * shape.n_kv_heads), dim3(kThreads), 0, stream, shape, jobs);
 }
 
 cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer,
                                   const float *k, const float *v, uint32_t n_valid, cudaStream_t stream) {
     if (!shape_ok(shape) || n_valid > shape.page_size) return cudaErrorInvalidValue;
-    quantize_layer_kernel<<<shape.n_kv_heads, kThreads, 0, stream>>>(shape, f, page, layer, k, v, n_valid);
-    return cudaGetLastError();
+    return launch(quantize_layer_kernel, dim3(shape.n_kv_heads), dim3(kThreads), 0, stream, shape, f, page, layer, k,
+                  v, n_valid);
 }
 
 }  // namespace cuda
