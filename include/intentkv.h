@@ -722,6 +722,12 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
  * gets out = 0 and lse = -INFINITY.
  * CUDA pools: q, out, lse are device pointers; the call enqueues on stream and
  * returns without synchronizing. CPU pools: host pointers, done on return.
+ * CUDA graphs: a call on a capturing stream is captured whole (the page
+ * lists' upload becomes a copy node reading the decoder's pinned staging at
+ * replay time, so the lists are those of the captured call). Run the same
+ * call eagerly twice first (capture must not grow the decoder's buffers),
+ * and run no other ikv_decode on that decoder while the graph may still be
+ * replayed (they refill the staging); eager calls afterwards work as before.
  * Environment (read once per process): IKV_CUDA_MULTI_TOKEN=auto|fused|gemm
  * picks the CUDA path of multi-token steps; IKV_CUDA_DECODE_COMPUTE=
  * auto|simt|tensor-cores how the fused CUDA decode computes for F16/BF16

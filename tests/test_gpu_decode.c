@@ -14,6 +14,9 @@
  * float64 reference. CTest runs the program once per CUDA multi-token path
  * (IKV_CUDA_MULTI_TOKEN = auto, fused, gemm), so every step above runs on the
  * fused kernel and on the cuBLASLt GEMM path.
+ * IKV_GPU_DECODE_BENCH=1 adds a timing run of ikv_decode itself (no
+ * assertion on times; lines start with "BENCH"): run_decode_bench below;
+ * =only runs just the timing run.
  * Device memory for q/out/lse comes from the CUDA runtime loaded with dlopen,
  * so the test needs nothing beyond the public header.
  */
@@ -365,6 +368,15 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
     assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
     assert_int_equal(ikvt_rt.memcpy_(replay, dout, 4 * n_out, IKVT_D2H), 0);
     assert_memory_equal(eager, replay, 4 * n_out);
+    /* Eager calls on the same decoder after the capture (both staging halves,
+     * one of them last copied inside the capture) run and write the same. */
+    for (int i = 0; i < 3; ++i) {
+        assert_int_equal(ikvt_rt.memset_(dout, 0xFF, 4 * n_out), 0);
+        IKVT_OK(ikv_decode(dec, gpu, &a));
+        assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_(replay, dout, 4 * n_out, IKVT_D2H), 0);
+        assert_memory_equal(eager, replay, 4 * n_out);
+    }
 
     ikvt_rt.graph_exec_destroy_(exec);
     ikvt_rt.graph_destroy_(graph);
@@ -376,6 +388,103 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
     ikv_decoder_destroy(dec);
 }
 
+/* ---- IKV_GPU_DECODE_BENCH=1: a decode step through the public API (reported, not asserted) ----
+ * What an engine pays per step, next to the kernels alone (bench/gpu
+ * gpu_decode_check --bench times launch_decode on device lists it built
+ * once): ikv_decode on a CUDA pool also snapshots the sequences, builds the
+ * page lists on the host, copies them to the device and launches. The bench
+ * shape: 1 layer, 8 kv-heads, 32 q-heads, head_dim 128, page 16, F16 pages,
+ * F16 q/out on the device, one stream. Per case: the step time (STEPS calls
+ * back to back, then one stream sync: the host runs ahead of the GPU by at
+ * most the decoder's two staging buffers), the host time of one call
+ * (median, p90), and bytes read per second. */
+static void run_decode_bench(void) {
+    enum { BH = 8, BD = 128, BP = 16, BHQ = 32, CHUNK = 4096, WARM = 5, STEPS = 50 };
+    static const uint32_t cases[][2] = {{1, 8192}, {1, 32768}, {1, 131072}, {8, 8192}, {8, 32768}, {32, 32768}};
+    ikvt_rng rng = {7};
+    const size_t chunk_elems = (size_t)CHUNK * BH * BD;
+    float *tmp = malloc(4 * chunk_elems);
+    uint16_t *h16 = malloc(2 * chunk_elems);
+    ikvt_fill_normal(&rng, tmp, chunk_elems, 1.0f);
+    ikvt_to_f16(tmp, h16, chunk_elems);
+    void *dk = ikvt_dev_upload(h16, 2 * chunk_elems);
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    ikv_decoder *dec = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    void *stream = NULL;
+    assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
+    printf("BENCH ikv_decode on a CUDA pool: %d kv-heads, %d q-heads, head_dim %d, page %d, F16 pages and q/out\n", BH,
+           BHQ, BD, BP);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci) {
+        const uint32_t B = cases[ci][0], ctx = cases[ci][1];
+        ikv_pool_config c = ikv_pool_default_config();
+        c.backend = IKV_BACKEND_CUDA;
+        c.n_layers = 1;
+        c.n_kv_heads = BH;
+        c.head_dim = BD;
+        c.page_size = BP;
+        c.capacity_bytes = (uint64_t)B * ctx * 5000u + (64u << 20); /* 4 KiB of K+V a token, summaries, margin */
+        c.default_format = IKV_FMT_F16;
+        c.kv_dtype = IKV_DTYPE_F16;
+        ikv_pool *pool = NULL;
+        IKVT_OK(ikv_pool_create(&c, &pool));
+        ikv_seq_id seqs[32];
+        for (uint32_t b = 0; b < B; ++b) {
+            IKVT_OK(ikv_seq_create(pool, &seqs[b]));
+            for (uint32_t t = 0; t < ctx; t += CHUNK) {
+                ikv_append a = ikv_append_default(pool, CHUNK);
+                a.k = dk;
+                a.v = dk;
+                a.src_on_device = 1;
+                IKVT_OK(ikv_pool_append(pool, seqs[b], &a));
+            }
+        }
+        const size_t n_q = (size_t)B * BHQ * BD;
+        float *qf = malloc(4 * n_q);
+        uint16_t *qh = malloc(2 * n_q);
+        ikvt_fill_normal(&rng, qf, n_q, 1.0f);
+        ikvt_to_f16(qf, qh, n_q);
+        void *dq = ikvt_dev_upload(qh, 2 * n_q), *dout = ikvt_dev_upload(NULL, 2 * n_q);
+        for (int topk = 0; topk < 2; ++topk) {
+            ikv_decode_args a = ikv_decode_args_default();
+            a.n_seqs = B;
+            a.seqs = seqs;
+            a.n_q_heads = BHQ;
+            a.q = dq;
+            a.q_dtype = IKV_DTYPE_F16;
+            a.out = dout;
+            a.out_dtype = IKV_DTYPE_F16;
+            a.topk_token_budget = topk ? ctx / 4 : 0;
+            a.stream = stream;
+            for (int i = 0; i < WARM; ++i) IKVT_OK(ikv_decode(dec, pool, &a));
+            assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+            double host[STEPS];
+            const double t0 = ikvt_now_us();
+            for (int i = 0; i < STEPS; ++i) {
+                const double h0 = ikvt_now_us();
+                IKVT_OK(ikv_decode(dec, pool, &a));
+                host[i] = ikvt_now_us() - h0;
+            }
+            assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+            const double step_us = (ikvt_now_us() - t0) / STEPS;
+            uint64_t bytes = 0;
+            IKVT_OK(ikv_decoder_last_bytes_read(dec, &bytes));
+            qsort(host, STEPS, sizeof host[0], ikvt_cmp_double);
+            printf("BENCH decode B=%-2u ctx=%-6u %-6s step %.4f ms  %6.0f GB/s of %.1f MB read  host %.1f us per call "
+                   "(p90 %.1f)\n",
+                   B, ctx, topk ? "topk25" : "dense", step_us * 1e-3, (double)bytes / (step_us * 1e3), bytes / 1e6,
+                   host[STEPS / 2], host[STEPS * 9 / 10]);
+        }
+        ikvt_rt.free_(dq), ikvt_rt.free_(dout);
+        free(qf), free(qh);
+        ikv_pool_destroy(pool);
+    }
+    ikvt_rt.stream_destroy_(stream);
+    ikv_decoder_destroy(dec);
+    ikvt_rt.free_(dk);
+    free(tmp), free(h16);
+}
+
 int main(void) {
     const struct CMUnitTest everywhere[] = {
         cmocka_unit_test(test_cuda_pool_refused_without_device),
@@ -383,10 +492,17 @@ int main(void) {
     const int failed = cmocka_run_group_tests_name("cuda_everywhere", everywhere, NULL, NULL);
     if (failed) return failed;
     ikvt_require_cuda_device();
+    const char *bench = getenv("IKV_GPU_DECODE_BENCH");
+    if (bench && strcmp(bench, "only") == 0) {  /* the timing run alone, in a fresh process */
+        run_decode_bench();
+        return 0;
+    }
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_cuda_pool_and_decode_match_cpu),
         cmocka_unit_test(test_long_multi_token_step),
         cmocka_unit_test(test_decode_step_captured_in_cuda_graph),
     };
-    return cmocka_run_group_tests_name("cuda_gpu", gpu, NULL, NULL);
+    const int rc = cmocka_run_group_tests_name("cuda_gpu", gpu, NULL, NULL);
+    if (rc == 0 && bench && strcmp(bench, "1") == 0) run_decode_bench();
+    return rc;
 }

@@ -25,12 +25,10 @@
  * Device memory comes from the CUDA runtime loaded with dlopen, so the test
  * needs nothing beyond the public header.
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda_rt.h"
 #include "support.h"
@@ -449,17 +447,6 @@ static void test_nonfinite_device_input_rejected(void **state) {
 
 /* ---- IKV_GPU_POOL_BENCH=1: append latency and throughput (reported, not asserted) ---- */
 
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* bulk_only: just the bulk appends (IKV_GPU_POOL_BENCH=bulk), so a profiler
  * sees their kernels first. */
 static void run_bench(int bulk_only) {
@@ -501,11 +488,11 @@ static void run_bench(int bulk_only) {
                 a.layer_stride = BH * BD;
                 a.token_stride = (int64_t)BL * BH * BD; /* unused for one token */
                 a.src_on_device = !from_host;
-                const double t0 = now_us();
+                const double t0 = ikvt_now_us();
                 IKVT_OK(ikv_pool_append(pool, s, &a));
-                if (i >= WARM) t[i - WARM] = now_us() - t0;
+                if (i >= WARM) t[i - WARM] = ikvt_now_us() - t0;
             }
-            qsort(t, STEPS, sizeof t[0], cmp_double);
+            qsort(t, STEPS, sizeof t[0], ikvt_cmp_double);
             printf("BENCH one-token append, %-4s pages, from %s pointers: median %.1f us  p10 %.1f  p90 %.1f  "
                    "(%d appends)\n",
                    fname, from_host ? "host  " : "device", t[STEPS / 2], t[STEPS / 10], t[STEPS * 9 / 10], STEPS);
@@ -522,12 +509,12 @@ static void run_bench(int bulk_only) {
             a.token_stride = (int64_t)BH * BD;
             a.layer_stride = (int64_t)BULK * BH * BD;
             a.src_on_device = 1;
-            const double t0 = now_us();
+            const double t0 = ikvt_now_us();
             IKVT_OK(ikv_pool_append(pool, s, &a));
-            tb[r] = now_us() - t0;
+            tb[r] = ikvt_now_us() - t0;
             IKVT_OK(ikv_seq_destroy(pool, s));
         }
-        qsort(tb, REPS, sizeof tb[0], cmp_double);
+        qsort(tb, REPS, sizeof tb[0], ikvt_cmp_double);
         printf("BENCH bulk append of %d tokens, %-4s pages, from device pointers: median %.2f ms = %.2f GB/s of "
                "K+V input (%d runs)\n",
                BULK, fname, tb[REPS / 2] * 1e-3, 2.0 * bulk_bytes / (tb[REPS / 2] * 1e3), REPS);

@@ -50,8 +50,7 @@ struct CudaDecoderState {
     // Device buffer: staged lists + top-k output + workspace.
     uint8_t *dev = nullptr;
     uint64_t dev_bytes = 0;
-    std::vector<cuda::DevPage> pages;  // host assembly of the lists
-    dvec<Entry> entries;
+    dvec<Entry> entries;  // every sequence's entries of the current call, one after another
     cuda::MultiTokenGemm *gemm = nullptr;  // cuBLASLt state of the multi-token path, created on first use
 };
 
@@ -157,38 +156,21 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     CudaDecoderState &s = **state;
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
 
-    // 1. Candidate lists per sequence, on the host.
+    // 1. The entries every sequence reads, on the host (one flat list).
     std::vector<uint32_t> counts(B), lens(B);
+    std::vector<uint64_t> first(B + 1, 0);  // sequence b's entries: [first[b], first[b + 1])
     uint32_t max_count = 0;
-    s.pages.clear();
-    std::vector<uint64_t> list_begin(B + 1, 0);
-    uint64_t bytes = 0;
-    uint32_t formats = 0;     // bit per page format read (picks the decode's compute)
     uint32_t max_tokens = 0;  // rows of the longest list a kernel reads (after top-k: a bound)
+    s.entries.clear();
     for (uint32_t b = 0; b < B; ++b) {
-        const SeqSnapshot &snap = snaps[b];
-        const ikv_plan *plan = a.plans ? a.plans[b] : nullptr;
-        collect_entries(snap, plan, P, s.entries);
-        lens[b] = snap.length;
-        list_begin[b] = s.pages.size();
-        for (const Entry &e : s.entries) {
-            const PageRef &ref = snap.pages[e.page];
-            cuda::DevPage d{};
-            d.base = ref.base;
-            d.pos0 = e.page * P;
-            d.begin = uint8_t(e.begin - d.pos0);
-            d.end = uint8_t(e.end - d.pos0);
-            d.format = uint8_t(ref.format);
-            formats |= 1u << ref.format;
-            d.flags = uint8_t((e.mandatory ? IKV_PAGE_MANDATORY : 0u) |
-                              (e.end - e.begin < P ? IKV_PAGE_PARTIAL : 0u));
-            s.pages.push_back(d);
-            bytes += uint64_t(Hkv) * subpage_read_bytes(ref.format, P, D, e.end - e.begin);
-        }
-        counts[b] = uint32_t(s.entries.size());
+        collect_entries(snaps[b], a.plans ? a.plans[b] : nullptr, P, s.entries);
+        first[b + 1] = s.entries.size();
+        lens[b] = snaps[b].length;
+        counts[b] = uint32_t(first[b + 1] - first[b]);
         max_count = std::max(max_count, counts[b]);
         uint64_t tokens = 0, mandatory = 0;
-        for (const Entry &e : s.entries) {
+        for (uint64_t i = first[b]; i < first[b + 1]; ++i) {
+            const Entry &e = s.entries[i];
             tokens += e.end - e.begin;
             if (e.mandatory) mandatory += e.end - e.begin;
         }
@@ -196,7 +178,6 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         if (a.topk_token_budget > 0) tokens = std::min<uint64_t>(tokens, std::max<uint64_t>(mandatory, a.topk_token_budget));
         max_tokens = std::max(max_tokens, uint32_t(tokens));
     }
-    list_begin[B] = s.pages.size();
     const bool topk = a.topk_token_budget > 0;
     if (topk && max_count > cuda::kMaxTopkCandidates)
         return fail(IKV_E_UNSUPPORTED,
@@ -204,6 +185,58 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
                     "a sequence has %u",
                     kFn, cuda::kMaxTopkCandidates, max_count);
     const uint32_t stride = std::max<uint32_t>(max_count, 1);
+
+    // 2. The pinned staging half: counts[B] | lens[B] | pages[B][stride], the
+    // same layout as on the device. The DevPage records are written straight
+    // into it (bench/RESULTS.md section 1g: this host part was most of an
+    // ikv_decode call, ~25 ns per page with a host vector and a second copy).
+    const uint64_t off_lens = align256(4ull * B);
+    const uint64_t off_pages = off_lens + align256(4ull * B);
+    const uint64_t staged = off_pages + align256(uint64_t(B) * stride * sizeof(cuda::DevPage));
+    const int half = s.next;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    cudaError_t err = cudaStreamIsCapturing(stream, &cap);
+    if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaStreamIsCapturing");
+    const bool capturing = cap != cudaStreamCaptureStatusNone;
+    if (s.copied_valid[half] && !capturing) {
+        err = cudaEventSynchronize(s.copied[half]);
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "waiting for an earlier staging copy");
+    }
+    if (s.pinned_bytes[half] < staged) {
+        if (s.pinned[half]) cudaFreeHost(s.pinned[half]);
+        s.pinned[half] = nullptr;
+        s.pinned_bytes[half] = 0;
+        err = cudaHostAlloc(reinterpret_cast<void **>(&s.pinned[half]), staged * 2, cudaHostAllocDefault);
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaHostAlloc of the plan staging buffer");
+        s.pinned_bytes[half] = staged * 2;
+    }
+    s.next ^= 1;
+    uint8_t *h = s.pinned[half];
+    std::memcpy(h, counts.data(), 4ull * B);
+    std::memcpy(h + off_lens, lens.data(), 4ull * B);
+    uint64_t full_bytes[IKV_FMT_COUNT];  // bytes a whole page's K/V rows and scales cost, all kv-heads
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) full_bytes[f] = uint64_t(Hkv) * subpage_read_bytes(ikv_format(f), P, D, P);
+    uint64_t bytes = 0, all_tokens = 0;
+    uint32_t formats = 0;  // bit per page format read (picks the decode's compute)
+    for (uint32_t b = 0; b < B; ++b) {
+        const SeqSnapshot &snap = snaps[b];
+        cuda::DevPage *out = reinterpret_cast<cuda::DevPage *>(h + off_pages) + uint64_t(b) * stride;
+        for (uint64_t i = first[b]; i < first[b + 1]; ++i) {
+            const Entry &e = s.entries[i];
+            const PageRef &ref = snap.pages[e.page];
+            const uint32_t n = e.end - e.begin;
+            cuda::DevPage &d = *out++;  // fields stored one by one (no temporary: see collect_entries)
+            d.base = ref.base;
+            d.pos0 = e.page * P;
+            d.begin = uint8_t(e.begin - d.pos0);
+            d.end = uint8_t(e.end - d.pos0);
+            d.format = uint8_t(ref.format);
+            d.flags = uint8_t((e.mandatory ? IKV_PAGE_MANDATORY : 0u) | (n < P ? IKV_PAGE_PARTIAL : 0u));
+            formats |= 1u << ref.format;
+            bytes += n == P ? full_bytes[ref.format] : uint64_t(Hkv) * subpage_read_bytes(ref.format, P, D, n);
+            all_tokens += n;
+        }
+    }
 
     // Decode parameters (the workspace size depends on the split count).
     cuda::DecodeParams p{};
@@ -233,10 +266,6 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         if (e != cudaSuccess) return cuda_fail(e, kFn, "creating the multi-token path's cuBLASLt state");
     }
 
-    // Staging layout (host and device alike): counts[B] | lens[B] | pages[B][stride].
-    const uint64_t off_lens = align256(4ull * B);
-    const uint64_t off_pages = off_lens + align256(4ull * B);
-    const uint64_t staged = off_pages + align256(uint64_t(B) * stride * sizeof(cuda::DevPage));
     // Device only: top-k scores, per-head lists and counts, then the decode workspace.
     const uint64_t off_scores = staged;
     const uint64_t off_sel = off_scores + (topk ? align256(4ull * B * Hkv * stride) : 0);
@@ -244,31 +273,6 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint64_t off_ws = off_selc + (topk ? align256(4ull * B * Hkv) : 0);
     const uint64_t total = off_ws + align256(gemm ? cuda::multi_token_workspace_bytes(p, max_tokens)
                                                   : cuda::decode_workspace_bytes(p, p.n_splits));
-
-    // 2. Pinned staging half, filled on the host.
-    const int half = s.next;
-    s.next ^= 1;
-    cudaError_t err = cudaSuccess;
-    if (s.copied_valid[half]) {
-        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-        cudaStreamIsCapturing(stream, &cap);
-        if (cap == cudaStreamCaptureStatusNone) err = cudaEventSynchronize(s.copied[half]);
-        if (err != cudaSuccess) return cuda_fail(err, kFn, "waiting for an earlier staging copy");
-    }
-    if (s.pinned_bytes[half] < staged) {
-        if (s.pinned[half]) cudaFreeHost(s.pinned[half]);
-        s.pinned[half] = nullptr;
-        s.pinned_bytes[half] = 0;
-        err = cudaHostAlloc(reinterpret_cast<void **>(&s.pinned[half]), staged * 2, cudaHostAllocDefault);
-        if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaHostAlloc of the plan staging buffer");
-        s.pinned_bytes[half] = staged * 2;
-    }
-    uint8_t *h = s.pinned[half];
-    std::memcpy(h, counts.data(), 4ull * B);
-    std::memcpy(h + off_lens, lens.data(), 4ull * B);
-    for (uint32_t b = 0; b < B; ++b)
-        std::memcpy(h + off_pages + uint64_t(b) * stride * sizeof(cuda::DevPage), s.pages.data() + list_begin[b],
-                    (list_begin[b + 1] - list_begin[b]) * sizeof(cuda::DevPage));
 
     // Device buffer (stream-ordered growth: no host synchronization).
     if (s.dev_bytes < total) {
@@ -283,7 +287,10 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     err = cudaMemcpyAsync(s.dev, h, staged, cudaMemcpyHostToDevice, stream);
     if (err == cudaSuccess) err = cudaEventRecord(s.copied[half], stream);
     if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMemcpyAsync of the plan to the device");
-    s.copied_valid[half] = true;
+    // An event recorded in a capture belongs to the graph: waiting on it
+    // outside the capture fails (cudaErrorCapturedEvent), and the graph
+    // orders its own copy. So only eager copies are waited for later.
+    s.copied_valid[half] = !capturing;
 
     const uint32_t *d_counts = reinterpret_cast<const uint32_t *>(s.dev);
     p.seq_len = reinterpret_cast<const uint32_t *>(s.dev + off_lens);
@@ -312,11 +319,9 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         p.lists = cuda::DevLists{t.out_pages, t.out_counts, stride, Hkv};
         // The exact selection stays on the device; bytes_read counts the summaries
         // scored plus the budget's worth of rows at the candidates' mean row cost.
-        uint64_t tokens = 0;
-        for (const cuda::DevPage &d : s.pages) tokens += uint64_t(d.end) - d.begin;
-        const uint64_t per_token = tokens ? bytes / tokens : 0;
-        bytes = std::min<uint64_t>(tokens, uint64_t(a.topk_token_budget) * B) * per_token +
-                uint64_t(s.pages.size()) * Hkv * summary_bound_bytes(D);
+        const uint64_t per_token = all_tokens ? bytes / all_tokens : 0;
+        bytes = std::min<uint64_t>(all_tokens, uint64_t(a.topk_token_budget) * B) * per_token +
+                uint64_t(s.entries.size()) * Hkv * summary_bound_bytes(D);
     }
 
     // 4. Fused decode + split-K merge, or the multi-token GEMM path.

@@ -65,8 +65,7 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
     S.entries.clear();
     S.entry_lo.assign(1, 0);
     for (uint32_t b = 0; b < B; ++b) {
-        collect_entries(snaps[b], a.plans ? a.plans[b] : nullptr, P, S.picked);
-        S.entries.insert(S.entries.end(), S.picked.begin(), S.picked.end());
+        collect_entries(snaps[b], a.plans ? a.plans[b] : nullptr, P, S.entries);
         S.entry_lo.push_back(uint32_t(S.entries.size()));
     }
 

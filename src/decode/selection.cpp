@@ -8,28 +8,43 @@
 
 namespace ikv {
 
-static void push_clipped(const SeqSnapshot &snap, uint32_t P, uint32_t page, uint32_t begin, uint32_t end,
-                         bool mandatory, dvec<Entry> &out) {
-    if (page >= snap.pages.size() || snap.pages[page].base == nullptr) return;  // absent or evicted
+// Writes the clipped entry at o and returns o + 1, or returns o (absent,
+// evicted or empty). Fields are stored one by one into storage sized up
+// front: push_back of an Entry temporary ran at ~11 ns per page (the
+// temporary's scalar stores read back by one 16-byte load), most of the host
+// time of a CUDA ikv_decode (bench/RESULTS.md section 1g); this runs at ~4.
+static Entry *put_clipped(const SeqSnapshot &snap, uint32_t P, uint32_t page, uint32_t begin, uint32_t end,
+                          bool mandatory, Entry *o) {
+    if (page >= snap.pages.size() || snap.pages[page].base == nullptr) return o;  // absent or evicted
     const uint64_t lo = uint64_t(page) * P;
     const uint64_t hi = std::min<uint64_t>(lo + P, snap.length);
     const uint64_t b = std::max<uint64_t>(begin, lo), e = std::min<uint64_t>(end, hi);
-    if (b < e) out.push_back(Entry{page, uint32_t(b), uint32_t(e), mandatory});
+    if (b >= e) return o;
+    o->page = page;
+    o->begin = uint32_t(b);
+    o->end = uint32_t(e);
+    o->mandatory = mandatory;
+    return o + 1;
 }
 
 void collect_entries(const SeqSnapshot &snap, const ikv_plan *plan, uint32_t P, dvec<Entry> &out) {
-    out.clear();
-    if (plan == nullptr) {
-        const uint32_t n_pages = uint32_t((uint64_t(snap.length) + P - 1) / P);
-        for (uint32_t p = 0; p < n_pages; ++p) push_clipped(snap, P, p, p * P, (p + 1) * P, false, out);
-        return;
-    }
     const ikv_plan_page *pages = nullptr;
     size_t n = 0;
-    if (ikv_plan_pages(plan, &pages, &n) != IKV_OK) return;  // checked by the API layer
-    for (size_t i = 0; i < n; ++i)
-        push_clipped(snap, P, pages[i].page, pages[i].token_begin, pages[i].token_end,
-                     (pages[i].flags & IKV_PAGE_MANDATORY) != 0, out);
+    if (plan == nullptr)
+        n = size_t((uint64_t(snap.length) + P - 1) / P);
+    else if (ikv_plan_pages(plan, &pages, &n) != IKV_OK)
+        return;  // checked by the API layer
+    const size_t n0 = out.size();
+    out.resize(n0 + n);  // at most one entry per page / plan entry; shrunk below
+    Entry *o = out.data() + n0;
+    if (plan == nullptr) {
+        for (uint32_t p = 0; p < uint32_t(n); ++p) o = put_clipped(snap, P, p, p * P, (p + 1) * P, false, o);
+    } else {
+        for (size_t i = 0; i < n; ++i)
+            o = put_clipped(snap, P, pages[i].page, pages[i].token_begin, pages[i].token_end,
+                            (pages[i].flags & IKV_PAGE_MANDATORY) != 0, o);
+    }
+    out.resize(size_t(o - out.data()));
 }
 
 void split_signs(const float *q, uint64_t n, float *qpos, float *qneg) {

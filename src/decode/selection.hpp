@@ -26,7 +26,8 @@ struct Entry {
 
 // The entries a sequence reads: plan entries (plan != nullptr) or one per
 // live page, each clipped to [page*P, min((page+1)*P, length)); entries of
-// evicted pages, or that end up empty, are dropped. Order is kept.
+// evicted pages, or that end up empty, are dropped. Order is kept. They are
+// appended to out (both backends gather every sequence's into one list).
 void collect_entries(const SeqSnapshot &snap, const ikv_plan *plan, uint32_t P, dvec<Entry> &out);
 
 // qpos[e] = max(q[e], 0), qneg[e] = min(q[e], 0) for e < n: the query in the

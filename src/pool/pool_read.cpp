@@ -110,9 +110,11 @@ ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, Se
     } catch (const std::bad_alloc &) {
         return fail(IKV_E_NOMEM, "ikv_decode: out of host memory");
     }
-    for (uint32_t p = 0; p < n_pages; ++p) {
+    for (uint32_t p = 0; p < n_pages; ++p) {  // fields stored one by one (decode/selection.cpp: put_clipped)
         const PageRec *rec = seq.pages[p];
-        out->pages[p] = rec ? PageRef{rec->bytes, rec->format} : PageRef{nullptr, IKV_FMT_F16};
+        PageRef &r = out->pages[p];
+        r.base = rec ? rec->bytes : nullptr;
+        r.format = rec ? rec->format : IKV_FMT_F16;
     }
     out->length = len;
     return IKV_OK;

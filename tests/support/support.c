@@ -1,9 +1,11 @@
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "support.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 uint64_t ikvt_next(ikvt_rng *r) {
     uint64_t z = (r->state += 0x9E3779B97F4A7C15ull);
@@ -114,4 +116,15 @@ void ikvt_skip_program(const char *why) {
     printf("SKIPPED: %s\n", why);
     fflush(stdout);
     exit(77);
+}
+
+double ikvt_now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+int ikvt_cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }

@@ -50,6 +50,11 @@ double ikvt_rel_l2(const float *a, const double *b, size_t n);
 void ikvt_ref_attention(const double *q, const double *k, const double *v, size_t n, size_t d, double scale,
                         double softcap, double *out, double *lse);
 
+/* Timing for the benchmark modes of the GPU tests (reported, never asserted):
+ * a monotonic clock in microseconds, and a qsort comparator for medians. */
+double ikvt_now_us(void);
+int ikvt_cmp_double(const void *a, const void *b);
+
 /* Skip the whole test program (CTest SKIP_RETURN_CODE 77) with a visible reason. */
 void ikvt_skip_program(const char *why);
 
