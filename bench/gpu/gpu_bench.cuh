@@ -113,7 +113,7 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
     // IKV_BENCH_B / IKV_BENCH_CTX (optional) restrict the run to one batch size / context (profiling).
     // IKV_BENCH_FMT (f16, fp8, int8, int4) restricts the formats the same way.
     const char *only_b = getenv("IKV_BENCH_B"), *only_ctx = getenv("IKV_BENCH_CTX"), *only_f = getenv("IKV_BENCH_FMT");
-    // IKV_BENCH_SWEEP=1 also times each B = 1 case at a range of split counts.
+    // IKV_BENCH_SWEEP=1 also times each case at a range of split counts (B = 1: 8..128; else 1..24).
     const bool sweep = getenv("IKV_BENCH_SWEEP") != nullptr;
     for (uint32_t B : Bs)
         for (uint32_t ctx : ctxs)
@@ -233,10 +233,12 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                         };
                     };
                     const double ms = tm.median_ms(step_of(v), reps, batch);
-                    if (sweep && B == 1 && !other) {
+                    if (sweep && !other) {
                         // IKV_BENCH_SWEEP=1: the same step at other split counts (tunes decode_choose_splits).
                         printf("sweep %s B=%u ctx=%u %s (chosen %u splits):", name.c_str(), B, ctx, fnames[f], v.n_splits);
-                        for (uint32_t sp : {8u, 16u, 24u, 32u, 48u, 64u, 96u, 128u}) {
+                        const std::vector<uint32_t> counts = B == 1 ? std::vector<uint32_t>{8, 16, 24, 32, 48, 64, 96, 128}
+                                                                    : std::vector<uint32_t>{1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24};
+                        for (uint32_t sp : counts) {
                             ikv::cuda::DecodeParams w = v;
                             w.n_splits = sp;
                             if (ikv::cuda::decode_workspace_bytes(w, sp) > ws_bytes) continue;
