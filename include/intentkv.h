@@ -795,6 +795,35 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
  */
 IKV_API ikv_status ikv_decoder_last_bytes_read(const ikv_decoder *decoder, uint64_t *bytes_out);
 
+/**
+ * Counters of a decoder since it was created, for engines that want to see
+ * what their calls cost. Each successful ikv_decode either built its page
+ * lists (which tokens of which pages each sequence reads: block-table
+ * snapshots and list building on the host, and on CUDA an upload) or reused
+ * those of the previous successful call on this decoder. It reuses them when
+ * the pool, the sequences (in order), their stored lengths at the call's
+ * layer and the plans (the same plan objects) are those of that call, and no
+ * sequence's block table changed since: no page was allocated, copied
+ * (copy-on-write), evicted, truncated away or given another format. An
+ * engine calling ikv_decode once per layer with the same batch and plans
+ * therefore builds lists once per step (appends that stay inside allocated
+ * pages keep them; one that opens a page, the first call after it, builds).
+ * A call on a capturing CUDA stream always builds (the graph holds its own
+ * upload), and so does the first eager call after it.
+ * Set struct_size before the call; fields beyond it are not written.
+ * Errors: IKV_E_NULL, IKV_E_INVALID (struct_size).
+ */
+typedef struct ikv_decoder_stats {
+    uint32_t struct_size;
+    uint32_t reserved;
+    uint64_t steps;          /**< successful ikv_decode calls */
+    uint64_t lists_built;    /**< of them, calls that built their page lists */
+    uint64_t lists_reused;   /**< calls that reused the previous call's lists */
+    uint64_t last_bytes_read;/**< as ikv_decoder_last_bytes_read */
+} ikv_decoder_stats;
+
+IKV_API ikv_status ikv_decoder_get_stats(const ikv_decoder *decoder, ikv_decoder_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

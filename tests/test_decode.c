@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "list_reuse.h"
 #include "support.h"
 
 static ikv_decoder *g_dec1; /* 1 thread */
@@ -939,6 +940,14 @@ static int setup(void **state) {
     return 0;
 }
 
+/* Page lists kept across calls (ikv_decoder_get_stats): reused exactly while
+ * nothing that decides them changed; outputs bitwise those of a fresh
+ * decoder after every kind of pool change (support/list_reuse.c). */
+static void test_page_lists_reused_across_layers(void **state) {
+    (void)state;
+    ikvt_list_reuse_scenario(IKV_BACKEND_CPU);
+}
+
 static int teardown(void **state) {
     (void)state;
     ikv_decoder_destroy(g_dec1);
@@ -975,6 +984,7 @@ int main(void) {
         cmocka_unit_test(test_long_context_128k),
         cmocka_unit_test(test_bytes_read_dense_f16),
         cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_page_lists_reused_across_layers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

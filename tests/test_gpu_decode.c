@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "cuda_rt.h"
+#include "list_reuse.h"
 #include "support.h"
 
 /* ---- runs everywhere ---- */
@@ -328,6 +329,13 @@ static void test_long_multi_token_step(void **state) {
  * fills both staging halves; the captured call then allocates nothing and
  * skips its host wait, as cuda_decode does while its stream is capturing);
  * relaxed capture mode, the most permissive an engine may use. */
+/* Page lists kept across calls on a CUDA pool: the scenario of test_decode
+ * (support/list_reuse.c) with device q/out/lse. */
+static void test_page_lists_reused_across_layers(void **state) {
+    (void)state;
+    ikvt_list_reuse_scenario(IKV_BACKEND_CUDA);
+}
+
 static void test_decode_step_captured_in_cuda_graph(void **state) {
     (void)state;
     ikvt_rng rng = {0x6A7F};
@@ -369,14 +377,30 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
     assert_int_equal(ikvt_rt.memcpy_(replay, dout, 4 * n_out, IKVT_D2H), 0);
     assert_memory_equal(eager, replay, 4 * n_out);
     /* Eager calls on the same decoder after the capture (both staging halves,
-     * one of them last copied inside the capture) run and write the same. */
-    for (int i = 0; i < 3; ++i) {
+     * one of them last copied inside the capture) run and write the same: the
+     * first builds its lists (the captured upload only runs at replay), the
+     * others reuse them, the last one on another stream (the default one,
+     * ordered after the lists' copy on the device). */
+    ikv_decoder_stats counts;
+    memset(&counts, 0, sizeof counts);
+    counts.struct_size = sizeof counts;
+    IKVT_OK(ikv_decoder_get_stats(dec, &counts));
+    assert_int_equal(counts.lists_built, 2); /* the first warm-up call and the captured one */
+    assert_int_equal(counts.lists_reused, 1);
+    for (int i = 0; i < 4; ++i) {
         assert_int_equal(ikvt_rt.memset_(dout, 0xFF, 4 * n_out), 0);
+        if (i == 3) {
+            assert_int_equal(ikvt_rt.sync_(), 0);
+            a.stream = NULL;
+        }
         IKVT_OK(ikv_decode(dec, gpu, &a));
-        assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+        assert_int_equal(ikvt_rt.sync_(), 0);
         assert_int_equal(ikvt_rt.memcpy_(replay, dout, 4 * n_out, IKVT_D2H), 0);
         assert_memory_equal(eager, replay, 4 * n_out);
     }
+    IKVT_OK(ikv_decoder_get_stats(dec, &counts));
+    assert_int_equal(counts.lists_built, 3);
+    assert_int_equal(counts.lists_reused, 4);
 
     ikvt_rt.graph_exec_destroy_(exec);
     ikvt_rt.graph_destroy_(graph);
@@ -389,17 +413,43 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
 }
 
 /* ---- IKV_GPU_DECODE_BENCH=1: a decode step through the public API (reported, not asserted) ----
- * What an engine pays per step, next to the kernels alone (bench/gpu
+ * What an engine pays per layer call, next to the kernels alone (bench/gpu
  * gpu_decode_check --bench times launch_decode on device lists it built
- * once): ikv_decode on a CUDA pool also snapshots the sequences, builds the
- * page lists on the host, copies them to the device and launches. The bench
- * shape: 1 layer, 8 kv-heads, 32 q-heads, head_dim 128, page 16, F16 pages,
- * F16 q/out on the device, one stream. Per case: the step time (STEPS calls
- * back to back, then one stream sync: the host runs ahead of the GPU by at
- * most the decoder's two staging buffers), the host time of one call
- * (median, p90), and bytes read per second. */
+ * once): ikv_decode on a CUDA pool also checks the sequences and, unless the
+ * decoder's page lists still hold (ikv_decoder_get_stats), snapshots them,
+ * builds the lists on the host, copies them to the device and launches. The
+ * bench shape: 4 layers, 8 kv-heads, 32 q-heads, head_dim 128, page 16, F16
+ * pages, F16 q/out on the device, one stream. Two loops per case:
+ *   layers  STEPS calls cycling over the layers with the same batch (one
+ *           engine step after another with no new token): the step time
+ *           (calls back to back, then one stream sync), the host time of
+ *           one call (median, p90), bytes read per second;
+ *   append  an engine's decode loop: per layer, append one token to every
+ *           sequence (device K/V) and decode that layer; time per layer
+ *           (append included); the sequences are truncated back afterwards.
+ * Sequences hold ctx - 16 tokens (the append loop adds 12 a layer), so top-k
+ * at 128K stays within its 8192 candidate pages. Each line ends with how
+ * many calls built their lists and how many reused them. */
+static void bench_line(const char *mode, uint32_t B, uint32_t ctx, int topk, double step_us, const double *host,
+                       int n, ikv_decoder *dec, const ikv_decoder_stats *before) {
+    ikv_decoder_stats st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    IKVT_OK(ikv_decoder_get_stats(dec, &st));
+    double *sorted = malloc(sizeof(double) * n);
+    memcpy(sorted, host, sizeof(double) * n);
+    qsort(sorted, n, sizeof sorted[0], ikvt_cmp_double);
+    printf("BENCH decode B=%-2u ctx=%-6u %-6s %-6s step %.4f ms  %6.0f GB/s of %.1f MB read  host %.1f us per call "
+           "(p90 %.1f)  lists built %llu reused %llu\n",
+           B, ctx, topk ? "topk25" : "dense", mode, step_us * 1e-3, (double)st.last_bytes_read / (step_us * 1e3),
+           st.last_bytes_read / 1e6, sorted[n / 2], sorted[n * 9 / 10],
+           (unsigned long long)(st.lists_built - before->lists_built),
+           (unsigned long long)(st.lists_reused - before->lists_reused));
+    free(sorted);
+}
+
 static void run_decode_bench(void) {
-    enum { BH = 8, BD = 128, BP = 16, BHQ = 32, CHUNK = 4096, WARM = 5, STEPS = 50 };
+    enum { BL = 4, BH = 8, BD = 128, BP = 16, BHQ = 32, CHUNK = 4096, WARM = 8, STEPS = 48 };
     static const uint32_t cases[][2] = {{1, 8192}, {1, 32768}, {1, 131072}, {8, 8192}, {8, 32768}, {32, 32768}};
     ikvt_rng rng = {7};
     const size_t chunk_elems = (size_t)CHUNK * BH * BD;
@@ -413,17 +463,19 @@ static void run_decode_bench(void) {
     IKVT_OK(ikv_decoder_create(&dc, &dec));
     void *stream = NULL;
     assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
-    printf("BENCH ikv_decode on a CUDA pool: %d kv-heads, %d q-heads, head_dim %d, page %d, F16 pages and q/out\n", BH,
-           BHQ, BD, BP);
+    printf("BENCH ikv_decode on a CUDA pool: %d layers, %d kv-heads, %d q-heads, head_dim %d, page %d, F16 pages and "
+           "q/out\n",
+           BL, BH, BHQ, BD, BP);
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci) {
         const uint32_t B = cases[ci][0], ctx = cases[ci][1];
         ikv_pool_config c = ikv_pool_default_config();
         c.backend = IKV_BACKEND_CUDA;
-        c.n_layers = 1;
+        c.n_layers = BL;
         c.n_kv_heads = BH;
         c.head_dim = BD;
         c.page_size = BP;
-        c.capacity_bytes = (uint64_t)B * ctx * 5000u + (64u << 20); /* 4 KiB of K+V a token, summaries, margin */
+        /* 4 KiB of K+V per token and layer, summaries, the append loop's tokens, margin */
+        c.capacity_bytes = (uint64_t)B * (ctx + 2 * STEPS + BP) * BL * 5000u + (64u << 20);
         c.default_format = IKV_FMT_F16;
         c.kv_dtype = IKV_DTYPE_F16;
         ikv_pool *pool = NULL;
@@ -431,13 +483,15 @@ static void run_decode_bench(void) {
         ikv_seq_id seqs[32];
         for (uint32_t b = 0; b < B; ++b) {
             IKVT_OK(ikv_seq_create(pool, &seqs[b]));
-            for (uint32_t t = 0; t < ctx; t += CHUNK) {
-                ikv_append a = ikv_append_default(pool, CHUNK);
-                a.k = dk;
-                a.v = dk;
-                a.src_on_device = 1;
-                IKVT_OK(ikv_pool_append(pool, seqs[b], &a));
-            }
+            for (uint32_t l = 0; l < BL; ++l) /* every layer gets the same K/V */
+                for (uint32_t t = 0; t < ctx - BP; t += CHUNK) {
+                    ikv_append a = ikv_append_default(pool, t + CHUNK <= ctx - BP ? CHUNK : ctx - BP - t);
+                    a.layer = l;
+                    a.k = dk;
+                    a.v = dk;
+                    a.src_on_device = 1;
+                    IKVT_OK(ikv_pool_append(pool, seqs[b], &a));
+                }
         }
         const size_t n_q = (size_t)B * BHQ * BD;
         float *qf = malloc(4 * n_q);
@@ -456,24 +510,44 @@ static void run_decode_bench(void) {
             a.out_dtype = IKV_DTYPE_F16;
             a.topk_token_budget = topk ? ctx / 4 : 0;
             a.stream = stream;
-            for (int i = 0; i < WARM; ++i) IKVT_OK(ikv_decode(dec, pool, &a));
+            for (int i = 0; i < WARM; ++i) {
+                a.layer = i % BL;
+                IKVT_OK(ikv_decode(dec, pool, &a));
+            }
             assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
             double host[STEPS];
-            const double t0 = ikvt_now_us();
+            ikv_decoder_stats before;
+            memset(&before, 0, sizeof before);
+            before.struct_size = sizeof before;
+            IKVT_OK(ikv_decoder_get_stats(dec, &before));
+            double t0 = ikvt_now_us();
             for (int i = 0; i < STEPS; ++i) {
+                a.layer = i % BL;
                 const double h0 = ikvt_now_us();
                 IKVT_OK(ikv_decode(dec, pool, &a));
                 host[i] = ikvt_now_us() - h0;
             }
             assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
-            const double step_us = (ikvt_now_us() - t0) / STEPS;
-            uint64_t bytes = 0;
-            IKVT_OK(ikv_decoder_last_bytes_read(dec, &bytes));
-            qsort(host, STEPS, sizeof host[0], ikvt_cmp_double);
-            printf("BENCH decode B=%-2u ctx=%-6u %-6s step %.4f ms  %6.0f GB/s of %.1f MB read  host %.1f us per call "
-                   "(p90 %.1f)\n",
-                   B, ctx, topk ? "topk25" : "dense", step_us * 1e-3, (double)bytes / (step_us * 1e3), bytes / 1e6,
-                   host[STEPS / 2], host[STEPS * 9 / 10]);
+            bench_line("layers", B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
+
+            /* The engine loop: a token per layer, then that layer's decode. */
+            ikv_append ap = ikv_append_default(pool, 1);
+            ap.k = dk;
+            ap.v = dk;
+            ap.src_on_device = 1;
+            ap.stream = stream;
+            IKVT_OK(ikv_decoder_get_stats(dec, &before));
+            t0 = ikvt_now_us();
+            for (int i = 0; i < STEPS; ++i) {
+                a.layer = ap.layer = i % BL;
+                for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_pool_append(pool, seqs[b], &ap));
+                const double h0 = ikvt_now_us();
+                IKVT_OK(ikv_decode(dec, pool, &a));
+                host[i] = ikvt_now_us() - h0;
+            }
+            assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+            bench_line("append", B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
+            for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_truncate(pool, seqs[b], STEPS / BL));
         }
         ikvt_rt.free_(dq), ikvt_rt.free_(dout);
         free(qf), free(qh);
@@ -501,6 +575,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_pool_and_decode_match_cpu),
         cmocka_unit_test(test_long_multi_token_step),
         cmocka_unit_test(test_decode_step_captured_in_cuda_graph),
+        cmocka_unit_test(test_page_lists_reused_across_layers),
     };
     const int rc = cmocka_run_group_tests_name("cuda_gpu", gpu, NULL, NULL);
     if (rc == 0 && bench && strcmp(bench, "1") == 0) run_decode_bench();

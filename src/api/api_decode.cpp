@@ -24,7 +24,7 @@ constexpr uint32_t kMaxThreads = 1024;
 
 bool valid_dtype(int dt) { return dt == IKV_DTYPE_F32 || dt == IKV_DTYPE_F16 || dt == IKV_DTYPE_BF16; }
 
-ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, std::vector<ikv::SeqSnapshot> &snaps) {
+ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListMemory &lists) {
     const char *fn = "ikv_decode";
     const ikv::PageShape &shape = ikv::pool_shape(pool);
     IKV_CHECK_NULL(a.seqs, fn);
@@ -60,18 +60,15 @@ ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, std::vecto
                 return ikv::fail(IKV_E_INVALID, "%s: args->plans[%u] has page_size %u, the pool's page_size is %u", fn,
                                  b, sum.page_size, shape.page_size);
         }
-    snaps.resize(a.n_seqs);
-    for (uint32_t b = 0; b < a.n_seqs; ++b) {
-        const ikv_status st = ikv::pool_snapshot(pool, a.seqs[b], a.layer, &snaps[b]);
-        if (st != IKV_OK) {
-            const std::string why = ikv::last_error();
-            return ikv::fail(st, "%s: args->seqs[%u] = %u: %s", fn, b, a.seqs[b], why.c_str());
-        }
-        if (a.n_query_tokens > snaps[b].length)
+    // The sequences' states (lengths, block table generations): enough to
+    // check the call and to tell whether the decoder's page lists still hold.
+    ikv_status st = lists.observe(pool, a);
+    if (st != IKV_OK) return st;
+    for (uint32_t b = 0; b < a.n_seqs; ++b)
+        if (a.n_query_tokens > lists.state(b).length)
             return ikv::fail(IKV_E_INVALID,
                              "%s: args->n_query_tokens %u exceeds the %u tokens stored in layer %u of sequence %u", fn,
-                             a.n_query_tokens, snaps[b].length, a.layer, a.seqs[b]);
-    }
+                             a.n_query_tokens, lists.state(b).length, a.layer, a.seqs[b]);
     return IKV_OK;
 }
 
@@ -131,17 +128,25 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
     IKV_CHECK_NULL(args, fn);
     IKV_CHECK_STRUCT(args, sizeof(ikv_decode_args), fn);
     const ikv_decode_args a = ikv::read_config(*args, ikv_decode_args_default());
+    ikv::ListMemory &mem = decoder->lists;
     try {
-        std::vector<ikv::SeqSnapshot> &snaps = decoder->snaps;
-        ikv_status st = check_args(pool, a, snaps);
+        ikv_status st = check_args(pool, a, mem);
         if (st != IKV_OK) return st;
+        ikv::StepLists lists;
+        lists.reuse = mem.reusable();
+        mem.forget();  // until this call succeeds: a failed one may have rewritten the lists
+        lists.snaps = &mem.snaps;
+        lists.pool = pool;
+        lists.args = &a;
         uint64_t bytes = 0;
         if (ikv::pool_backend(pool) == IKV_BACKEND_CUDA)
-            st = ikv::cuda_decode(&decoder->cuda, pool, &a, snaps, &bytes);
+            st = ikv::cuda_decode(&decoder->cuda, pool, &a, lists, &bytes);
         else
-            st = ikv::cpu_decode(decoder->threads, decoder->scratch, pool, a, snaps, &bytes);
-        if (st == IKV_OK) decoder->last_bytes = bytes;
-        return st;
+            st = ikv::cpu_decode(decoder->threads, decoder->scratch, pool, a, lists, &bytes);
+        if (st != IKV_OK) return st;
+        mem.finish(lists.reuse, lists.keep);
+        decoder->last_bytes = bytes;
+        return IKV_OK;
     } catch (const std::bad_alloc &) {
         return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     } catch (const std::exception &e) {
@@ -153,6 +158,21 @@ IKV_API ikv_status ikv_decoder_last_bytes_read(const ikv_decoder *decoder, uint6
     IKV_CHECK_NULL(decoder, "ikv_decoder_last_bytes_read");
     IKV_CHECK_NULL(bytes_out, "ikv_decoder_last_bytes_read");
     *bytes_out = decoder->last_bytes;
+    return IKV_OK;
+}
+
+IKV_API ikv_status ikv_decoder_get_stats(const ikv_decoder *decoder, ikv_decoder_stats *out) {
+    const char *fn = "ikv_decoder_get_stats";
+    IKV_CHECK_NULL(decoder, fn);
+    IKV_CHECK_NULL(out, fn);
+    IKV_CHECK_STRUCT(out, 2 * sizeof(uint32_t) + sizeof(uint64_t), fn);  // up to `steps`, the first field
+    ikv_decoder_stats v{};
+    v.struct_size = sizeof v;
+    v.steps = decoder->lists.steps;
+    v.lists_built = decoder->lists.built;
+    v.lists_reused = decoder->lists.reused;
+    v.last_bytes_read = decoder->last_bytes;
+    ikv::write_versioned(out, v);
     return IKV_OK;
 }
 

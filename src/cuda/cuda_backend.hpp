@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "intentkv.h"
+#include "decode/step_lists.hpp"
 #include "pool/pool_view.hpp"
 
 namespace ikv {
@@ -17,11 +18,14 @@ struct CudaDecoderState;
 void cuda_decoder_state_destroy(CudaDecoderState *state);
 
 // Decode on a CUDA pool: args were checked by src/api/ against the pool's
-// shape, which took snaps[b] (sequence b's block table at args->layer, device
-// page addresses); *state is created on first use. Enqueues on args->stream without
-// host synchronization. *bytes_read: K/V bytes the step reads (host-computed).
-ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args,
-                       const std::vector<SeqSnapshot> &snaps, uint64_t *bytes_read);
+// shape; *state is created on first use. With lists.reuse the device page
+// lists of the last call are this call's (used unless the stream is
+// capturing); otherwise the call takes snapshots and builds and uploads them.
+// Sets lists.reuse to whether it reused them and lists.keep to whether its
+// lists may serve a later call. Enqueues on args->stream without host
+// synchronization. *bytes_read: K/V bytes the step reads (host-computed).
+ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, StepLists &lists,
+                       uint64_t *bytes_read);
 
 
 }  // namespace ikv

@@ -2,6 +2,10 @@
 // arguments were checked against the pool).
 //
 // One step, all enqueued on args->stream, no host synchronization:
+//   0. when the decoder's page lists are still exact for this call
+//      (decode/step_lists.hpp: same sequences, lengths, block tables and
+//      plans as the last call, as for every layer of one engine step), steps
+//      1-2 are skipped and the lists already on the device are read again;
 //   1. host: per sequence, the entries it reads (plan entries or every live
 //      page, clipped, evicted pages dropped: decode/selection.hpp's
 //      collect_entries, the same rule as the CPU path) become DevPage records
@@ -15,8 +19,8 @@
 //      (cuda_multi_token.hpp: dequantized key tiles + cuBLASLt GEMMs) does.
 //      IKV_CUDA_MULTI_TOKEN=fused|gemm|auto (read once, default auto) forces
 //      either path so tests run both.
-// Device buffers grow with cudaMallocAsync/cudaFreeAsync on the stream. The
-// pinned staging buffer is double-buffered; before refilling one half the
+// Device buffers (the lists; the workspace) grow with cudaMallocAsync/
+// cudaFreeAsync on the stream. The pinned staging buffer is double-buffered; before refilling one half the
 // host waits for the copy that last read it (issued two steps earlier, long
 // finished in a steady loop), never for the kernels.
 #include <cuda_runtime_api.h>
@@ -38,6 +42,19 @@
 
 namespace ikv {
 
+// What building a call's page lists taught the host; kept beside the device
+// lists so that a call reusing them (decode/step_lists.hpp) knows it too.
+struct ListSummary {
+    uint32_t n_seqs = 0;
+    uint32_t stride = 1;     // capacity of one sequence's list (entries): the longest list
+    uint32_t max_count = 0;  // entries of the longest list
+    dvec<uint32_t> tokens, mandatory;  // per sequence: rows listed, and those of mandatory entries
+    uint64_t n_entries = 0, all_tokens = 0;
+    uint64_t bytes = 0;      // K/V bytes of every listed row, all kv-heads
+    uint32_t formats = 0;    // bit per page format listed
+    uint64_t off_lens = 0, off_pages = 0, staged = 0;  // layout of the staged lists (bytes)
+};
+
 struct CudaDecoderState {
     int device = -1;
     int n_sms = 0;
@@ -47,7 +64,13 @@ struct CudaDecoderState {
     cudaEvent_t copied[2] = {nullptr, nullptr};  // the copy that last read pinned[i]
     bool copied_valid[2] = {false, false};
     int next = 0;
-    // Device buffer: staged lists + top-k output + workspace.
+    // The device page lists (counts | lens | pages) and what they hold.
+    uint8_t *lists = nullptr;
+    uint64_t lists_bytes = 0;
+    int lists_half = -1;                // staging half whose copy filled them; -1: none
+    cudaStream_t lists_stream = nullptr;  // the stream of that copy
+    ListSummary sum;
+    // Device workspace: top-k scores and lists, then the decode's split partials.
     uint8_t *dev = nullptr;
     uint64_t dev_bytes = 0;
     dvec<Entry> entries;  // every sequence's entries of the current call, one after another
@@ -65,9 +88,10 @@ void cuda_decoder_state_destroy(CudaDecoderState *s) {
             }
             if (s->pinned[i]) cudaFreeHost(s->pinned[i]);
         }
-        if (s->dev) {
-            cudaDeviceSynchronize();  // the decoder's last steps may still read it
-            cudaFree(s->dev);
+        if (s->dev || s->lists) {
+            cudaDeviceSynchronize();  // the decoder's last steps may still read them
+            if (s->dev) cudaFree(s->dev);
+            if (s->lists) cudaFree(s->lists);
         }
         cuda::multi_token_destroy(s->gemm);
     }
@@ -139,10 +163,126 @@ ikv_status ensure_state(CudaDecoderState **state, int device) {
     return IKV_OK;
 }
 
+// Grow a stream-ordered device buffer to at least `need` bytes (half again
+// as much, so slowly growing steps do not reallocate every time).
+cudaError_t grow_device(uint8_t **buf, uint64_t *bytes, uint64_t need, cudaStream_t stream) {
+    if (*bytes >= need) return cudaSuccess;
+    if (*buf) cudaFreeAsync(*buf, stream);
+    *buf = nullptr;
+    *bytes = 0;
+    const uint64_t want = need + need / 2;
+    const cudaError_t err = cudaMallocAsync(reinterpret_cast<void **>(buf), want, stream);
+    if (err == cudaSuccess) *bytes = want;
+    return err;
+}
+
+// Steps 1-2 of the header comment: take the snapshots, collect every
+// sequence's entries, write the DevPage records into a pinned staging half
+// and copy it to s.lists on the stream; s.sum describes the result.
+ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_args &a, const StepLists &lists,
+                       cudaStream_t stream, bool capturing) {
+    const PageShape &shape = pool_shape(pool);
+    const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
+    s.lists_half = -1;  // whatever happens below, the old lists are gone
+    ikv_status st = lists.take_snapshots();
+    if (st != IKV_OK) return st;
+    const std::vector<SeqSnapshot> &snaps = *lists.snaps;
+    ListSummary &sum = s.sum;
+    sum.n_seqs = B;
+    sum.tokens.resize(B);
+    sum.mandatory.resize(B);
+    std::vector<uint32_t> counts(B), lens(B);
+    std::vector<uint64_t> first(B + 1, 0);  // sequence b's entries: [first[b], first[b + 1])
+    sum.max_count = 0;
+    s.entries.clear();
+    for (uint32_t b = 0; b < B; ++b) {
+        collect_entries(snaps[b], a.plans ? a.plans[b] : nullptr, P, s.entries);
+        first[b + 1] = s.entries.size();
+        lens[b] = snaps[b].length;
+        counts[b] = uint32_t(first[b + 1] - first[b]);
+        sum.max_count = std::max(sum.max_count, counts[b]);
+        uint64_t tokens = 0, mandatory = 0;
+        for (uint64_t i = first[b]; i < first[b + 1]; ++i) {
+            const Entry &e = s.entries[i];
+            tokens += e.end - e.begin;
+            if (e.mandatory) mandatory += e.end - e.begin;
+        }
+        sum.tokens[b] = uint32_t(tokens);
+        sum.mandatory[b] = uint32_t(mandatory);
+    }
+    sum.n_entries = s.entries.size();
+    sum.stride = std::max<uint32_t>(sum.max_count, 1);
+
+    // The pinned staging half: counts[B] | lens[B] | pages[B][stride], the
+    // same layout as on the device. The DevPage records are written straight
+    // into it (bench/RESULTS.md section 1g: this host part was most of an
+    // ikv_decode call, ~25 ns per page with a host vector and a second copy).
+    sum.off_lens = align256(4ull * B);
+    sum.off_pages = sum.off_lens + align256(4ull * B);
+    sum.staged = sum.off_pages + align256(uint64_t(B) * sum.stride * sizeof(cuda::DevPage));
+    const int half = s.next;
+    cudaError_t err = cudaSuccess;
+    if (s.copied_valid[half] && !capturing) {
+        err = cudaEventSynchronize(s.copied[half]);
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "waiting for an earlier staging copy");
+    }
+    if (s.pinned_bytes[half] < sum.staged) {
+        if (s.pinned[half]) cudaFreeHost(s.pinned[half]);
+        s.pinned[half] = nullptr;
+        s.pinned_bytes[half] = 0;
+        err = cudaHostAlloc(reinterpret_cast<void **>(&s.pinned[half]), sum.staged * 2, cudaHostAllocDefault);
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaHostAlloc of the plan staging buffer");
+        s.pinned_bytes[half] = sum.staged * 2;
+    }
+    s.next ^= 1;
+    uint8_t *h = s.pinned[half];
+    std::memcpy(h, counts.data(), 4ull * B);
+    std::memcpy(h + sum.off_lens, lens.data(), 4ull * B);
+    uint64_t full_bytes[IKV_FMT_COUNT];  // bytes a whole page's K/V rows and scales cost, all kv-heads
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) full_bytes[f] = uint64_t(Hkv) * subpage_read_bytes(ikv_format(f), P, D, P);
+    sum.bytes = 0;
+    sum.all_tokens = 0;
+    sum.formats = 0;
+    for (uint32_t b = 0; b < B; ++b) {
+        const SeqSnapshot &snap = snaps[b];
+        cuda::DevPage *out = reinterpret_cast<cuda::DevPage *>(h + sum.off_pages) + uint64_t(b) * sum.stride;
+        for (uint64_t i = first[b]; i < first[b + 1]; ++i) {
+            const Entry &e = s.entries[i];
+            const PageRef &ref = snap.pages[e.page];
+            const uint32_t n = e.end - e.begin;
+            cuda::DevPage &d = *out++;  // fields stored one by one (no temporary: see collect_entries)
+            d.base = ref.base;
+            d.pos0 = e.page * P;
+            d.begin = uint8_t(e.begin - d.pos0);
+            d.end = uint8_t(e.end - d.pos0);
+            d.format = uint8_t(ref.format);
+            d.flags = uint8_t((e.mandatory ? IKV_PAGE_MANDATORY : 0u) | (n < P ? IKV_PAGE_PARTIAL : 0u));
+            sum.formats |= 1u << ref.format;
+            sum.bytes += n == P ? full_bytes[ref.format] : uint64_t(Hkv) * subpage_read_bytes(ref.format, P, D, n);
+            sum.all_tokens += n;
+        }
+    }
+    err = grow_device(&s.lists, &s.lists_bytes, sum.staged, stream);
+    if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMallocAsync of the decoder's device page lists");
+    err = cudaMemcpyAsync(s.lists, h, sum.staged, cudaMemcpyHostToDevice, stream);
+    if (err == cudaSuccess) err = cudaEventRecord(s.copied[half], stream);
+    if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMemcpyAsync of the plan to the device");
+    // An event recorded in a capture belongs to the graph: waiting on it
+    // outside the capture fails (cudaErrorCapturedEvent), and the graph
+    // orders its own copy. So only eager copies are waited for later, and
+    // only eager lists are kept: a captured copy runs at replay time.
+    s.copied_valid[half] = !capturing;
+    if (!capturing) {
+        s.lists_half = half;
+        s.lists_stream = stream;
+    }
+    return IKV_OK;
+}
+
 }  // namespace
 
-ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args,
-                       const std::vector<SeqSnapshot> &snaps, uint64_t *bytes_read) {
+ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, StepLists &lists,
+                       uint64_t *bytes_read) {
     const ikv_decode_args &a = *args;
     const PageShape &shape = pool_shape(pool);
     const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
@@ -155,87 +295,39 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     if (st != IKV_OK) return st;
     CudaDecoderState &s = **state;
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
-
-    // 1. The entries every sequence reads, on the host (one flat list).
-    std::vector<uint32_t> counts(B), lens(B);
-    std::vector<uint64_t> first(B + 1, 0);  // sequence b's entries: [first[b], first[b + 1])
-    uint32_t max_count = 0;
-    uint32_t max_tokens = 0;  // rows of the longest list a kernel reads (after top-k: a bound)
-    s.entries.clear();
-    for (uint32_t b = 0; b < B; ++b) {
-        collect_entries(snaps[b], a.plans ? a.plans[b] : nullptr, P, s.entries);
-        first[b + 1] = s.entries.size();
-        lens[b] = snaps[b].length;
-        counts[b] = uint32_t(first[b + 1] - first[b]);
-        max_count = std::max(max_count, counts[b]);
-        uint64_t tokens = 0, mandatory = 0;
-        for (uint64_t i = first[b]; i < first[b + 1]; ++i) {
-            const Entry &e = s.entries[i];
-            tokens += e.end - e.begin;
-            if (e.mandatory) mandatory += e.end - e.begin;
-        }
-        // Top-k keeps the mandatory rows and others only while within the budget.
-        if (a.topk_token_budget > 0) tokens = std::min<uint64_t>(tokens, std::max<uint64_t>(mandatory, a.topk_token_budget));
-        max_tokens = std::max(max_tokens, uint32_t(tokens));
-    }
-    const bool topk = a.topk_token_budget > 0;
-    if (topk && max_count > cuda::kMaxTopkCandidates)
-        return fail(IKV_E_UNSUPPORTED,
-                    "%s: args->topk_token_budget on a CUDA pool handles at most %u candidate pages per sequence, "
-                    "a sequence has %u",
-                    kFn, cuda::kMaxTopkCandidates, max_count);
-    const uint32_t stride = std::max<uint32_t>(max_count, 1);
-
-    // 2. The pinned staging half: counts[B] | lens[B] | pages[B][stride], the
-    // same layout as on the device. The DevPage records are written straight
-    // into it (bench/RESULTS.md section 1g: this host part was most of an
-    // ikv_decode call, ~25 ns per page with a host vector and a second copy).
-    const uint64_t off_lens = align256(4ull * B);
-    const uint64_t off_pages = off_lens + align256(4ull * B);
-    const uint64_t staged = off_pages + align256(uint64_t(B) * stride * sizeof(cuda::DevPage));
-    const int half = s.next;
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     cudaError_t err = cudaStreamIsCapturing(stream, &cap);
     if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaStreamIsCapturing");
     const bool capturing = cap != cudaStreamCaptureStatusNone;
-    if (s.copied_valid[half] && !capturing) {
-        err = cudaEventSynchronize(s.copied[half]);
-        if (err != cudaSuccess) return cuda_fail(err, kFn, "waiting for an earlier staging copy");
-    }
-    if (s.pinned_bytes[half] < staged) {
-        if (s.pinned[half]) cudaFreeHost(s.pinned[half]);
-        s.pinned[half] = nullptr;
-        s.pinned_bytes[half] = 0;
-        err = cudaHostAlloc(reinterpret_cast<void **>(&s.pinned[half]), staged * 2, cudaHostAllocDefault);
-        if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaHostAlloc of the plan staging buffer");
-        s.pinned_bytes[half] = staged * 2;
-    }
-    s.next ^= 1;
-    uint8_t *h = s.pinned[half];
-    std::memcpy(h, counts.data(), 4ull * B);
-    std::memcpy(h + off_lens, lens.data(), 4ull * B);
-    uint64_t full_bytes[IKV_FMT_COUNT];  // bytes a whole page's K/V rows and scales cost, all kv-heads
-    for (int f = 0; f < IKV_FMT_COUNT; ++f) full_bytes[f] = uint64_t(Hkv) * subpage_read_bytes(ikv_format(f), P, D, P);
-    uint64_t bytes = 0, all_tokens = 0;
-    uint32_t formats = 0;  // bit per page format read (picks the decode's compute)
-    for (uint32_t b = 0; b < B; ++b) {
-        const SeqSnapshot &snap = snaps[b];
-        cuda::DevPage *out = reinterpret_cast<cuda::DevPage *>(h + off_pages) + uint64_t(b) * stride;
-        for (uint64_t i = first[b]; i < first[b + 1]; ++i) {
-            const Entry &e = s.entries[i];
-            const PageRef &ref = snap.pages[e.page];
-            const uint32_t n = e.end - e.begin;
-            cuda::DevPage &d = *out++;  // fields stored one by one (no temporary: see collect_entries)
-            d.base = ref.base;
-            d.pos0 = e.page * P;
-            d.begin = uint8_t(e.begin - d.pos0);
-            d.end = uint8_t(e.end - d.pos0);
-            d.format = uint8_t(ref.format);
-            d.flags = uint8_t((e.mandatory ? IKV_PAGE_MANDATORY : 0u) | (n < P ? IKV_PAGE_PARTIAL : 0u));
-            formats |= 1u << ref.format;
-            bytes += n == P ? full_bytes[ref.format] : uint64_t(Hkv) * subpage_read_bytes(ref.format, P, D, n);
-            all_tokens += n;
+
+    // 1-2. The page lists on the device: the last call's when they are still
+    // exact (a capture always records its own upload), else built now.
+    const bool reuse = lists.reuse && !capturing && s.lists_half >= 0 && s.sum.n_seqs == B;
+    if (reuse) {
+        if (stream != s.lists_stream) {  // their copy ran on another stream: order after it on the device
+            err = cudaStreamWaitEvent(stream, s.copied[s.lists_half], 0);
+            if (err != cudaSuccess) return cuda_fail(err, kFn, "ordering the stream after the page lists' copy");
         }
+    } else {
+        st = build_lists(s, pool, a, lists, stream, capturing);
+        if (st != IKV_OK) return st;
+    }
+    lists.reuse = reuse;
+    lists.keep = s.lists_half >= 0;
+    const ListSummary &sum = s.sum;
+    const uint32_t stride = sum.stride;
+    const bool topk = a.topk_token_budget > 0;
+    if (topk && sum.max_count > cuda::kMaxTopkCandidates)
+        return fail(IKV_E_UNSUPPORTED,
+                    "%s: args->topk_token_budget on a CUDA pool handles at most %u candidate pages per sequence, "
+                    "a sequence has %u",
+                    kFn, cuda::kMaxTopkCandidates, sum.max_count);
+    uint32_t max_tokens = 0;  // rows of the longest list a kernel reads (after top-k: a bound)
+    for (uint32_t b = 0; b < B; ++b) {
+        uint32_t tokens = sum.tokens[b];
+        // Top-k keeps the mandatory rows and others only while within the budget.
+        if (topk) tokens = std::min(tokens, std::max(sum.mandatory[b], a.topk_token_budget));
+        max_tokens = std::max(max_tokens, tokens);
     }
 
     // Decode parameters (the workspace size depends on the split count).
@@ -254,7 +346,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     p.softcap = a.softcap;
     // Split count sizing: after top-k a list holds about the budget's pages, not every candidate.
     p.max_pages = topk ? std::min<uint32_t>(stride, (max_tokens + P - 1) / P + 1) : stride;
-    p.formats = formats;
+    p.formats = sum.formats;
     p.compute = decode_compute();  // auto is settled from the formats and the list lengths
     p.compute = cuda::decode_resolve_compute(p, max_tokens, s.n_sms);
     const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv));
@@ -266,37 +358,22 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         if (e != cudaSuccess) return cuda_fail(e, kFn, "creating the multi-token path's cuBLASLt state");
     }
 
-    // Device only: top-k scores, per-head lists and counts, then the decode workspace.
-    const uint64_t off_scores = staged;
+    // Device workspace: top-k scores, per-head lists and counts, then the decode's.
+    const uint64_t off_scores = 0;
     const uint64_t off_sel = off_scores + (topk ? align256(4ull * B * Hkv * stride) : 0);
     const uint64_t off_selc = off_sel + (topk ? align256(uint64_t(B) * Hkv * stride * sizeof(cuda::DevPage)) : 0);
     const uint64_t off_ws = off_selc + (topk ? align256(4ull * B * Hkv) : 0);
     const uint64_t total = off_ws + align256(gemm ? cuda::multi_token_workspace_bytes(p, max_tokens)
                                                   : cuda::decode_workspace_bytes(p, p.n_splits));
+    err = grow_device(&s.dev, &s.dev_bytes, total, stream);  // stream-ordered: no host synchronization
+    if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMallocAsync of the decoder's device buffer");
 
-    // Device buffer (stream-ordered growth: no host synchronization).
-    if (s.dev_bytes < total) {
-        if (s.dev) cudaFreeAsync(s.dev, stream);
-        s.dev = nullptr;
-        s.dev_bytes = 0;
-        const uint64_t want = std::max<uint64_t>(total, total + total / 2);
-        err = cudaMallocAsync(reinterpret_cast<void **>(&s.dev), want, stream);
-        if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMallocAsync of the decoder's device buffer");
-        s.dev_bytes = want;
-    }
-    err = cudaMemcpyAsync(s.dev, h, staged, cudaMemcpyHostToDevice, stream);
-    if (err == cudaSuccess) err = cudaEventRecord(s.copied[half], stream);
-    if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMemcpyAsync of the plan to the device");
-    // An event recorded in a capture belongs to the graph: waiting on it
-    // outside the capture fails (cudaErrorCapturedEvent), and the graph
-    // orders its own copy. So only eager copies are waited for later.
-    s.copied_valid[half] = !capturing;
-
-    const uint32_t *d_counts = reinterpret_cast<const uint32_t *>(s.dev);
-    p.seq_len = reinterpret_cast<const uint32_t *>(s.dev + off_lens);
-    const cuda::DevPage *d_pages = reinterpret_cast<const cuda::DevPage *>(s.dev + off_pages);
+    const uint32_t *d_counts = reinterpret_cast<const uint32_t *>(s.lists);
+    p.seq_len = reinterpret_cast<const uint32_t *>(s.lists + sum.off_lens);
+    const cuda::DevPage *d_pages = reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_pages);
     p.workspace = s.dev + off_ws;
     p.lists = cuda::DevLists{d_pages, d_counts, stride, 1};
+    uint64_t bytes = sum.bytes;
 
     // 3. Query-aware selection on the device.
     if (topk) {
@@ -319,9 +396,9 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         p.lists = cuda::DevLists{t.out_pages, t.out_counts, stride, Hkv};
         // The exact selection stays on the device; bytes_read counts the summaries
         // scored plus the budget's worth of rows at the candidates' mean row cost.
-        const uint64_t per_token = all_tokens ? bytes / all_tokens : 0;
-        bytes = std::min<uint64_t>(all_tokens, uint64_t(a.topk_token_budget) * B) * per_token +
-                uint64_t(s.entries.size()) * Hkv * summary_bound_bytes(D);
+        const uint64_t per_token = sum.all_tokens ? sum.bytes / sum.all_tokens : 0;
+        bytes = std::min<uint64_t>(sum.all_tokens, uint64_t(a.topk_token_budget) * B) * per_token +
+                sum.n_entries * Hkv * summary_bound_bytes(D);
     }
 
     // 4. Fused decode + split-K merge, or the multi-token GEMM path.

@@ -39,7 +39,7 @@ uint64_t chunk_tokens(uint64_t total_tokens, unsigned n_threads) {
 }  // namespace
 
 ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *pool, const ikv_decode_args &a,
-                      const std::vector<SeqSnapshot> &snaps, uint64_t *bytes_read) {
+                      StepLists &lists, uint64_t *bytes_read) {
     const PageShape &shape = pool_shape(pool);
     const uint32_t D = shape.head_dim, P = shape.page_size, H = shape.n_kv_heads;
     const uint32_t B = a.n_seqs, nq = a.n_q_heads, nqt = a.n_query_tokens;
@@ -61,13 +61,19 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                 for (uint32_t d = 0; d < D; ++d) dst[d] = load_elem(a.q, a.q_dtype, src + d) * scale;
             }
 
-    // ---- the entries of every sequence ----
-    S.entries.clear();
-    S.entry_lo.assign(1, 0);
-    for (uint32_t b = 0; b < B; ++b) {
-        collect_entries(snaps[b], a.plans ? a.plans[b] : nullptr, P, S.entries);
-        S.entry_lo.push_back(uint32_t(S.entries.size()));
+    // ---- the entries of every sequence (kept from the last call when still exact) ----
+    if (!lists.reuse) {
+        const ikv_status st = lists.take_snapshots();
+        if (st != IKV_OK) return st;
+        S.entries.clear();
+        S.entry_lo.assign(1, 0);
+        for (uint32_t b = 0; b < B; ++b) {
+            collect_entries((*lists.snaps)[b], a.plans ? a.plans[b] : nullptr, P, S.entries);
+            S.entry_lo.push_back(uint32_t(S.entries.size()));
+        }
     }
+    lists.keep = true;
+    const std::vector<SeqSnapshot> &snaps = *lists.snaps;
 
     // ---- top-k: Quest bounds of every (sequence, kv-head), blocks of entries in parallel ----
     // (one thread scoring every page was most of a top-k step: bench_decode's top-k rows)

@@ -8,6 +8,7 @@
 #include "cpu/attn_kernel.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "decode/selection.hpp"
+#include "decode/step_lists.hpp"
 #include "decode/thread_pool.hpp"
 #include "intentkv.h"
 #include "pool/pool_view.hpp"
@@ -40,10 +41,11 @@ struct DecodeScratch {
     dvec<dvec<float>> worker;  // per worker: logits, kspan, vspan, qfold
 };
 
-// Run one step on a CPU pool. args were validated by src/api/api_decode.cpp;
-// snaps[b] is sequence b's block table at args.layer.
+// Run one step on a CPU pool. args were validated by src/api/api_decode.cpp.
+// With lists.reuse, scratch.entries and *lists.snaps are the last call's and
+// still exact; otherwise this call takes the snapshots and collects entries.
 ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &scratch, const ikv_pool *pool,
-                      const ikv_decode_args &args, const std::vector<SeqSnapshot> &snaps, uint64_t *bytes_read);
+                      const ikv_decode_args &args, StepLists &lists, uint64_t *bytes_read);
 
 }  // namespace ikv
 
@@ -52,9 +54,9 @@ struct ikv_decoder {
     ~ikv_decoder() { ikv::cuda_decoder_state_destroy(cuda); }
     ikv::ThreadPool threads;
     ikv::DecodeScratch scratch;
-    // Block-table snapshots of the step's sequences; kept so that steady-state
-    // steps reuse their capacity instead of allocating.
-    std::vector<ikv::SeqSnapshot> snaps;
+    // The page lists' key, the block-table snapshots they came from (kept so
+    // that steady-state steps reuse them or their capacity) and the counters.
+    ikv::ListMemory lists;
     ikv::CudaDecoderState *cuda = nullptr;
     uint64_t last_bytes = 0;
 };

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/page_format.hpp"
+#include "common/unique_id.hpp"
 #include "intentkv.h"
 #include "pool/page_store.hpp"
 
@@ -45,7 +46,14 @@ struct Seq {
     std::vector<PageRec *> pages;  // block table: page i covers tokens [i*P, (i+1)*P); nullptr = evicted
     std::vector<LayerState> layers;
     uint32_t length = 0;  // min over layers
+    // Changes (to a value never used before) whenever `pages` or the storage
+    // of a page in it (bytes, format) changes: decoders reuse the page lists
+    // of an earlier call while it and the layer's length are unchanged.
+    uint64_t table_gen = next_unique_id();
 };
+
+// Every change to a sequence's block table or its pages' storage calls this.
+inline void table_changed(Seq &seq) { seq.table_gen = next_unique_id(); }
 
 }  // namespace ikv
 

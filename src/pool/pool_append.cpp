@@ -193,6 +193,7 @@ ikv_status seq_append(ikv_pool *pool, ikv_seq_id id, const ikv_append &args) {
             seq.pages[e.first] = e.second;
         }
         for (auto &e : fresh) seq.pages.push_back(e.second);  // fresh pages are consecutive from pages.size()
+        if (!copies.empty() || !fresh.empty()) table_changed(seq);
         recs.clear();
     }
 

@@ -122,6 +122,7 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
         copy = nullptr;
         for (PageRec *rec : dropped) unref_page_locked(pool, rec);
         seq.pages.resize(keep_pages);
+        table_changed(seq);
     }
 
     // Re-stage the kept tokens of the new tail page from their stored values
@@ -176,6 +177,7 @@ ikv_status seq_evict(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t end
         unref_page_locked(pool, seq.pages[p]);
         seq.pages[p] = nullptr;
     }
+    if (begin != end) table_changed(seq);
     return IKV_OK;
 }
 
@@ -213,6 +215,7 @@ ikv_status seq_set_page_format(ikv_pool *pool, ikv_seq_id id, uint32_t page, ikv
     free_page_bytes_locked(pool, rec);
     rec->bytes = fresh.bytes;
     rec->format = fresh.format;
+    table_changed(seq);
     restage_partial_layers(pool, seq, page, *rec);
     return IKV_OK;
 }
@@ -276,6 +279,7 @@ ikv_status seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id id, const ikv_plan 
         rec->bytes = c.second.bytes;
         rec->format = c.second.format;
     }
+    table_changed(seq);
     return IKV_OK;
 }
 

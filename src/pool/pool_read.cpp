@@ -96,12 +96,36 @@ const PageShape &pool_shape(const ikv_pool *pool) { return pool->shape; }
 ikv_backend pool_backend(const ikv_pool *pool) { return pool->config.backend; }
 int pool_device(const ikv_pool *pool) { return pool->config.device; }
 
-ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, SeqSnapshot *out) {
+namespace {
+
+// The sequence decode reads, or nullptr with the error set.
+std::shared_ptr<Seq> decode_seq(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, ikv_status *st) {
     auto seqp = find_seq(pool, id);
-    if (!seqp) return seq_not_found("ikv_decode", id);
-    if (layer >= pool->shape.n_layers)
-        return fail(IKV_E_RANGE, "ikv_decode: layer %u is out of range; the pool has %u layers", layer,
-                    pool->shape.n_layers);
+    if (!seqp) {
+        *st = seq_not_found("ikv_decode", id);
+    } else if (layer >= pool->shape.n_layers) {
+        *st = fail(IKV_E_RANGE, "ikv_decode: layer %u is out of range; the pool has %u layers", layer,
+                   pool->shape.n_layers);
+        seqp.reset();
+    }
+    return seqp;
+}
+
+}  // namespace
+
+ikv_status pool_seq_state(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, SeqState *out) {
+    ikv_status st = IKV_OK;
+    auto seqp = decode_seq(pool, id, layer, &st);
+    if (!seqp) return st;
+    out->length = seqp->layers[layer].length;
+    out->table_gen = seqp->table_gen;
+    return IKV_OK;
+}
+
+ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, SeqSnapshot *out) {
+    ikv_status st = IKV_OK;
+    auto seqp = decode_seq(pool, id, layer, &st);
+    if (!seqp) return st;
     const Seq &seq = *seqp;
     const uint32_t len = seq.layers[layer].length, P = pool->shape.page_size;
     const uint32_t n_pages = (len + P - 1) / P;

@@ -29,6 +29,15 @@ struct SeqSnapshot {
     std::vector<PageRef> pages;
 };
 
+// What decides a sequence's page lists at one layer besides the plan: the
+// layer's stored length and the generation of the block table (a value that
+// changes, never to one used before, whenever the table or a page's storage
+// changes; appends that stay inside allocated pages keep it).
+struct SeqState {
+    uint32_t length = 0;
+    uint64_t table_gen = 0;
+};
+
 const PageShape &pool_shape(const ikv_pool *pool);
 ikv_backend pool_backend(const ikv_pool *pool);
 int pool_device(const ikv_pool *pool);
@@ -38,5 +47,9 @@ int pool_device(const ikv_pool *pool);
 // seq after the use (the header's thread-safety contract).
 // Errors: IKV_E_NOT_FOUND (seq), IKV_E_RANGE (layer); message set via fail().
 ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, SeqSnapshot *out);
+
+// seq's state at `layer`, without copying its block table. Same errors as
+// pool_snapshot (and the same sentences).
+ikv_status pool_seq_state(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, SeqState *out);
 
 }  // namespace ikv

@@ -6,8 +6,7 @@ namespace ikv {
 
 void cuda_decoder_state_destroy(CudaDecoderState *) {}
 
-ikv_status cuda_decode(CudaDecoderState **, ikv_pool *, const ikv_decode_args *, const std::vector<SeqSnapshot> &,
-                      uint64_t *) {
+ikv_status cuda_decode(CudaDecoderState **, ikv_pool *, const ikv_decode_args *, StepLists &, uint64_t *) {
     return fail(IKV_E_NO_DEVICE, "ikv_decode: this build of intentkv has no CUDA backend");
 }
 
