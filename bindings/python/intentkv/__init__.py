@@ -511,3 +511,13 @@ class Decoder(_Handle):
         out = c_uint64()
         _check(_ffi.lib().ikv_decoder_last_bytes_read(self.handle, byref(out)))
         return out.value
+
+    def stats(self):
+        """Counters since creation: steps, lists_built, lists_reused (page lists kept from the
+        previous call: same pool, sequences, lengths and plans), last_bytes_read."""
+        out = _ffi.DecoderStats()
+        out.struct_size = ctypes.sizeof(out)
+        _check(_ffi.lib().ikv_decoder_get_stats(self.handle, byref(out)))
+        d = _struct_dict(out)
+        d.pop("reserved", None)
+        return d

@@ -128,6 +128,11 @@ class DecoderConfig(Structure):
     _fields_ = [("struct_size", c_uint32), ("n_threads", c_uint32)]
 
 
+class DecoderStats(Structure):
+    _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("steps", c_uint64), ("lists_built", c_uint64),
+                ("lists_reused", c_uint64), ("last_bytes_read", c_uint64)]
+
+
 class DecodeArgs(Structure):
     _fields_ = [("struct_size", c_uint32), ("layer", c_uint32), ("n_seqs", c_uint32),
                 ("seqs", POINTER(c_uint32)), ("plans", POINTER(c_void_p)), ("n_query_tokens", c_uint32),
@@ -206,6 +211,7 @@ _PROTOTYPES = [
     ("ikv_decode_args_default", DecodeArgs, []),
     ("ikv_decode", _S, [_V, _V, POINTER(DecodeArgs)]),
     ("ikv_decoder_last_bytes_read", _S, [_V, POINTER(c_uint64)]),
+    ("ikv_decoder_get_stats", _S, [_V, POINTER(DecoderStats)]),
 ]
 
 _lib = None

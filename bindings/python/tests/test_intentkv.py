@@ -74,6 +74,11 @@ class RoundTripTest(unittest.TestCase):
             self.assertEqual(len(out), N_Q_HEADS * HEAD_DIM)
             self.assertTrue(all(math.isfinite(x) for x in lse))
             self.assertGreater(decoder.last_bytes_read(), 0)
+            # The same step at the other layer reuses the page lists; the counts are exact.
+            decoder.decode(pool, [seq], q, N_Q_HEADS, layer=0, plans=[plan])
+            stats = decoder.stats()
+            self.assertEqual((stats["steps"], stats["lists_built"], stats["lists_reused"]), (2, 1, 1))
+            self.assertEqual(stats["last_bytes_read"], decoder.last_bytes_read())
 
             tokens = sorted({t for p in plan.pages() for t in range(p.token_begin, p.token_end)})
             self.assertEqual(len(tokens), summary["tokens_selected"])

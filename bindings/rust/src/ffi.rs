@@ -287,6 +287,17 @@ pub struct ikv_append {
 }
 
 #[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ikv_decoder_stats {
+    pub struct_size: u32,
+    pub reserved: u32,
+    pub steps: u64,
+    pub lists_built: u64,
+    pub lists_reused: u64,
+    pub last_bytes_read: u64,
+}
+
+#[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct ikv_decoder_config {
     pub struct_size: u32,
@@ -393,4 +404,5 @@ extern "C" {
     pub fn ikv_decode_args_default() -> ikv_decode_args;
     pub fn ikv_decode(decoder: *mut ikv_decoder, pool: *mut ikv_pool, args: *const ikv_decode_args) -> ikv_status;
     pub fn ikv_decoder_last_bytes_read(decoder: *const ikv_decoder, bytes_out: *mut u64) -> ikv_status;
+    pub fn ikv_decoder_get_stats(decoder: *const ikv_decoder, out: *mut ikv_decoder_stats) -> ikv_status;
 }

@@ -18,7 +18,7 @@ use std::fmt;
 use std::os::raw::{c_char, c_int};
 use std::ptr;
 
-pub use ffi::{ikv_block_decision as Decision, ikv_decoder_config as DecoderConfig,
+pub use ffi::{ikv_block_decision as Decision, ikv_decoder_config as DecoderConfig, ikv_decoder_stats as DecoderStats,
               ikv_model_shape as ModelShape, ikv_plan_cost as PlanCost, ikv_plan_page as PlanPage,
               ikv_plan_summary as PlanSummary, ikv_pool_config as PoolConfig, ikv_pool_stats as PoolStats,
               ikv_router_config as RouterConfig, ikv_synth_config as SynthConfig, ikv_token_range as TokenRange,
@@ -633,6 +633,14 @@ impl Decoder {
     pub fn last_bytes_read(&self) -> Result<u64> {
         let mut out = 0;
         check(unsafe { ffi::ikv_decoder_last_bytes_read(self.raw, &mut out) })?;
+        Ok(out)
+    }
+
+    /// Counters since creation: steps, page lists built and reused (kept from the previous call:
+    /// same pool, sequences, lengths and plans), the last step's bytes read.
+    pub fn stats(&self) -> Result<DecoderStats> {
+        let mut out = DecoderStats { struct_size: std::mem::size_of::<DecoderStats>() as u32, ..Default::default() };
+        check(unsafe { ffi::ikv_decoder_get_stats(self.raw, &mut out) })?;
         Ok(out)
     }
 }

@@ -106,6 +106,9 @@ fn route_fill_decode_matches_f64_reference() {
     decoder.decode_into(&pool, &req, &mut out, Some(&mut lse)).unwrap();
     assert!(lse.iter().all(|x| x.is_finite()));
     assert!(decoder.last_bytes_read().unwrap() > 0);
+    let stats = decoder.stats().unwrap();
+    assert_eq!((stats.steps, stats.lists_built, stats.lists_reused), (1, 1, 0));
+    assert_eq!(stats.last_bytes_read, decoder.last_bytes_read().unwrap());
 
     let mut tokens: Vec<u32> = plan.pages().unwrap().iter().flat_map(|p| p.token_begin..p.token_end).collect();
     tokens.sort_unstable();
