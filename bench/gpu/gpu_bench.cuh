@@ -95,6 +95,24 @@ inline uint32_t hash32(uint32_t x) {
     return x;
 }
 
+// Pseudo-random page bytes, finite whatever format reads them. Each 16-bit
+// word is hash & 0xBB3F: as F16 a value of magnitude < 1, as BF16 a finite
+// one, each byte a finite FP8 E4M3 value (never 0x7F / 0xFF), INT8/INT4 codes
+// anything. Key summaries are such bytes too, so query-aware scoring ranks
+// distinct bounds as on real data (until 2026-11-24 the bench filled every
+// byte with 0x11: all bounds equal, top-k a tie-broken prefix of the pages).
+__global__ void fill_random_kernel(uint16_t *w, size_t n_words, uint32_t seed) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n_words; i += size_t(gridDim.x) * blockDim.x) {
+        uint32_t x = uint32_t(i) * 0x9E3779B1u ^ uint32_t(i >> 32) ^ seed;
+        x ^= x >> 16;
+        x *= 0x7feb352dU;
+        x ^= x >> 15;
+        x *= 0x846ca68bU;
+        x ^= x >> 16;
+        w[i] = uint16_t(x & 0xBB3Fu);
+    }
+}
+
 inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_dir) {
     using ikv::cuda::DevLists;
     using ikv::cuda::DevPage;
@@ -139,7 +157,8 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                     continue;
                 }
                 allocs.push_back(pool);
-                CK(cudaMemset(pool, 0x11, one * nrot));
+                fill_random_kernel<<<1024, 256>>>(reinterpret_cast<uint16_t *>(pool), one * nrot / 2, 0x5EEDu);
+                CK(cudaGetLastError());
                 // Lists: dense and a fixed pseudo-random quarter, per rotation copy.
                 // *max_count: the longest list (sizes the split count, as the library's plan staging does).
                 auto make_lists = [&](bool quarter, uint64_t *bytes, uint32_t *max_count = nullptr) {
