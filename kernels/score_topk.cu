@@ -315,17 +315,23 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
             const int shift = 24 - 8 * pass;
             uint32_t *h = hist[pass & 1];
             for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[(pass + 1) & 1][b] = 0;  // last read a pass ago
-            // Token histogram of the digit. Scores of one layer share their top bits, so most
-            // candidates of a pass fall into a few bins: the lanes of a bin add up first
-            // (match + redux) and one atomic per bin and warp goes to shared memory.
+            // Token histogram of the digit. A warp whose candidates all fall into one bin
+            // (common in the first pass: scores of one layer share their top bits) adds
+            // them up first and makes one shared-memory atomic; otherwise each lane adds
+            // its own tokens. (Adding up per bin with a redux over each lane's match mask
+            // ran once per distinct bin, ~7 times a warp on real scores: the kernel's
+            // hottest code; bench/RESULTS.md 1i measures the choice.)
             for (uint32_t base = 0; base < count; base += kSelectThreads) {  // warp-uniform trip count
                 const uint32_t i = base + tid;
                 const uint32_t k = i < count ? keys[i] : 0u;
                 const bool in = k != 0 && (k & mask) == prefix;
                 const uint32_t bin = in ? (k >> shift) & 255u : 256u;
-                const uint32_t peers = __match_any_sync(0xFFFFFFFFu, bin);
-                const uint32_t sum = __reduce_add_sync(peers, in ? uint32_t(tok[i]) : 0u);
-                if (in && lane == uint32_t(__ffs(peers) - 1)) atomicAdd(&h[bin], sum);
+                if (__match_any_sync(0xFFFFFFFFu, bin) == 0xFFFFFFFFu) {  // warp-uniform
+                    const uint32_t sum = __reduce_add_sync(0xFFFFFFFFu, in ? uint32_t(tok[i]) : 0u);
+                    if (in && lane == 0) atomicAdd(&h[bin], sum);
+                } else if (in) {
+                    atomicAdd(&h[bin], uint32_t(tok[i]));
+                }
             }
             __syncthreads();
             if (warp == 0) find_digit(h, lane, &rem_sh, &digit_sh);
