@@ -686,9 +686,12 @@ typedef struct ikv_decoder_config {
 IKV_API ikv_decoder_config ikv_decoder_default_config(void);
 
 /**
- * A decoder owns worker threads (CPU) and scratch (host and device). One
- * decoder serves one caller thread at a time; use one decoder per engine
- * thread. Several decoders may decode the same pool concurrently.
+ * A decoder owns worker threads (CPU) and scratch (host and device), and
+ * keeps the page lists of its last call for the next (ikv_decoder_get_stats).
+ * One decoder serves one caller thread at a time; use one decoder per engine
+ * thread. Several decoders may decode the same pool concurrently. On CUDA
+ * pools a decoder's calls share its device scratch: issue them on one
+ * stream, or order the streams (an event) between calls on different ones.
  * Errors: IKV_E_NULL, IKV_E_INVALID, IKV_E_NOMEM.
  */
 IKV_API ikv_status ikv_decoder_create(const ikv_decoder_config *config, ikv_decoder **out);
