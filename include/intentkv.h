@@ -738,7 +738,10 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
  * default: tensor cores when the step reads INT8, FP8 or INT4 pages and its
  * longest list is long enough to keep every CTA busy, about 24 chunks of 16
  * rows each at the split count chosen, fp32 FMAs otherwise; F32 queries
- * always use fp32 FMAs); IKV_CUDA_PDL=0 launches the step's kernels without
+ * always use fp32 FMAs); IKV_CUDA_TOPK_CLUSTERS=on|off forces the top-k
+ * selection onto thread-block clusters of 8 blocks per (sequence, kv-head)
+ * or off them (default: on for at most 16 such pairs with more than 4096
+ * candidate pages each, sm_90+); IKV_CUDA_PDL=0 launches the step's kernels without
  * programmatic dependent launch (used by default on sm_90 and newer: each
  * kernel of the step waits for the previous one's results on the device, so
  * the next launch overlaps the previous kernel's tail).

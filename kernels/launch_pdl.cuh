@@ -77,19 +77,30 @@ inline bool pdl_supported() {
 // launch's own error: `<<<>>>` followed by cudaGetLastError() would also
 // report an error some earlier runtime call of the thread left behind (the
 // engine's, say) as this launch's failure.
+// cluster_x > 1 groups that many consecutive blocks along x into a
+// thread-block cluster (sm_90+; grid.x must be a multiple of it).
 template <typename... KArgs, typename... Args>
-cudaError_t launch_ex(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                      Args &&...args) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+cudaError_t launch_ex(bool pdl, unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args &&...args) {
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster_x;
+        attr[n].val.clusterDim.y = 1;
+        attr[n++].val.clusterDim.z = 1;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
 
@@ -97,14 +108,14 @@ cudaError_t launch_ex(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
 template <typename... KArgs, typename... Args>
 cudaError_t launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                        Args &&...args) {
-    return launch_ex(pdl_supported(), kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+    return launch_ex(pdl_supported(), 1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 // A plain launch (kernels that do not call pdl_wait()).
 template <typename... KArgs, typename... Args>
 cudaError_t launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                    Args &&...args) {
-    return launch_ex(false, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+    return launch_ex(false, 1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace cuda

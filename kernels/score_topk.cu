@@ -7,7 +7,9 @@
 //                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's bf16
 //                  key summary (query token 0; the group's q+ and q- staged in
 //                  shared memory; k_min/k_max read once with 16-byte loads);
-//   select_kernel  one block per (sequence, kv-head): a token-weighted radix
+//   select_kernel  one block per (sequence, kv-head), or a cluster of 8 when
+//                  there are at most 16 such pairs with > 4096 candidates
+//                  each (B = 1 or 2 beyond 64K tokens): a token-weighted radix
 //                  select (4 passes of 8 bits over the order key: bound
 //                  descending; warp-aggregated histogram, one warp scans
 //                  it) finds where the budget runs out, ties at the
@@ -16,12 +18,15 @@
 //                  candidate order. Same rule as the CPU path: mandatory tokens
 //                  count first; the first page (in bound order) that does not
 //                  fit ends the selection.
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "common/quant.hpp"
 #include "ikv_kernels.h"
@@ -34,6 +39,9 @@ namespace {
 constexpr int kScoreWarps = 8;
 constexpr uint32_t kScoreBlocks = 1024;  // score grid target: ~4 waves of 2 blocks on 132 SMs
 constexpr int kSelectThreads = 1024;
+constexpr uint32_t kSelectCluster = 8;          // blocks per (sequence, kv-head) when clustered
+constexpr uint32_t kSelectClusterMaxHeads = 16;  // clustered up to this many (sequence, kv-head) pairs: one block per SM each
+constexpr uint32_t kSelectClusterMinCandidates = 4097;  // ... with more candidates than this (> 64K tokens at page 16)
 
 __device__ __forceinline__ float load_q(const void *p, ikv_dtype dt, uint64_t i) {
     if (dt == IKV_DTYPE_F32) return static_cast<const float *>(p)[i];
@@ -269,22 +277,99 @@ __device__ void find_digit(const uint32_t *hist, uint32_t lane, int64_t *rem_io,
     }
 }
 
-__global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams p, uint32_t npad) {
+// Cluster primitives; sm_80 builds compile them out (clusters are never
+// launched there: select_on_clusters).
+__device__ __forceinline__ uint32_t cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return cooperative_groups::this_cluster().block_rank();
+#else
+    return 0;
+#endif
+}
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    cooperative_groups::this_cluster().sync();
+#else
+    __syncthreads();
+#endif
+}
+template <class T>
+__device__ __forceinline__ T *cluster_shared(T *local, uint32_t r) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return cooperative_groups::this_cluster().map_shared_rank(local, r);
+#else
+    (void)r;
+    return local;
+#endif
+}
+
+// The blocks that select one (sequence, kv-head) together: a thread-block
+// cluster of C blocks, each owning a contiguous share of the candidates, that
+// sum their histograms and hand each other offsets through distributed
+// shared memory; with C == 1 the same code runs on one block.
+template <uint32_t C>
+struct SelectTeam {
+    __device__ static uint32_t rank() { return C == 1 ? 0u : cluster_rank(); }
+    // Every block of the team reached this point; their shared memory writes are visible.
+    __device__ static void sync() {
+        if constexpr (C == 1) __syncthreads();
+        else cluster_sync();
+    }
+    // Team block r's copy of the shared variable at `local`.
+    template <class T>
+    __device__ static T *at(T *local, uint32_t r) { return C == 1 ? local : cluster_shared(local, r); }
+    // Sum over the team blocks before this one (before = true) or all of them.
+    __device__ static uint32_t sum(uint32_t *local, bool before) {
+        uint32_t s = 0;
+        const uint32_t n = before ? rank() : C;
+        for (uint32_t r = 0; r < n; ++r) s += *at(local, r);
+        return s;
+    }
+};
+
+// Sum of value(i) over [0, count), to every thread. All threads call it.
+template <class Value>
+__device__ uint32_t block_sum(uint32_t count, uint32_t *warp_sums, Value value) {
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    uint32_t v = 0;
+    for (uint32_t i = threadIdx.x; i < count; i += kSelectThreads) v += value(i);
+    v = __reduce_add_sync(0xFFFFFFFFu, v);
+    __syncthreads();  // earlier readers of warp_sums are done
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    uint32_t total = 0;
+    for (uint32_t w = 0; w < kSelectThreads / 32; ++w) total += warp_sums[w];
+    return total;
+}
+
+template <uint32_t C>
+__global__ void __launch_bounds__(kSelectThreads, C == 1 ? 2 : 1) select_kernel(const TopkParams p, uint32_t npad) {
+    using Team = SelectTeam<C>;
     extern __shared__ __align__(16) uint8_t smem[];
-    uint32_t *keys = reinterpret_cast<uint32_t *>(smem);  // 0 = mandatory
+    uint32_t *keys = reinterpret_cast<uint32_t *>(smem);  // this block's candidates; 0 = mandatory
     uint8_t *tok = smem + npad * 4;
     uint8_t *keep = tok + npad;
     __shared__ uint32_t warp_sums[kSelectThreads / 32 + 1];
-    __shared__ uint32_t hist[2][256];  // double-buffered: a pass clears the next pass's bins
+    // A pass clears the bins of the pass after it: double-buffered on one
+    // block, triple-buffered in a cluster (the team reads a pass's bins until
+    // the next pass's team barrier). Static shared memory is kept as small as
+    // before clusters for C == 1: at B = 1, 32K one more KB took the kernel
+    // past the 16 KB shared-memory carveout the score kernel runs with, and
+    // the step lost 4.5 us (bench/RESULTS.md 1i).
+    constexpr uint32_t kHistBufs = C == 1 ? 2 : 3;
+    __shared__ uint32_t hist[kHistBufs][256];
+    __shared__ uint32_t team_hist[C == 1 ? 1 : 256];  // the team's histogram of the pass
     __shared__ uint32_t digit_sh;
     __shared__ int64_t rem_sh;
+    __shared__ uint32_t mand_sh, ties_sh, kept_sh;  // this block's totals, read by the team
 
-    const uint32_t head = blockIdx.x, seq = blockIdx.y, Hkv = p.shape.n_kv_heads;
+    const uint32_t head = blockIdx.x / C, seq = blockIdx.y, Hkv = p.shape.n_kv_heads;
     pdl_wait();  // the scores are complete and visible
     pdl_launch_dependents();  // the decode's CTAs may take the slots these few blocks leave free
-    const uint32_t count = p.candidates.counts[seq];
-    const DevPage *cand = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
-    const float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
+    const uint32_t count_all = p.candidates.counts[seq], per = (count_all + C - 1) / C;
+    const uint32_t lo = min(Team::rank() * per, count_all), count = min(lo + per, count_all) - lo;
+    const DevPage *cand = p.candidates.pages + uint64_t(seq) * p.candidates.stride + lo;
+    const float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates + lo;
     const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
     uint32_t my_mand = 0;
@@ -300,12 +385,18 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
     my_mand = __reduce_add_sync(0xFFFFFFFFu, my_mand);
     if (lane == 0) warp_sums[warp] = my_mand;
     __syncthreads();
+    if (tid == 0) {
+        uint32_t t = 0;
+        for (uint32_t w = 0; w < kSelectThreads / 32; ++w) t += warp_sums[w];
+        mand_sh = t;
+    }
+    Team::sync();
     // Tokens left for non-mandatory pages (negative: none fits), in every thread.
-    int64_t rem0 = int64_t(p.token_budget);
-    for (uint32_t w = 0; w < kSelectThreads / 32; ++w) rem0 -= warp_sums[w];
+    const int64_t rem0 = int64_t(p.token_budget) - int64_t(Team::sum(&mand_sh, false));
     if (tid == 0) rem_sh = rem0;  // find_digit's running copy (read after the next barrier)
     // Radix select over the 32-bit key, MSB first: keys < lim are all taken; keys == tie are taken in
-    // candidate order while they fit. Two barriers per pass.
+    // candidate order while they fit. Every block of the team finds the same digits from the same
+    // team histogram.
     uint64_t lim = 0;
     uint32_t prefix = 0, mask = 0;
     bool ties = false;
@@ -313,8 +404,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
         ties = true;
         for (int pass = 0; pass < 4; ++pass) {
             const int shift = 24 - 8 * pass;
-            uint32_t *h = hist[pass & 1];
-            for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[(pass + 1) & 1][b] = 0;  // last read a pass ago
+            uint32_t *h = hist[pass % kHistBufs];
+            for (uint32_t b = tid; b < 256; b += kSelectThreads) hist[(pass + 1) % kHistBufs][b] = 0;
             // Token histogram of the digit. A warp whose candidates all fall into one bin
             // (common in the first pass: scores of one layer share their top bits) adds
             // them up first and makes one shared-memory atomic; otherwise each lane adds
@@ -333,8 +424,18 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
                     atomicAdd(&h[bin], uint32_t(tok[i]));
                 }
             }
-            __syncthreads();
-            if (warp == 0) find_digit(h, lane, &rem_sh, &digit_sh);
+            Team::sync();
+            const uint32_t *th = h;
+            if constexpr (C > 1) {
+                for (uint32_t b = tid; b < 256; b += kSelectThreads) {
+                    uint32_t t = 0;
+                    for (uint32_t r = 0; r < C; ++r) t += Team::at(h, r)[b];
+                    team_hist[b] = t;
+                }
+                __syncthreads();
+                th = team_hist;
+            }
+            if (warp == 0) find_digit(th, lane, &rem_sh, &digit_sh);
             __syncthreads();
             const uint32_t d = digit_sh;
             if (d == 256) {  // everything under this prefix fits
@@ -351,23 +452,40 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const TopkParams
     // Mark the strict prefix.
     for (uint32_t i = tid; i < count; i += kSelectThreads)
         if (keys[i] != 0 && uint64_t(keys[i]) < lim) keep[i] = 1;
-    // Ties at the boundary key, in candidate order, while they fit.
+    // Ties at the boundary key, in candidate order (the team's earlier blocks first), while they fit.
     auto is_tie = [&](uint32_t i) { return keys[i] == prefix && keys[i] != 0; };
-    if (ties)  // block-uniform (derived from shared values)
-        ordered_scan(
-            count, warp_sums, [&](uint32_t i) { return is_tie(i) ? uint32_t(tok[i]) : 0u; },
-            [&](uint32_t i, uint32_t run) {
-                if (is_tie(i) && int64_t(run) <= rem) keep[i] = 1;
-            });
+    auto tie_tokens = [&](uint32_t i) { return is_tie(i) ? uint32_t(tok[i]) : 0u; };
+    if (ties) {  // team-uniform (derived from the same shared values in every block)
+        uint32_t before = 0;
+        if constexpr (C > 1) {
+            const uint32_t mine = block_sum(count, warp_sums, tie_tokens);
+            if (tid == 0) ties_sh = mine;
+            Team::sync();
+            before = Team::sum(&ties_sh, true);
+        }
+        ordered_scan(count, warp_sums, tie_tokens, [&](uint32_t i, uint32_t run) {
+            if (is_tie(i) && int64_t(before) + run <= rem) keep[i] = 1;
+        });
+    }
     __syncthreads();  // keep[] of the strict prefix came from other threads
-    // Stable compaction in candidate order.
-    DevPage *out = p.out_pages + (uint64_t(seq) * Hkv + head) * p.max_candidates;
-    const uint32_t total = ordered_scan(
+    // Stable compaction in candidate order, after the team's earlier blocks.
+    uint32_t before = 0, total = 0;
+    if constexpr (C > 1) {
+        const uint32_t mine = block_sum(count, warp_sums, [&](uint32_t i) { return uint32_t(keep[i]); });
+        if (tid == 0) kept_sh = mine;
+        Team::sync();
+        before = Team::sum(&kept_sh, true);
+        total = Team::sum(&kept_sh, false);
+    }
+    DevPage *out = p.out_pages + (uint64_t(seq) * Hkv + head) * p.max_candidates + before;
+    const uint32_t mine = ordered_scan(
         count, warp_sums, [&](uint32_t i) { return uint32_t(keep[i]); },
         [&](uint32_t i, uint32_t pos) {
             if (keep[i]) out[pos - 1] = cand[i];
         });
-    if (tid == 0) p.out_counts[uint64_t(seq) * Hkv + head] = total;
+    if constexpr (C == 1) total = mine;
+    if (Team::rank() == 0 && tid == 0) p.out_counts[uint64_t(seq) * Hkv + head] = total;
+    if constexpr (C > 1) Team::sync();  // no block leaves while the team may still read its shared memory
 }
 
 // Opt in to the select kernel's largest shared memory once per device.
@@ -378,10 +496,36 @@ cudaError_t allow_select_smem() {
     if (err != cudaSuccess) return err;
     const uint64_t bit = 1ull << (dev & 63);
     if (done.load(std::memory_order_acquire) & bit) return cudaSuccess;
-    err = cudaFuncSetAttribute(reinterpret_cast<const void *>(select_kernel),
+    err = cudaFuncSetAttribute(reinterpret_cast<const void *>(select_kernel<1>),
                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxTopkCandidates * 6));
     if (err == cudaSuccess) done.fetch_or(bit, std::memory_order_acq_rel);
     return err;
+}
+
+// Whether the select of a step runs on clusters of kSelectCluster blocks per
+// (sequence, kv-head): when there are few of those (B = 1: 8 blocks on 132
+// SMs) and each has many candidates, so the radix passes spread over more
+// SMs. Measured (bench/RESULTS.md 1i): B = 1, 128K gains ~7 us; at 32K and
+// below the cluster's own cost (8 whole free SMs, team barriers) loses.
+// IKV_CUDA_TOPK_CLUSTERS=on|off (read once) forces either way wherever
+// clusters exist (sm_90+), so the checks cover both paths.
+bool select_on_clusters(const TopkParams &p) {
+    static const int forced = [] {
+        const char *e = std::getenv("IKV_CUDA_TOPK_CLUSTERS");
+        if (e == nullptr) return 0;
+        return std::strcmp(e, "on") == 0 ? 1 : std::strcmp(e, "off") == 0 ? -1 : 0;
+    }();
+    if (forced < 0) return false;
+    if (forced == 0 && (p.n_seqs * p.shape.n_kv_heads > kSelectClusterMaxHeads ||
+                        p.max_candidates < kSelectClusterMinCandidates))
+        return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return major >= 9;
 }
 
 template <int D>
@@ -416,11 +560,17 @@ cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream) {
                       : D == 256 ? launch_score<256>(p, stream)
                                  : cudaErrorInvalidValue;
     if (err != cudaSuccess) return err;
-    const int smem = int(npad * 6);
+    if (select_on_clusters(p)) {
+        uint32_t share = 1;  // candidates one block of the cluster holds, padded
+        while (share < (p.max_candidates + kSelectCluster - 1) / kSelectCluster) share <<= 1;
+        return launch_ex(pdl_supported(), kSelectCluster, select_kernel<kSelectCluster>,
+                         dim3(p.shape.n_kv_heads * kSelectCluster, p.n_seqs), dim3(kSelectThreads),
+                         size_t(share * 6), stream, p, share);
+    }
     err = allow_select_smem();
     if (err != cudaSuccess) return err;
-    return launch_pdl(select_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kSelectThreads), size_t(smem), stream,
-                      p, npad);
+    return launch_pdl(select_kernel<1>, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kSelectThreads), size_t(npad * 6),
+                      stream, p, npad);
 }
 
 }  // namespace cuda
