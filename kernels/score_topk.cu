@@ -508,7 +508,7 @@ cudaError_t allow_select_smem() {
 // SMs. Measured (bench/RESULTS.md 1i): B = 1, 128K gains ~7 us; at 32K and
 // below the cluster's own cost (8 whole free SMs, team barriers) loses.
 // IKV_CUDA_TOPK_CLUSTERS=on|off (read once) forces either way wherever
-// clusters exist (sm_90+), so the checks cover both paths.
+// clusters can run, so the checks cover both paths.
 bool select_on_clusters(const TopkParams &p) {
     static const int forced = [] {
         const char *e = std::getenv("IKV_CUDA_TOPK_CLUSTERS");
@@ -519,13 +519,37 @@ bool select_on_clusters(const TopkParams &p) {
     if (forced == 0 && (p.n_seqs * p.shape.n_kv_heads > kSelectClusterMaxHeads ||
                         p.max_candidates < kSelectClusterMinCandidates))
         return false;
-    int dev = 0, major = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    // Per device ordinal (< 64), once: sm_90+ and room for at least one
+    // cluster of these blocks (a MIG slice or a small GPC may have none).
+    static std::atomic<uint64_t> known{0}, yes{0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) {
         (void)cudaGetLastError();
         return false;
     }
-    return major >= 9;
+    const uint64_t bit = 1ull << dev;
+    if (!(known.load(std::memory_order_acquire) & bit)) {
+        int major = 0, clusters = 0;
+        cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        if (err == cudaSuccess && major >= 9) {
+            cudaLaunchAttribute attr;
+            attr.id = cudaLaunchAttributeClusterDimension;
+            attr.val.clusterDim.x = kSelectCluster;
+            attr.val.clusterDim.y = 1;
+            attr.val.clusterDim.z = 1;
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(kSelectCluster);
+            cfg.blockDim = dim3(kSelectThreads);
+            cfg.dynamicSmemBytes = (kMaxTopkCandidates / kSelectCluster) * 6;
+            cfg.attrs = &attr;
+            cfg.numAttrs = 1;
+            err = cudaOccupancyMaxActiveClusters(&clusters, select_kernel<kSelectCluster>, &cfg);
+        }
+        if (err != cudaSuccess) (void)cudaGetLastError();  // this query's own error: no clusters
+        if (err == cudaSuccess && clusters >= 1) yes.fetch_or(bit, std::memory_order_acq_rel);
+        known.fetch_or(bit, std::memory_order_acq_rel);
+    }
+    return (yes.load(std::memory_order_acquire) & bit) != 0;
 }
 
 template <int D>
