@@ -222,6 +222,8 @@ void ikvt_list_reuse_scenario(ikv_backend backend) {
     assert_int_equal(old.lists_built, 0xABABABABABABABABull);
     old.struct_size = 8;
     IKVT_EXPECT_STATUS(ikv_decoder_get_stats(c.dec, &old), IKV_E_INVALID, "struct_size");
+    IKVT_EXPECT_STATUS(ikv_decoder_get_stats(NULL, &old), IKV_E_NULL, "decoder");
+    IKVT_EXPECT_STATUS(ikv_decoder_get_stats(c.dec, NULL), IKV_E_NULL, "out");
 
     ikv_plan_destroy(plan);
     ikv_plan_destroy(plan2);
