@@ -45,6 +45,35 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// A property of the current device, computed once per device ordinal (< 64)
+// by probe(dev) -> bool; false where the ordinal cannot be read. A probe
+// that fails clears only its own error (cudaGetLastError after a failed
+// call), never an error some earlier call of the engine's left behind.
+template <class Probe>
+bool per_device_flag(std::atomic<uint64_t> &known, std::atomic<uint64_t> &yes, Probe probe) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    const uint64_t bit = 1ull << dev;
+    if (!(known.load(std::memory_order_acquire) & bit)) {
+        if (probe(dev)) yes.fetch_or(bit, std::memory_order_acq_rel);
+        known.fetch_or(bit, std::memory_order_acq_rel);
+    }
+    return (yes.load(std::memory_order_acquire) & bit) != 0;
+}
+
+// Compute capability major of device dev, 0 where it cannot be read.
+inline int cc_major(int dev) {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return major;
+}
+
 // Whether launches use PDL: IKV_CUDA_PDL is not "0" and the current device
 // has compute capability >= 9 (remembered per device ordinal).
 inline bool pdl_supported() {
@@ -53,36 +82,16 @@ inline bool pdl_supported() {
         return e == nullptr || std::strcmp(e, "0") != 0;
     }();
     if (!enabled) return false;
-    static std::atomic<uint64_t> known{0}, yes{0};  // bit per device ordinal (< 64)
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    const uint64_t bit = 1ull << dev;
-    if (!(known.load(std::memory_order_acquire) & bit)) {
-        int major = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return false;
-        }
-        if (major >= 9) yes.fetch_or(bit, std::memory_order_acq_rel);
-        known.fetch_or(bit, std::memory_order_acq_rel);
-    }
-    return (yes.load(std::memory_order_acquire) & bit) != 0;
+    static std::atomic<uint64_t> known{0}, yes{0};
+    return per_device_flag(known, yes, [](int dev) { return cc_major(dev) >= 9; });
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx,
-// with programmatic stream serialization when pdl is set. Returns the
-// launch's own error: `<<<>>>` followed by cudaGetLastError() would also
-// report an error some earlier runtime call of the thread left behind (the
-// engine's, say) as this launch's failure.
+// A launch configuration: programmatic stream serialization when pdl is set;
 // cluster_x > 1 groups that many consecutive blocks along x into a
-// thread-block cluster (sm_90+; grid.x must be a multiple of it).
-template <typename... KArgs, typename... Args>
-cudaError_t launch_ex(bool pdl, unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, Args &&...args) {
-    cudaLaunchAttribute attr[2];
+// thread-block cluster (sm_90+; grid.x must be a multiple of it). attr holds
+// the attributes cfg points at.
+inline cudaLaunchConfig_t launch_config(bool pdl, unsigned cluster_x, dim3 grid, dim3 block, size_t smem,
+                                        cudaStream_t stream, cudaLaunchAttribute (&attr)[2]) {
     unsigned n = 0;
     if (pdl) {
         attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -101,6 +110,19 @@ cudaError_t launch_ex(bool pdl, unsigned cluster_x, void (*kernel)(KArgs...), di
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = n;
+    return cfg;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) through cudaLaunchKernelEx
+// (launch_config says what pdl and cluster_x do). Returns the launch's own
+// error: `<<<>>>` followed by cudaGetLastError() would also report an error
+// some earlier runtime call of the thread left behind (the engine's, say) as
+// this launch's failure.
+template <typename... KArgs, typename... Args>
+cudaError_t launch_ex(bool pdl, unsigned cluster_x, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, Args &&...args) {
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = launch_config(pdl, cluster_x, grid, block, smem, stream, attr);
     return cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
 }
 

@@ -519,37 +519,21 @@ bool select_on_clusters(const TopkParams &p) {
     if (forced == 0 && (p.n_seqs * p.shape.n_kv_heads > kSelectClusterMaxHeads ||
                         p.max_candidates < kSelectClusterMinCandidates))
         return false;
-    // Per device ordinal (< 64), once: sm_90+ and room for at least one
-    // cluster of these blocks (a MIG slice or a small GPC may have none).
+    // Per device, once: sm_90+ and room for at least one cluster of these
+    // blocks (a MIG slice or a small GPC may have none).
     static std::atomic<uint64_t> known{0}, yes{0};
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev >= 64) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    const uint64_t bit = 1ull << dev;
-    if (!(known.load(std::memory_order_acquire) & bit)) {
-        int major = 0, clusters = 0;
-        cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-        if (err == cudaSuccess && major >= 9) {
-            cudaLaunchAttribute attr;
-            attr.id = cudaLaunchAttributeClusterDimension;
-            attr.val.clusterDim.x = kSelectCluster;
-            attr.val.clusterDim.y = 1;
-            attr.val.clusterDim.z = 1;
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(kSelectCluster);
-            cfg.blockDim = dim3(kSelectThreads);
-            cfg.dynamicSmemBytes = (kMaxTopkCandidates / kSelectCluster) * 6;
-            cfg.attrs = &attr;
-            cfg.numAttrs = 1;
-            err = cudaOccupancyMaxActiveClusters(&clusters, select_kernel<kSelectCluster>, &cfg);
+    return per_device_flag(known, yes, [](int dev) {
+        if (cc_major(dev) < 9) return false;
+        cudaLaunchAttribute attr[2];
+        const cudaLaunchConfig_t cfg = launch_config(false, kSelectCluster, dim3(kSelectCluster), dim3(kSelectThreads),
+                                                     (kMaxTopkCandidates / kSelectCluster) * 6, nullptr, attr);
+        int clusters = 0;
+        if (cudaOccupancyMaxActiveClusters(&clusters, select_kernel<kSelectCluster>, &cfg) != cudaSuccess) {
+            (void)cudaGetLastError();  // this query's own error: no clusters
+            return false;
         }
-        if (err != cudaSuccess) (void)cudaGetLastError();  // this query's own error: no clusters
-        if (err == cudaSuccess && clusters >= 1) yes.fetch_or(bit, std::memory_order_acq_rel);
-        known.fetch_or(bit, std::memory_order_acq_rel);
-    }
-    return (yes.load(std::memory_order_acquire) & bit) != 0;
+        return clusters >= 1;
+    });
 }
 
 template <int D>
