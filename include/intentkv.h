@@ -566,6 +566,9 @@ typedef struct ikv_append {
     int src_on_device;          /**< CUDA pools: 1 if k/v are device pointers (never copied to the host) */
     void *stream;               /**< CUDA pools: cudaStream_t that wrote k/v (waited for), NULL = default stream */
     const ikv_plan *formats;    /**< optional: new pages take ikv_plan_page_format(); else default_format */
+    /* Later fields: a caller built with an older header (smaller struct_size) gets their defaults. */
+    int64_t seq_stride;         /**< ikv_pool_append_batch: elements from one sequence's rows to the next's;
+                                     default n_tokens*n_kv_heads*head_dim. Ignored by ikv_pool_append. */
 } ikv_append;
 
 /** Fills struct_size and the default strides for a pool and token count (layer 0, no plan). */
@@ -588,6 +591,28 @@ IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
  * evicted).
  */
 IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append *args);
+
+/**
+ * ikv_pool_append to n_seqs sequences at once: the engine's decode step
+ * appends each sequence's new token(s) to one layer (or all) in one call.
+ * Sequence seqs[i] gets args->n_tokens tokens whose element (t, h, d) of
+ * layer l is at k[l*layer_stride + i*seq_stride + t*token_stride +
+ * h*head_stride + d] (layer_stride only for IKV_ALL_LAYERS; for a dense
+ * [layers][n_seqs][n_tokens][heads][head_dim] tensor set layer_stride to
+ * n_seqs*seq_stride: the default suits one sequence). args->formats, when
+ * set, applies to every sequence's new pages.
+ * The bytes stored equal n_seqs calls of ikv_pool_append. On a CUDA pool the
+ * whole batch is checked for finiteness by one kernel with one 8-byte
+ * read-back and written by one staging and one quantize launch per round,
+ * so the call costs about what a one-sequence append does.
+ * Atomic over the batch: on error no sequence changed and no page was
+ * allocated. Thread-safety: as ikv_pool_append on each of the sequences.
+ * Errors: those of ikv_pool_append (a non-finite value is named with its
+ * sequence), IKV_E_NULL (seqs), IKV_E_INVALID (n_seqs 0, a sequence listed
+ * twice, seq_stride < head_dim when n_seqs > 1).
+ */
+IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs,
+                                         const ikv_append *args);
 
 /**
  * Fork: a new sequence sharing all of parent's pages by reference. Full pages

@@ -22,9 +22,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Token t in batch numbering (AppendRows::seq_tokens); one 32-bit division.
 __device__ __forceinline__ int64_t input_offset(const AppendRows &in, uint32_t l, uint32_t t, uint32_t h) {
-    return (in.all_layers ? int64_t(l) * in.layer_stride : 0) + int64_t(t) * in.token_stride +
-           int64_t(h) * in.head_stride;
+    const uint32_t seq = t / in.seq_tokens, ts = t - seq * in.seq_tokens;
+    return (in.all_layers ? int64_t(l) * in.layer_stride : 0) + int64_t(seq) * in.seq_stride +
+           int64_t(ts) * in.token_stride + int64_t(h) * in.head_stride;
 }
 
 // Raw bits of element `off` (F32: 32 bits; F16/BF16: 16 bits).
@@ -200,7 +202,7 @@ __global__ void stage_rows_kernel(PageShape shape, AppendRows in, const AppendJo
 bool vector_aligned(const PageShape &shape, const AppendRows &in) {
     const int64_t per = in.dtype == IKV_DTYPE_F32 ? 4 : 8;  // elements per 16 bytes
     return shape.head_dim % per == 0 && in.token_stride % per == 0 && in.head_stride % per == 0 &&
-           (!in.all_layers || in.layer_stride % per == 0) &&
+           in.seq_stride % per == 0 && (!in.all_layers || in.layer_stride % per == 0) &&
            (reinterpret_cast<uintptr_t>(in.k) | reinterpret_cast<uintptr_t>(in.v)) % 16 == 0;
 }
 

@@ -165,7 +165,8 @@ struct AppendRows {
     const void *v;
     ikv_dtype dtype;
     uint32_t all_layers;
-    int64_t token_stride, head_stride, layer_stride;
+    uint32_t seq_tokens;  // tokens per sequence of a batch (token t is token t % seq_tokens of sequence t / seq_tokens)
+    int64_t token_stride, head_stride, layer_stride, seq_stride;
 };
 
 // One page write of an append: input tokens [token0, token0+rows) of `layer`

@@ -426,7 +426,8 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
  *           one call (median, p90), bytes read per second;
  *   append  an engine's decode loop: per layer, append one token to every
  *           sequence (device K/V) and decode that layer; time per layer
- *           (append included); the sequences are truncated back afterwards.
+ *           (append included); the sequences are truncated back afterwards;
+ *   batch   the same loop with one ikv_pool_append_batch per layer.
  * Sequences hold ctx - 16 tokens (the append loop adds 12 a layer), so top-k
  * at 128K stays within its 8192 candidate pages. Each line ends with how
  * many calls built their lists and how many reused them. */
@@ -474,7 +475,7 @@ static void run_decode_bench(void) {
         c.n_kv_heads = BH;
         c.head_dim = BD;
         c.page_size = BP;
-        /* 4 KiB of K+V per token and layer, summaries, the append loop's tokens, margin */
+        /* 4 KiB of K+V per token and layer, summaries, the append loops' tokens, margin */
         c.capacity_bytes = (uint64_t)B * (ctx + 2 * STEPS + BP) * BL * 5000u + (64u << 20);
         c.default_format = IKV_FMT_F16;
         c.kv_dtype = IKV_DTYPE_F16;
@@ -547,6 +548,20 @@ static void run_decode_bench(void) {
             }
             assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
             bench_line("append", B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
+            for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_truncate(pool, seqs[b], STEPS / BL));
+
+            /* The same loop with one ikv_pool_append_batch per layer (sequence b's token is row b of dk). */
+            IKVT_OK(ikv_decoder_get_stats(dec, &before));
+            t0 = ikvt_now_us();
+            for (int i = 0; i < STEPS; ++i) {
+                a.layer = ap.layer = i % BL;
+                IKVT_OK(ikv_pool_append_batch(pool, seqs, B, &ap));
+                const double h0 = ikvt_now_us();
+                IKVT_OK(ikv_decode(dec, pool, &a));
+                host[i] = ikvt_now_us() - h0;
+            }
+            assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+            bench_line("batch", B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
             for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_truncate(pool, seqs[b], STEPS / BL));
         }
         ikvt_rt.free_(dq), ikvt_rt.free_(dout);

@@ -15,7 +15,10 @@
  * same values and key summaries (ikv_seq_read, ikv_seq_page_summary) with the
  * same accounting (ikv_pool_get_stats, slab sizes aside). A NaN or inf in
  * device input is rejected with IKV_E_INVALID naming its position, and the
- * pool is unchanged (length, stats, stored values).
+ * pool is unchanged (length, stats, stored values). Batch appends
+ * (ikv_pool_append_batch) store what one append per sequence stores, and a
+ * rejected batch changes nothing (support/batch_append.c, also run on a CPU
+ * pool by test_pool_batch).
  *
  * IKV_GPU_POOL_BENCH=1 adds a timing run (no assertion on times; =bulk runs
  * only its bulk appends, skipping the tests, for a profiler): one-token
@@ -30,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "batch_append.h"
 #include "cuda_rt.h"
 #include "support.h"
 
@@ -445,6 +449,12 @@ static void test_nonfinite_device_input_rejected(void **state) {
         }
 }
 
+/* ikv_pool_append_batch on CUDA pools, from device and host memory (support/batch_append.c). */
+static void test_batch_appends_match_single_appends(void **state) {
+    (void)state;
+    ikvt_batch_append_scenario(IKV_BACKEND_CUDA);
+}
+
 /* ---- IKV_GPU_POOL_BENCH=1: append latency and throughput (reported, not asserted) ---- */
 
 /* bulk_only: just the bulk appends (IKV_GPU_POOL_BENCH=bulk), so a profiler
@@ -541,6 +551,7 @@ int main(void) {
         cmocka_unit_test(test_device_appends_match_cpu),
         cmocka_unit_test(test_unaligned_device_input_matches_cpu),
         cmocka_unit_test(test_nonfinite_device_input_rejected),
+        cmocka_unit_test(test_batch_appends_match_single_appends),
     };
     const int rc = cmocka_run_group_tests_name("gpu_pool", gpu, NULL, NULL);
     if (rc == 0 && bench && strcmp(bench, "1") == 0) run_bench(0);

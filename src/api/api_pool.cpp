@@ -1,5 +1,6 @@
 // extern "C" boundary of the KV page pool: argument checks that need no pool
 // state, then the core in src/pool/. No exception crosses this file.
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <type_traits>
@@ -54,13 +55,17 @@ ikv_status check_layer(const ikv_pool *pool, uint32_t layer, const char *fn) {
     return IKV_OK;
 }
 
-ikv_status check_append(const ikv_pool *pool, const ikv_append &a) {
-    constexpr const char *fn = "ikv_pool_append";
+// n_seqs: sequences of a batch append (1 for ikv_pool_append, whose
+// seq_stride is ignored).
+ikv_status check_append(const ikv_pool *pool, const ikv_append &a, uint32_t n_seqs, const char *fn) {
     const ikv::PageShape &s = pool->shape;
     if (a.layer != IKV_ALL_LAYERS && a.layer >= s.n_layers)
         return ikv::fail(IKV_E_RANGE, "%s: args->layer is %u; the pool has %u layers (or pass IKV_ALL_LAYERS)", fn,
                          a.layer, s.n_layers);
     if (a.n_tokens == 0) return ikv::fail(IKV_E_INVALID, "%s: args->n_tokens is 0; it must be >= 1", fn);
+    if (uint64_t(a.n_tokens) * n_seqs > UINT32_MAX)
+        return ikv::fail(IKV_E_RANGE, "%s: n_seqs %u x args->n_tokens %u is more than 2^32-1 tokens in one call", fn,
+                         n_seqs, a.n_tokens);
     if (a.k == nullptr) return ikv::fail(IKV_E_NULL, "%s: args->k is NULL", fn);
     if (a.v == nullptr) return ikv::fail(IKV_E_NULL, "%s: args->v is NULL", fn);
     if (a.src_on_device && pool->config.backend == IKV_BACKEND_CPU)
@@ -72,7 +77,8 @@ ikv_status check_append(const ikv_pool *pool, const ikv_append &a) {
         bool used;
     } strides[] = {{"token_stride", a.token_stride, true},
                    {"head_stride", a.head_stride, true},
-                   {"layer_stride", a.layer_stride, all}};
+                   {"layer_stride", a.layer_stride, all},
+                   {"seq_stride", a.seq_stride, n_seqs > 1}};
     for (const auto &st : strides)
         if (st.used && st.value < int64_t(s.head_dim))
             return ikv::fail(IKV_E_INVALID,
@@ -80,11 +86,31 @@ ikv_status check_append(const ikv_pool *pool, const ikv_append &a) {
                              st.name, (long long)st.value, s.head_dim);
     // The last element read must be addressable.
     const long double last = (long double)(all ? s.n_layers - 1 : 0) * a.layer_stride +
+                             (long double)(n_seqs - 1) * a.seq_stride +
                              (long double)(a.n_tokens - 1) * a.token_stride +
                              (long double)(s.n_kv_heads - 1) * a.head_stride + s.head_dim;
     if (last > (long double)(INT64_MAX / 4))
         return ikv::fail(IKV_E_INVALID, "%s: the strides address elements beyond 2^61", fn);
     return IKV_OK;
+}
+
+// The first version of ikv_append ended before seq_stride.
+constexpr uint32_t kAppendMinSize = offsetof(ikv_append, seq_stride);
+
+// Both append entry points: arguments read and checked, then the pool core.
+ikv_status append_entry(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs, const ikv_append *args,
+                        const char *fn) {
+    IKV_CHECK_NULL(pool, fn);
+    IKV_CHECK_NULL(args, fn);
+    IKV_CHECK_STRUCT(args, kAppendMinSize, fn);
+    const ikv_append a = ikv::read_config(*args, ikv_append_default(pool, args->n_tokens));
+    ikv_status st = check_append(pool, a, n_seqs, fn);
+    if (st != IKV_OK) return st;
+    try {
+        return ikv::seqs_append(pool, seqs, n_seqs, a, fn);
+    } catch (const std::bad_alloc &) {
+        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    }
 }
 
 }  // namespace
@@ -173,23 +199,22 @@ IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens) {
         a.token_stride = row;
         a.head_stride = pool->shape.head_dim;
         a.layer_stride = int64_t(n_tokens) * row;
+        a.seq_stride = int64_t(n_tokens) * row;
     }
     return a;
 }
 
 IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append *args) {
-    constexpr const char *fn = "ikv_pool_append";
+    return append_entry(pool, &seq, 1, args, "ikv_pool_append");
+}
+
+IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs,
+                                         const ikv_append *args) {
+    constexpr const char *fn = "ikv_pool_append_batch";
     IKV_CHECK_NULL(pool, fn);
-    IKV_CHECK_NULL(args, fn);
-    IKV_CHECK_STRUCT(args, sizeof(ikv_append), fn);
-    const ikv_append a = ikv::read_config(*args, ikv_append_default(pool, args->n_tokens));
-    ikv_status st = check_append(pool, a);
-    if (st != IKV_OK) return st;
-    try {
-        return ikv::seq_append(pool, seq, a);
-    } catch (const std::bad_alloc &) {
-        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-    }
+    IKV_CHECK_NULL(seqs, fn);
+    if (n_seqs == 0) return ikv::fail(IKV_E_INVALID, "%s: n_seqs is 0; it must be >= 1", fn);
+    return append_entry(pool, seqs, n_seqs, args, fn);
 }
 
 IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out) {

@@ -245,7 +245,7 @@ public:
     // ---- appends ----
 
     ikv_status find_nonfinite(const AppendSource &src, uint32_t l0, uint32_t l1, NonFinite *out) override {
-        constexpr const char *fn = "ikv_pool_append";
+        const char *fn = src.fn;
         if (!src.on_device) {
             find_nonfinite_host(src, shape_, l0, l1, out);
             return IKV_OK;
@@ -281,7 +281,7 @@ public:
     }
 
     ikv_status write_append(const AppendSource &src, const AppendWrite *writes, size_t n_writes) override {
-        constexpr const char *fn = "ikv_pool_append";
+        const char *fn = src.fn;
         if (n_writes == 0) return IKV_OK;
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
@@ -327,29 +327,32 @@ private:
     static constexpr uint64_t kMaxScratchBytes = 64ull << 20;  // scratch stages of a bulk append
 
     cuda::AppendRows rows_of(const AppendSource &src) const {
-        return cuda::AppendRows{src.k,       src.v,     src.dtype, src.all_layers ? 1u : 0u, src.token_stride,
-                                src.head_stride, src.layer_stride};
+        return cuda::AppendRows{src.k,           src.v,        src.dtype,         src.all_layers ? 1u : 0u,
+                                src.seq_tokens,  src.token_stride, src.head_stride, src.layer_stride,
+                                src.seq_stride};
     }
 
     // Under mu_. Orders the writes into rounds (jobs_host_, round_start_); each
     // round is one launch of the staging kernel and one of the quantizer, so
-    // the jobs of a round need distinct staging buffers. The writes of a layer
-    // all name the layer's staging buffer: the first may continue a partial
-    // page (its earlier rows are staged there) and the last may leave one
-    // (its rows must stay there). Pages in between are whole and start at row
-    // 0, so they go through scratch stages instead: round 0 holds every
-    // layer's first write plus as many whole pages as there are scratch
-    // stages (at most kMaxScratchBytes), further rounds the remaining whole
-    // pages, and the last round the partial last writes. A bulk append of
-    // 2048 tokens over 32 layers is then ~10 rounds instead of 128 (one per
-    // page of a layer). Returns the number of rounds (0: out of host memory;
-    // *err: a CUDA error growing the scratch).
+    // the jobs of a round need distinct staging buffers. The writes of one
+    // (sequence, layer) come together and all name its staging buffer: the
+    // first may continue a partial page (its earlier rows are staged there)
+    // and the last may leave one (its rows must stay there). Pages in between
+    // are whole and start at row 0, so they go through scratch stages
+    // instead: round 0 holds every (sequence, layer)'s first write plus as
+    // many whole pages as there are scratch stages (at most
+    // kMaxScratchBytes), further rounds the remaining whole pages, and the
+    // last round the partial last writes. A bulk append of 2048 tokens over
+    // 32 layers is then ~10 rounds instead of 128 (one per page of a layer);
+    // a batch append of one token to B sequences is one round. Returns the
+    // number of rounds (0: out of host memory; *err: a CUDA error growing
+    // the scratch).
     uint32_t plan_rounds(const AppendWrite *writes, size_t n_writes, cudaError_t *err) {
         *err = cudaSuccess;
         const uint32_t P = shape_.page_size;
         size_t n_whole = 0;
         for (size_t i = 0; i < n_writes; ++i) {
-            const bool first = i == 0 || writes[i].layer != writes[i - 1].layer;
+            const bool first = i == 0 || writes[i].stage != writes[i - 1].stage;
             n_whole += !first && writes[i].row0 + writes[i].rows == P;
         }
         const uint64_t stride = align_up(stage_bytes_, kSlabAlign);
@@ -385,7 +388,7 @@ private:
             size_t whole = 0;
             for (size_t i = 0; i < n_writes; ++i) {
                 const AppendWrite &w = writes[i];
-                const bool first = i == 0 || w.layer != writes[i - 1].layer;
+                const bool first = i == 0 || w.stage != writes[i - 1].stage;
                 const bool is_whole = !first && w.row0 + w.rows == P;
                 const uint32_t r = round_of(i, whole, first);
                 if (pass == 0) {

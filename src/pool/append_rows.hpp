@@ -14,15 +14,21 @@ namespace ikv {
 
 // The engine rows of one append. Element (t, h, d) of layer l is at
 // k[(all_layers ? l*layer_stride : 0) + t*token_stride + h*head_stride + d].
+// A batch append (several sequences, seq_tokens tokens each) numbers its
+// tokens across the batch: token t is token t % seq_tokens of the batch's
+// sequence t / seq_tokens, whose rows start seq_stride elements after the
+// previous sequence's. A one-sequence append has seq_tokens == n_tokens.
 struct AppendSource {
+    const char *fn = "ikv_pool_append";  // the entry point, for messages
     const void *k = nullptr;
     const void *v = nullptr;
     ikv_dtype dtype = IKV_DTYPE_F16;
     bool all_layers = false;
     bool on_device = false;  // k, v are device pointers (CUDA pools)
     void *stream = nullptr;  // the engine's cudaStream_t that produced them (device input)
-    uint32_t n_tokens = 0;
-    int64_t token_stride = 0, head_stride = 0, layer_stride = 0;
+    uint32_t n_tokens = 0;    // over the whole batch
+    uint32_t seq_tokens = 0;  // per sequence (n_tokens / sequences in the batch)
+    int64_t token_stride = 0, head_stride = 0, layer_stride = 0, seq_stride = 0;
 };
 
 // The first non-finite input element in check order (K before V, then layer,
@@ -34,7 +40,8 @@ struct NonFinite {
     uint32_t layer = 0, token = 0, head = 0, channel = 0;
 };
 
-// One page write of an append: input tokens [token0, token0 + rows) of
+// One page write of an append: input tokens [token0, token0 + rows) (batch
+// numbering; all of one sequence) of
 // `layer` become rows [row0, row0 + rows) of the layer's staging (which
 // already holds rows [0, row0) of the page), then the layer of `page` is
 // quantized from staging rows [0, row0 + rows). Writes of one layer come in
@@ -47,8 +54,9 @@ struct AppendWrite {
 };
 
 inline int64_t source_offset(const AppendSource &s, uint32_t layer, uint32_t token, uint32_t head) {
-    return (s.all_layers ? int64_t(layer) * s.layer_stride : 0) + int64_t(token) * s.token_stride +
-           int64_t(head) * s.head_stride;
+    const uint32_t seq = token / s.seq_tokens, t = token % s.seq_tokens;
+    return (s.all_layers ? int64_t(layer) * s.layer_stride : 0) + int64_t(seq) * s.seq_stride +
+           int64_t(t) * s.token_stride + int64_t(head) * s.head_stride;
 }
 
 // Elements from k (or v) to the last element the strides address, + 1.

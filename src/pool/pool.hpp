@@ -87,7 +87,9 @@ void pool_stats(const ikv_pool *pool, ikv_pool_stats *out);
 ikv_status seq_create(ikv_pool *pool, ikv_seq_id *id_out);
 ikv_status seq_destroy(ikv_pool *pool, ikv_seq_id seq);
 ikv_status seq_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t *length_out);
-ikv_status seq_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append &args);
+// Append to n distinct sequences (ikv_pool_append_batch; n = 1 for
+// ikv_pool_append), atomically over all of them; fn names the entry point.
+ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n, const ikv_append &args, const char *fn);
 ikv_status seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out);
 ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_tokens);
 ikv_status seq_evict(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end);
