@@ -569,7 +569,26 @@ typedef struct ikv_append {
     /* Later fields: a caller built with an older header (smaller struct_size) gets their defaults. */
     int64_t seq_stride;         /**< ikv_pool_append_batch: elements from one sequence's rows to the next's;
                                      default n_tokens*n_kv_heads*head_dim. Ignored by ikv_pool_append. */
+    uint32_t flags;             /**< IKV_APPEND_* bits; default 0 */
 } ikv_append;
+
+/**
+ * ikv_append.flags: do not wait for the device (CUDA pools, device input).
+ * The append's device work (page initialization, copy-on-write, staging,
+ * quantize-on-write) is enqueued on args->stream and the call returns
+ * without synchronizing, so an engine's layer loop (append, then decode on
+ * the same stream) never stalls the GPU and can be issued ahead of it.
+ * Everything checked on the host is checked as usual and a failure changes
+ * nothing (arguments, capacity, evicted pages). What is not: the finiteness
+ * of the input, which needs the device's answer. A non-finite element is
+ * stored as 0, and the first one met is reported by ikv_pool_sync.
+ * Work that reads the appended tokens (ikv_decode) must run on args->stream
+ * or be ordered after it by the engine. The pool's synchronous calls (reads,
+ * truncate, fork, format changes, appends without this flag) first wait for
+ * its asynchronous appends. Requires src_on_device on a CUDA pool; a CPU
+ * pool accepts the flag and appends synchronously, checked, as without it.
+ */
+#define IKV_APPEND_ASYNC 0x1u
 
 /** Fills struct_size and the default strides for a pool and token count (layer 0, no plan). */
 IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
@@ -613,6 +632,18 @@ IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_app
  */
 IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs,
                                          const ikv_append *args);
+
+/**
+ * Wait until the pool's asynchronous appends (IKV_APPEND_ASYNC) are done on
+ * the device, and report the first non-finite input element any of them met
+ * since the previous ikv_pool_sync: IKV_E_INVALID naming its sequence, K or
+ * V, layer, token, head and channel (the element was stored as 0). The
+ * report is then cleared. Engines call it where they synchronize anyway (end
+ * of a step) or when debugging. Thread-safe with the pool's other calls.
+ * Errors: IKV_E_NULL, IKV_E_INVALID (as above), IKV_E_DEVICE. A CPU pool
+ * has nothing pending: IKV_OK.
+ */
+IKV_API ikv_status ikv_pool_sync(ikv_pool *pool);
 
 /**
  * Fork: a new sequence sharing all of parent's pages by reference. Full pages

@@ -179,7 +179,16 @@ struct AppendJob {
     float *stage;
     uint32_t layer, token0, row0, rows;
     uint32_t format;  // ikv_format
-    uint32_t pad;
+    uint32_t seq;     // the sequence (ikv_seq_id), for AppendError
+};
+
+// Where the staging kernel found a non-finite input element (asynchronous
+// appends skip the host's check). `claimed` goes 0 -> 1 once; the thread
+// that claims it writes the rest. The token is the sequence's own (not the
+// batch numbering). Zero-initialized by its owner.
+struct AppendError {
+    uint32_t claimed;
+    uint32_t seq, layer, token, head, channel, which, is_nan;
 };
 
 // First non-finite element of layers [l0, l0+n_layers) x n_tokens x heads x
@@ -189,9 +198,11 @@ struct AppendJob {
 cudaError_t launch_find_nonfinite(const PageShape &shape, const AppendRows &in, uint32_t l0, uint32_t n_layers,
                                   uint32_t n_tokens, unsigned long long *first, cudaStream_t stream);
 // The staging part of n_jobs jobs (their stages must be distinct): input rows
-// converted to fp32 into each job's stage.
+// converted to fp32 into each job's stage. A non-finite element is staged as
+// 0 and, if *error is unclaimed, recorded there (checked appends never have
+// one: the host refused them before).
 cudaError_t launch_stage_rows(const PageShape &shape, const AppendRows &in, const AppendJob *jobs, uint32_t n_jobs,
-                              cudaStream_t stream);
+                              AppendError *error, cudaStream_t stream);
 // The quantize part of n_jobs jobs (after launch_stage_rows on the same stream;
 // empty-layer jobs need no staging).
 cudaError_t launch_quantize_jobs(const PageShape &shape, const AppendJob *jobs, uint32_t n_jobs,

@@ -427,7 +427,8 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
  *   append  an engine's decode loop: per layer, append one token to every
  *           sequence (device K/V) and decode that layer; time per layer
  *           (append included); the sequences are truncated back afterwards;
- *   batch   the same loop with one ikv_pool_append_batch per layer.
+ *   batch   the same loop with one ikv_pool_append_batch per layer;
+ *   async   the batch loop with IKV_APPEND_ASYNC (no host wait in the loop).
  * Sequences hold ctx - 16 tokens (the append loop adds 12 a layer), so top-k
  * at 128K stays within its 8192 candidate pages. Each line ends with how
  * many calls built their lists and how many reused them. */
@@ -562,6 +563,23 @@ static void run_decode_bench(void) {
             }
             assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
             bench_line("batch", B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
+            for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_truncate(pool, seqs[b], STEPS / BL));
+
+            /* And with IKV_APPEND_ASYNC: the host never waits inside the loop. */
+            ikv_append aa = ap;
+            aa.flags = IKV_APPEND_ASYNC;
+            IKVT_OK(ikv_decoder_get_stats(dec, &before));
+            t0 = ikvt_now_us();
+            for (int i = 0; i < STEPS; ++i) {
+                a.layer = aa.layer = i % BL;
+                IKVT_OK(ikv_pool_append_batch(pool, seqs, B, &aa));
+                const double h0 = ikvt_now_us();
+                IKVT_OK(ikv_decode(dec, pool, &a));
+                host[i] = ikvt_now_us() - h0;
+            }
+            assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+            bench_line("async", B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
+            IKVT_OK(ikv_pool_sync(pool));
             for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_truncate(pool, seqs[b], STEPS / BL));
         }
         ikvt_rt.free_(dq), ikvt_rt.free_(dout);

@@ -452,7 +452,13 @@ static void test_nonfinite_device_input_rejected(void **state) {
 /* ikv_pool_append_batch on CUDA pools, from device and host memory (support/batch_append.c). */
 static void test_batch_appends_match_single_appends(void **state) {
     (void)state;
-    ikvt_batch_append_scenario(IKV_BACKEND_CUDA);
+    ikvt_batch_append_scenario(IKV_BACKEND_CUDA, 0);
+}
+
+/* The same with IKV_APPEND_ASYNC: decodes on the append's stream, ikv_pool_sync. */
+static void test_async_batch_appends(void **state) {
+    (void)state;
+    ikvt_batch_append_scenario(IKV_BACKEND_CUDA, 1);
 }
 
 /* ---- IKV_GPU_POOL_BENCH=1: append latency and throughput (reported, not asserted) ---- */
@@ -552,6 +558,7 @@ int main(void) {
         cmocka_unit_test(test_unaligned_device_input_matches_cpu),
         cmocka_unit_test(test_nonfinite_device_input_rejected),
         cmocka_unit_test(test_batch_appends_match_single_appends),
+        cmocka_unit_test(test_async_batch_appends),
     };
     const int rc = cmocka_run_group_tests_name("gpu_pool", gpu, NULL, NULL);
     if (rc == 0 && bench && strcmp(bench, "1") == 0) run_bench(0);

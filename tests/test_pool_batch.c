@@ -5,7 +5,7 @@
 
 static void test_batch_equals_single_appends(void **state) {
     (void)state;
-    ikvt_batch_append_scenario(IKV_BACKEND_CPU);
+    ikvt_batch_append_scenario(IKV_BACKEND_CPU, 0);
 }
 
 int main(void) {

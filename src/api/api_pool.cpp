@@ -70,6 +70,14 @@ ikv_status check_append(const ikv_pool *pool, const ikv_append &a, uint32_t n_se
     if (a.v == nullptr) return ikv::fail(IKV_E_NULL, "%s: args->v is NULL", fn);
     if (a.src_on_device && pool->config.backend == IKV_BACKEND_CPU)
         return ikv::fail(IKV_E_INVALID, "%s: args->src_on_device is set but the pool is a CPU pool", fn);
+    if (a.flags & ~IKV_APPEND_ASYNC)
+        return ikv::fail(IKV_E_INVALID, "%s: args->flags 0x%x has bits no IKV_APPEND_* flag defines", fn,
+                         (unsigned)a.flags);
+    if ((a.flags & IKV_APPEND_ASYNC) && pool->config.backend == IKV_BACKEND_CUDA && !a.src_on_device)
+        return ikv::fail(IKV_E_INVALID,
+                         "%s: IKV_APPEND_ASYNC needs device input (args->src_on_device); host input is read "
+                         "before the call returns, so append it without the flag",
+                         fn);
     const bool all = a.layer == IKV_ALL_LAYERS;
     const struct {
         const char *name;
@@ -215,6 +223,11 @@ IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs,
     IKV_CHECK_NULL(seqs, fn);
     if (n_seqs == 0) return ikv::fail(IKV_E_INVALID, "%s: n_seqs is 0; it must be >= 1", fn);
     return append_entry(pool, seqs, n_seqs, args, fn);
+}
+
+IKV_API ikv_status ikv_pool_sync(ikv_pool *pool) {
+    IKV_CHECK_NULL(pool, "ikv_pool_sync");
+    return ikv::pool_sync(pool);
 }
 
 IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out) {

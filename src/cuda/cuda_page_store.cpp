@@ -24,12 +24,14 @@
 // through here.
 #include <algorithm>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <vector>
 
 #include "common/quant.hpp"
 #include "cuda/cuda_util.hpp"
+#include "cuda/job_ring.hpp"
 #include "ikv_kernels.h"
 #include "pool/page_store.hpp"
 #include "pool/slab_allocator.hpp"
@@ -82,15 +84,17 @@ public:
 
     ~CudaPageStore() override {
         DeviceGuard g(device_);
+        wait_async();
         cudaStreamSynchronize(stream_);
+        ring_.reset();
         for (void *chunk : stage_chunks_) cudaFree(chunk);
         if (input_) cudaFree(input_);
         if (scratch_) cudaFree(scratch_);
-        if (jobs_dev_) cudaFree(jobs_dev_);
-        if (jobs_host_) cudaFreeHost(jobs_host_);
         if (verdict_dev_) cudaFree(verdict_dev_);
         if (verdict_host_) cudaFreeHost(verdict_host_);
+        if (error_dev_) cudaFree(error_dev_);
         if (event_) cudaEventDestroy(event_);
+        if (async_done_) cudaEventDestroy(async_done_);
         cudaStreamDestroy(stream_);
     }
 
@@ -99,7 +103,7 @@ public:
 
     ikv_status init(ikv_format f, uint8_t *page) override {
         const PageInit one{f, page};
-        return init_pages(&one, 1);
+        return init_pages(&one, 1, Exec{});
     }
 
     // Every layer of every page written empty (as write_subpage with no rows:
@@ -107,24 +111,43 @@ public:
     // page) by one launch over (page, layer) jobs. It was a memset and a
     // kernel per page: 256 launches and 0.42 ms for the 128 fresh pages of a
     // 2048-token append (bench/RESULTS.md section 3b).
-    ikv_status init_pages(const PageInit *pages, size_t n) override {
+    ikv_status init_pages(const PageInit *pages, size_t n, const Exec &ex) override {
         if (n == 0) return IKV_OK;
         const uint64_t n_jobs = uint64_t(n) * shape_.n_layers;
         if (n_jobs > 0x7FFFFFFFull / shape_.n_kv_heads) return fail(IKV_E_INVALID, "ikv_pool: too many pages at once");
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
-        cudaError_t err = ensure_append_buffers(size_t(n_jobs));
+        cudaStream_t st = nullptr;
+        cudaError_t err = begin(ex, &st);
+        if (err != cudaSuccess) return cuda_fail(err, "ikv_pool", "waiting for asynchronous appends");
+        err = ensure_append_buffers();
+        JobRing::Slot *slot = nullptr;
+        if (err == cudaSuccess) err = ring_->acquire(size_t(n_jobs), &slot);
         if (err != cudaSuccess) return cuda_fail(err, "ikv_pool", "allocating the page-initialization jobs");
         for (size_t i = 0; i < n; ++i)
             for (uint32_t l = 0; l < shape_.n_layers; ++l)
-                jobs_host_[i * shape_.n_layers + l] = cuda::AppendJob{pages[i].page, nullptr, l, 0, 0, 0,
-                                                                      uint32_t(pages[i].format), 0};
-        err = cudaMemcpyAsync(jobs_dev_, jobs_host_, n_jobs * sizeof(cuda::AppendJob), cudaMemcpyHostToDevice,
-                              stream_);
-        if (err == cudaSuccess) err = cuda::launch_quantize_jobs(shape_, jobs_dev_, uint32_t(n_jobs), stream_);
-        if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+                slot->host[i * shape_.n_layers + l] =
+                    cuda::AppendJob{pages[i].page, nullptr, l, 0, 0, 0, uint32_t(pages[i].format), 0};
+        err = JobRing::upload(*slot, size_t(n_jobs), st);
+        if (err == cudaSuccess) err = cuda::launch_quantize_jobs(shape_, slot->dev, uint32_t(n_jobs), st);
+        if (err == cudaSuccess) err = JobRing::release(slot, st);
+        if (err == cudaSuccess) err = finish(ex);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "initializing device pages");
+    }
+
+    ikv_status copy_pages(const PageCopy *pages, size_t n, const Exec &ex) override {
+        if (n == 0) return IKV_OK;
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        cudaStream_t st = nullptr;
+        cudaError_t err = begin(ex, &st);
+        for (size_t i = 0; i < n && err == cudaSuccess; ++i)
+            err = cudaMemcpyAsync(pages[i].dst, pages[i].src, page_bytes(shape_, pages[i].format),
+                                  cudaMemcpyDeviceToDevice, st);
+        if (err == cudaSuccess) err = finish(ex);
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of a device page");
     }
 
     // k, v: device staging (a stage_alloc buffer).
@@ -132,7 +155,8 @@ public:
                            uint32_t n_valid) override {
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
-        cudaError_t err = cuda::launch_quantize_layer(shape_, f, page, layer, k, v, n_valid, stream_);
+        cudaError_t err = wait_async();
+        if (err == cudaSuccess) err = cuda::launch_quantize_layer(shape_, f, page, layer, k, v, n_valid, stream_);
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "quantize-on-write on the device");
     }
@@ -143,8 +167,9 @@ public:
         std::vector<uint8_t> sub(sl.bytes);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_seq_read", "cudaSetDevice");
-        const cudaError_t err =
-            cudaMemcpy(sub.data(), page + subpage_offset(shape_, f, layer, head), sl.bytes, cudaMemcpyDeviceToHost);
+        cudaError_t err = wait_async();
+        if (err == cudaSuccess)
+            err = cudaMemcpy(sub.data(), page + subpage_offset(shape_, f, layer, head), sl.bytes, cudaMemcpyDeviceToHost);
         if (err != cudaSuccess) return cuda_fail(err, "ikv_seq_read", "cudaMemcpy of a device sub-page");
         for (uint32_t i = 0; i < n; ++i) {
             if (k_out) read_subpage_row(f, shape_.page_size, shape_.head_dim, sub.data(), 0, t0 + i, k_out + i * out_stride);
@@ -157,19 +182,18 @@ public:
                             uint16_t *out) const override {
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_seq_page_summary", "cudaSetDevice");
-        const cudaError_t err = cudaMemcpy(out, page + summary_offset(shape_, f, layer, head),
-                                           summary_record_bytes(shape_), cudaMemcpyDeviceToHost);
+        cudaError_t err = wait_async();
+        if (err == cudaSuccess)
+            err = cudaMemcpy(out, page + summary_offset(shape_, f, layer, head), summary_record_bytes(shape_),
+                             cudaMemcpyDeviceToHost);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_seq_page_summary", "cudaMemcpy of a key summary");
     }
 
     // On the store's stream (a plain cudaMemcpy device-to-device would not be
     // ordered with the non-blocking stream's later quantize kernels).
     ikv_status copy(ikv_format f, uint8_t *dst, const uint8_t *src) override {
-        DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
-        cudaError_t err = cudaMemcpyAsync(dst, src, page_bytes(shape_, f), cudaMemcpyDeviceToDevice, stream_);
-        if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
-        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of a device page");
+        const PageCopy one{f, dst, src};
+        return copy_pages(&one, 1, Exec{});
     }
 
     // ---- staging in device memory ----
@@ -213,7 +237,8 @@ public:
     ikv_status stage_copy(float *dst, const float *src) override {
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_seq_fork", "cudaSetDevice");
-        cudaError_t err = cudaMemcpyAsync(dst, src, stage_bytes_, cudaMemcpyDeviceToDevice, stream_);
+        cudaError_t err = wait_async();
+        if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, stage_bytes_, cudaMemcpyDeviceToDevice, stream_);
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_seq_fork", "cudaMemcpyAsync of device staging");
     }
@@ -244,6 +269,21 @@ public:
 
     // ---- appends ----
 
+    ikv_status check_source(const AppendSource &src) override {
+        if (!src.on_device) return IKV_OK;
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), src.fn, "cudaSetDevice");
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        const cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(src.stream), &capture);
+        if (err != cudaSuccess) return cuda_fail(err, src.fn, "cudaStreamIsCapturing of args->stream");
+        if (capture != cudaStreamCaptureStatusNone)
+            return fail(IKV_E_INVALID,
+                        "%s: args->stream is capturing a CUDA graph; an append changes the pool's host state, which "
+                        "a replay would not, so append before or after the capture",
+                        src.fn);
+        return IKV_OK;
+    }
+
     ikv_status find_nonfinite(const AppendSource &src, uint32_t l0, uint32_t l1, NonFinite *out) override {
         const char *fn = src.fn;
         if (!src.on_device) {
@@ -253,9 +293,10 @@ public:
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
-        cudaError_t err = ensure_append_buffers(0);
+        cudaError_t err = ensure_append_buffers();
         if (err != cudaSuccess) return cuda_fail(err, fn, "allocating the append buffers");
-        err = order_after(src.stream);
+        err = wait_async();
+        if (err == cudaSuccess) err = order_after(src.stream);
         if (err == cudaSuccess) err = cudaMemsetAsync(verdict_dev_, 0xFF, sizeof(unsigned long long), stream_);
         if (err == cudaSuccess)
             err = cuda::launch_find_nonfinite(shape_, rows_of(src), l0, l1 - l0, src.n_tokens, verdict_dev_, stream_);
@@ -286,10 +327,20 @@ public:
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
-        cudaError_t err = ensure_append_buffers(n_writes);
+        Exec ex;
+        ex.stream = src.stream;
+        ex.async = src.async;
+        cudaStream_t st = nullptr;
+        cudaError_t err = begin(ex, &st);
+        if (err != cudaSuccess) return cuda_fail(err, fn, "waiting for asynchronous appends");
+        err = ensure_append_buffers();
+        JobRing::Slot *slot = nullptr;
+        if (err == cudaSuccess) err = ring_->acquire(n_writes, &slot);
         if (err != cudaSuccess) return cuda_fail(err, fn, "allocating the append buffers");
         cuda::AppendRows in = rows_of(src);
-        if (src.on_device) {
+        if (src.async) {
+            // begin() put the engine's stream after earlier asynchronous work
+        } else if (src.on_device) {
             err = order_after(src.stream);
         } else {  // host input: upload the extent the strides address, once
             const uint32_t l0 = src.all_layers ? 0 : writes[0].layer;
@@ -297,27 +348,54 @@ public:
             const uint64_t bytes = source_extent(src, shape_, l0, l1) * dtype_bytes(src.dtype);
             const uint64_t half = align_up(bytes, kSlabAlign);
             err = ensure_input(2 * half);
-            if (err == cudaSuccess) err = cudaMemcpyAsync(input_, src.k, bytes, cudaMemcpyHostToDevice, stream_);
-            if (err == cudaSuccess)
-                err = cudaMemcpyAsync(input_ + half, src.v, bytes, cudaMemcpyHostToDevice, stream_);
+            if (err == cudaSuccess) err = cudaMemcpyAsync(input_, src.k, bytes, cudaMemcpyHostToDevice, st);
+            if (err == cudaSuccess) err = cudaMemcpyAsync(input_ + half, src.v, bytes, cudaMemcpyHostToDevice, st);
             in.k = input_;
             in.v = input_ + half;
         }
         if (err != cudaSuccess) return cuda_fail(err, fn, "bringing K/V to the device");
 
-        const uint32_t rounds = plan_rounds(writes, n_writes, &err);
+        const uint32_t rounds = plan_rounds(writes, n_writes, slot->host, &err);
         if (err != cudaSuccess) return cuda_fail(err, fn, "allocating the append's scratch staging");
         if (rounds == 0) return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-        err = cudaMemcpyAsync(jobs_dev_, jobs_host_, n_writes * sizeof(cuda::AppendJob), cudaMemcpyHostToDevice,
-                              stream_);
+        err = JobRing::upload(*slot, n_writes, st);
         for (uint32_t r = 0; r < rounds && err == cudaSuccess; ++r) {
             const uint32_t first = round_start_[r], count = round_start_[r + 1] - first;
             if (count == 0) continue;
-            err = cuda::launch_stage_rows(shape_, in, jobs_dev_ + first, count, stream_);
-            if (err == cudaSuccess) err = cuda::launch_quantize_jobs(shape_, jobs_dev_ + first, count, stream_);
+            err = cuda::launch_stage_rows(shape_, in, slot->dev + first, count, error_dev_, st);
+            if (err == cudaSuccess) err = cuda::launch_quantize_jobs(shape_, slot->dev + first, count, st);
         }
-        if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+        if (err == cudaSuccess) err = JobRing::release(slot, st);
+        if (err == cudaSuccess) err = finish(ex);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "staging and quantize-on-write on the device");
+    }
+
+    ikv_status take_async_error(NonFinite *out, ikv_seq_id *seq) override {
+        constexpr const char *fn = "ikv_pool_sync";
+        *out = NonFinite{};
+        *seq = 0;
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        cudaError_t err = wait_async();
+        if (err != cudaSuccess) return cuda_fail(err, fn, "waiting for asynchronous appends");
+        if (error_dev_ == nullptr) return IKV_OK;  // no append yet
+        cuda::AppendError e{};
+        err = cudaMemcpyAsync(&e, error_dev_, sizeof e, cudaMemcpyDeviceToHost, stream_);
+        if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
+        if (err == cudaSuccess && e.claimed) err = cudaMemsetAsync(error_dev_, 0, sizeof e, stream_);
+        if (err == cudaSuccess && e.claimed) err = cudaStreamSynchronize(stream_);
+        if (err != cudaSuccess) return cuda_fail(err, fn, "reading the asynchronous appends' error record");
+        if (!e.claimed) return IKV_OK;
+        out->found = true;
+        out->is_nan = e.is_nan != 0;
+        out->which = int(e.which);
+        out->layer = e.layer;
+        out->token = e.token;
+        out->head = e.head;
+        out->channel = e.channel;
+        *seq = ikv_seq_id(e.seq);
+        return IKV_OK;
     }
 
     uint64_t reserved_bytes() const override { return slabs_.reserved_bytes(); }
@@ -332,7 +410,7 @@ private:
                                 src.seq_stride};
     }
 
-    // Under mu_. Orders the writes into rounds (jobs_host_, round_start_); each
+    // Under mu_. Orders the writes into rounds (jobs, round_start_); each
     // round is one launch of the staging kernel and one of the quantizer, so
     // the jobs of a round need distinct staging buffers. The writes of one
     // (sequence, layer) come together and all name its staging buffer: the
@@ -347,7 +425,7 @@ private:
     // a batch append of one token to B sequences is one round. Returns the
     // number of rounds (0: out of host memory; *err: a CUDA error growing
     // the scratch).
-    uint32_t plan_rounds(const AppendWrite *writes, size_t n_writes, cudaError_t *err) {
+    uint32_t plan_rounds(const AppendWrite *writes, size_t n_writes, cuda::AppendJob *jobs, cudaError_t *err) {
         *err = cudaSuccess;
         const uint32_t P = shape_.page_size;
         size_t n_whole = 0;
@@ -395,8 +473,8 @@ private:
                     ++round_start_[r + 1];
                 } else {
                     float *stage = is_whole ? reinterpret_cast<float *>(scratch_ + (whole % per_round) * stride) : w.stage;
-                    jobs_host_[next[r]++] =
-                        cuda::AppendJob{w.page, stage, w.layer, w.token0, w.row0, w.rows, uint32_t(w.format), 0};
+                    jobs[next[r]++] = cuda::AppendJob{w.page,  stage,  w.layer,          w.token0,
+                                                      w.row0,  w.rows, uint32_t(w.format), uint32_t(w.seq)};
                 }
                 whole += is_whole;
             }
@@ -419,6 +497,8 @@ private:
     // last append synchronized its stream, so the old ones are idle).
     cudaError_t ensure_scratch(size_t n, uint64_t stride) {
         if (scratch_stages_ >= n) return cudaSuccess;
+        const cudaError_t waited = wait_async();  // asynchronous appends may still use the old scratch
+        if (waited != cudaSuccess) return waited;
         if (scratch_) cudaFree(scratch_);
         scratch_ = nullptr;
         scratch_stages_ = 0;
@@ -434,28 +514,62 @@ private:
         return err;
     }
 
-    // Under mu_. The event, the 8-byte verdict (device + pinned host) and
-    // room for n_jobs jobs (device + pinned host). Earlier calls synchronized
-    // their stream, so the old buffers are idle when replaced.
-    cudaError_t ensure_append_buffers(size_t n_jobs) {
+    // Under mu_. The event, the 8-byte verdict (device + pinned host), the
+    // asynchronous appends' error record and the job ring.
+    cudaError_t ensure_append_buffers() {
         cudaError_t err = cudaSuccess;
         if (event_ == nullptr) err = cudaEventCreateWithFlags(&event_, cudaEventDisableTiming);
         if (err == cudaSuccess && verdict_dev_ == nullptr)
             err = cudaMalloc(reinterpret_cast<void **>(&verdict_dev_), sizeof(unsigned long long));
         if (err == cudaSuccess && verdict_host_ == nullptr)
             err = cudaMallocHost(reinterpret_cast<void **>(&verdict_host_), sizeof(unsigned long long));
-        if (err == cudaSuccess && n_jobs > jobs_cap_) {
-            const size_t cap = std::max<size_t>(n_jobs, 2 * jobs_cap_);
-            if (jobs_dev_) cudaFree(jobs_dev_);
-            if (jobs_host_) cudaFreeHost(jobs_host_);
-            jobs_dev_ = nullptr;
-            jobs_host_ = nullptr;
-            jobs_cap_ = 0;
-            err = cudaMalloc(reinterpret_cast<void **>(&jobs_dev_), cap * sizeof(cuda::AppendJob));
-            if (err == cudaSuccess)
-                err = cudaMallocHost(reinterpret_cast<void **>(&jobs_host_), cap * sizeof(cuda::AppendJob));
-            if (err == cudaSuccess) jobs_cap_ = cap;
+        if (err == cudaSuccess && error_dev_ == nullptr) {
+            err = cudaMalloc(reinterpret_cast<void **>(&error_dev_), sizeof(cuda::AppendError));
+            if (err == cudaSuccess) err = cudaMemset(error_dev_, 0, sizeof(cuda::AppendError));
+            if (err != cudaSuccess && error_dev_ != nullptr) {
+                cudaFree(error_dev_);
+                error_dev_ = nullptr;
+            }
         }
+        if (err == cudaSuccess && !ring_) {
+            ring_.reset(new (std::nothrow) JobRing);
+            if (!ring_) err = cudaErrorMemoryAllocation;
+        }
+        return err;
+    }
+
+    // Under mu_. The stream a call's device work goes on: the store's own
+    // (synchronous calls first wait for earlier asynchronous appends), or the
+    // engine's for an asynchronous append, put after earlier asynchronous
+    // appends (which may have used another stream: they share the store's
+    // buffers). finish() ends the call: a synchronous one waits for its
+    // stream; an asynchronous one records where it ended and returns.
+    cudaError_t begin(const Exec &ex, cudaStream_t *st) {
+        if (!ex.async) {
+            *st = stream_;
+            return wait_async();
+        }
+        *st = static_cast<cudaStream_t>(ex.stream);
+        std::lock_guard<std::mutex> lock(async_mu_);
+        return async_pending_ ? cudaStreamWaitEvent(*st, async_done_, 0) : cudaSuccess;
+    }
+    cudaError_t finish(const Exec &ex) {
+        if (!ex.async) return cudaStreamSynchronize(stream_);
+        std::lock_guard<std::mutex> lock(async_mu_);
+        cudaError_t err = async_done_ ? cudaSuccess : cudaEventCreateWithFlags(&async_done_, cudaEventDisableTiming);
+        if (err == cudaSuccess) err = cudaEventRecord(async_done_, static_cast<cudaStream_t>(ex.stream));
+        if (err == cudaSuccess) async_pending_ = true;
+        return err;
+    }
+
+    // Before any synchronous device work: wait until the asynchronous appends
+    // so far are done (they may have used another stream; ikv_seq_read copies
+    // on the legacy stream). Host-side: the next calls find nothing pending.
+    cudaError_t wait_async() const {
+        std::lock_guard<std::mutex> lock(async_mu_);
+        if (!async_pending_) return cudaSuccess;
+        const cudaError_t err = cudaEventSynchronize(async_done_);
+        if (err == cudaSuccess) async_pending_ = false;
         return err;
     }
 
@@ -484,8 +598,13 @@ private:
     std::mutex mu_;  // one append's device work at a time through the buffers below
     cudaEvent_t event_ = nullptr;
     unsigned long long *verdict_dev_ = nullptr, *verdict_host_ = nullptr;
-    cuda::AppendJob *jobs_dev_ = nullptr, *jobs_host_ = nullptr;
-    size_t jobs_cap_ = 0;
+    cuda::AppendError *error_dev_ = nullptr;  // asynchronous appends' first non-finite input
+    std::unique_ptr<JobRing> ring_;
+
+    // Asynchronous appends (leaf lock: taken inside mu_, or alone by const readers).
+    mutable std::mutex async_mu_;
+    cudaEvent_t async_done_ = nullptr;  // recorded where the last one ended
+    mutable bool async_pending_ = false;
     uint8_t *input_ = nullptr;
     uint64_t input_bytes_ = 0;
     std::vector<uint32_t> round_start_, round_next_;

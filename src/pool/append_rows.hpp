@@ -25,6 +25,7 @@ struct AppendSource {
     ikv_dtype dtype = IKV_DTYPE_F16;
     bool all_layers = false;
     bool on_device = false;  // k, v are device pointers (CUDA pools)
+    bool async = false;      // IKV_APPEND_ASYNC on a CUDA pool: enqueue on `stream`, do not wait
     void *stream = nullptr;  // the engine's cudaStream_t that produced them (device input)
     uint32_t n_tokens = 0;    // over the whole batch
     uint32_t seq_tokens = 0;  // per sequence (n_tokens / sequences in the batch)
@@ -51,6 +52,7 @@ struct AppendWrite {
     ikv_format format;
     float *stage;  // K [H][P][D] then V [H][P][D], in the store's memory
     uint32_t layer, token0, row0, rows;
+    ikv_seq_id seq;  // the sequence written (names it in an asynchronous append's error)
 };
 
 inline int64_t source_offset(const AppendSource &s, uint32_t layer, uint32_t token, uint32_t head) {

@@ -29,6 +29,15 @@
 
 namespace ikv {
 
+// How a store call runs its device work: synchronously (on the store's own
+// stream, returning when it is done) or, for an asynchronous append
+// (IKV_APPEND_ASYNC), enqueued on the engine's stream without waiting. Host
+// stores always run synchronously.
+struct Exec {
+    void *stream = nullptr;  // the engine's cudaStream_t (async only)
+    bool async = false;
+};
+
 class PageStore {
 public:
     virtual ~PageStore() = default;
@@ -47,9 +56,24 @@ public:
         ikv_format format;
         uint8_t *page;
     };
-    virtual ikv_status init_pages(const PageInit *pages, size_t n) {
+    virtual ikv_status init_pages(const PageInit *pages, size_t n, const Exec &ex) {
+        (void)ex;
         for (size_t i = 0; i < n; ++i) {
             const ikv_status st = init(pages[i].format, pages[i].page);
+            if (st != IKV_OK) return st;
+        }
+        return IKV_OK;
+    }
+    // copy() of n pages (an append's copy-on-write of shared tail pages).
+    struct PageCopy {
+        ikv_format format;
+        uint8_t *dst;
+        const uint8_t *src;
+    };
+    virtual ikv_status copy_pages(const PageCopy *pages, size_t n, const Exec &ex) {
+        (void)ex;
+        for (size_t i = 0; i < n; ++i) {
+            const ikv_status st = copy(pages[i].format, pages[i].dst, pages[i].src);
             if (st != IKV_OK) return st;
         }
         return IKV_OK;
@@ -91,15 +115,34 @@ public:
                                        float *stage) = 0;
 
     // ---- appends ----
+    // Whether the store can take this input at all, before anything changes
+    // (a CUDA store refuses a stream that is capturing a graph: an append
+    // changes host state that a replay would not). Message set on failure.
+    virtual ikv_status check_source(const AppendSource &src) {
+        (void)src;
+        return IKV_OK;
+    }
     // The first non-finite element of layers [l0, l1) of the input (out->found
     // false if none). Reads the input only. A store that cannot read
     // src.on_device input returns IKV_E_UNSUPPORTED with the message set.
     virtual ikv_status find_nonfinite(const AppendSource &src, uint32_t l0, uint32_t l1, NonFinite *out) = 0;
     // Carry out the writes in order (see AppendWrite): the input rows into
     // staging, then quantize-on-write of each page layer from staging. The
-    // input was checked finite. Returns when the pages are written (device
-    // input: ordered after the engine's work on src.stream).
+    // input was checked finite, except for an asynchronous append
+    // (src.async: enqueued on src.stream, returns without waiting; staging
+    // then keeps finite values itself and records the first non-finite
+    // element for take_async_error). Otherwise returns when the pages are
+    // written (device input: ordered after the engine's work on src.stream).
     virtual ikv_status write_append(const AppendSource &src, const AppendWrite *writes, size_t n_writes) = 0;
+    // Wait for every asynchronous append's device work; then the first
+    // non-finite input element any of them met since the last call (and the
+    // sequence it was for), which is forgotten. Stores without asynchronous
+    // appends find nothing.
+    virtual ikv_status take_async_error(NonFinite *out, ikv_seq_id *seq) {
+        *out = NonFinite{};
+        *seq = 0;
+        return IKV_OK;
+    }
 
     // Byte copy of a whole page of format f.
     virtual ikv_status copy(ikv_format f, uint8_t *dst, const uint8_t *src) = 0;

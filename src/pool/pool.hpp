@@ -83,6 +83,8 @@ namespace ikv {
 ikv_status pool_create(const ikv_pool_config &config, ikv_pool **out);
 void pool_destroy(ikv_pool *pool);
 void pool_stats(const ikv_pool *pool, ikv_pool_stats *out);
+// ikv_pool_sync: wait for asynchronous appends and report their first non-finite input.
+ikv_status pool_sync(ikv_pool *pool);
 
 ikv_status seq_create(ikv_pool *pool, ikv_seq_id *id_out);
 ikv_status seq_destroy(ikv_pool *pool, ikv_seq_id seq);

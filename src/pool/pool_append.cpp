@@ -9,8 +9,8 @@
 //
 // Order of work, so that a rejected append changes no sequence:
 //   1. check every input value is finite (the store reads the input where it
-//      is: a CUDA store checks device input on the device), and the plan's
-//      page size;
+//      is: a CUDA store checks device input on the device; an asynchronous
+//      append skips this, see below), and the plan's page size;
 //   2. reserve memory (staging buffers of the store, block-table slots, page
 //      records);
 //   3. under state_mu: find pages to create and shared pages to copy, check
@@ -19,6 +19,10 @@
 //   5. under state_mu: commit the block table (drop the shared pages' refs);
 //   6. outside the lock: the store stages the new rows and quantizes into
 //      pages this sequence now owns alone (PageStore::write_append).
+// An asynchronous append (IKV_APPEND_ASYNC, CUDA pools) does the same host
+// work, but steps 4 and 6 are enqueued on the engine's stream and nothing
+// waits for the device; only the finiteness of the input is left to the
+// device (a non-finite value is stored as 0 and reported by ikv_pool_sync).
 #include <algorithm>
 #include <cstdio>
 #include <new>
@@ -147,8 +151,17 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
     src.head_stride = a.head_stride;
     src.layer_stride = a.layer_stride;
     src.seq_stride = n_seqs > 1 ? a.seq_stride : 0;
+    // An asynchronous append (CUDA pools; device input, checked by the API
+    // layer) must not wait for the device, so its input is not checked here:
+    // the store's staging keeps non-finite values out and records them.
+    src.async = (a.flags & IKV_APPEND_ASYNC) != 0 && pool->config.backend == IKV_BACKEND_CUDA;
+    Exec ex;
+    ex.stream = a.stream;
+    ex.async = src.async;
+    st = pool->store->check_source(src);
+    if (st != IKV_OK) return st;
     NonFinite bad;
-    st = pool->store->find_nonfinite(src, l0, l1, &bad);
+    st = src.async ? IKV_OK : pool->store->find_nonfinite(src, l0, l1, &bad);
     if (st != IKV_OK) return st;
     if (bad.found) {
         char where[48] = "";  // a batch names the sequence too
@@ -186,10 +199,12 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
     }
     std::vector<AppendWrite> writes;  // one per (sequence, layer, page) the tokens land in
     std::vector<PageStore::PageInit> inits;
+    std::vector<PageStore::PageCopy> page_copies;
     std::vector<PageRec *> allocated;
     try {
         writes.reserve(n_writes);
         inits.reserve(n_writes);
+        page_copies.reserve(n_writes);
         allocated.reserve(n_writes);
     } catch (const std::bad_alloc &) {
         unwind(pool, parts);
@@ -243,14 +258,15 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
     // Fill the new pages outside the lock, all in one store call. Copying a
     // shared page is safe here: we still hold our reference, so no other
     // sequence writes it in place.
-    for (const Part &pt : parts)
+    for (const Part &pt : parts) {
         for (const auto &e : pt.fresh) inits.push_back(PageStore::PageInit{e.second->format, e.second->bytes});
-    st = pool->store->init_pages(inits.data(), inits.size());
-    for (const Part &pt : parts)
         for (const auto &e : pt.copies) {
             const PageRec *old = pt.seq->pages[e.first];
-            if (st == IKV_OK) st = pool->store->copy(old->format, e.second->bytes, old->bytes);
+            page_copies.push_back(PageStore::PageCopy{old->format, e.second->bytes, old->bytes});
         }
+    }
+    st = pool->store->init_pages(inits.data(), inits.size(), ex);
+    if (st == IKV_OK) st = pool->store->copy_pages(page_copies.data(), page_copies.size(), ex);
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
         if (st != IKV_OK) {
@@ -281,7 +297,8 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
             while (t < n) {
                 const uint32_t p = pos / P, off = pos % P, take = std::min(P - off, n - t);
                 PageRec *rec = seq.pages[p];
-                writes.push_back(AppendWrite{rec->bytes, rec->format, seq.layers[l].stage, l, i * n + t, off, take});
+                writes.push_back(
+                    AppendWrite{rec->bytes, rec->format, seq.layers[l].stage, l, i * n + t, off, take, parts[i].id});
                 pos += take;
                 t += take;
             }
@@ -311,6 +328,18 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
         pool->staging_bytes += stage_delta * int64_t(stage_bytes(s));
     }
     return write_status;
+}
+
+ikv_status pool_sync(ikv_pool *pool) {
+    NonFinite bad;
+    ikv_seq_id seq = 0;
+    const ikv_status st = pool->store->take_async_error(&bad, &seq);
+    if (st != IKV_OK || !bad.found) return st;
+    return fail(IKV_E_INVALID,
+                "ikv_pool_sync: an asynchronous append met %s[sequence %u, layer %u, token %u, head %u, channel %u] "
+                "= %s and stored it as 0; the pool stores finite values only",
+                bad.which == 0 ? "k" : "v", (unsigned)seq, bad.layer, bad.token, bad.head, bad.channel,
+                bad.is_nan ? "NaN" : "inf");
 }
 
 }  // namespace ikv

@@ -12,7 +12,11 @@
  * CUDA pool the batched pool reads device memory in some steps and host
  * memory in others. Then rejected batches (a NaN in one sequence's input,
  * too little capacity for the whole batch, bad arguments) must leave every
- * sequence as it was. */
+ * sequence as it was. With `async` (CUDA), the device-input batches carry
+ * IKV_APPEND_ASYNC on a stream of the test: a decode enqueued right after
+ * each one-layer batch must equal the single pool's, a NaN is accepted,
+ * stored as 0 and reported once by ikv_pool_sync, and an append on a stream
+ * capturing a graph is refused. */
 #include "batch_append.h"
 
 #include <math.h>
@@ -28,6 +32,8 @@ enum { L = 3, H = 2, D = 64, P = 8, ROW = H * D, B = 5, NS = B + 1 };
 
 typedef struct world {
     ikv_backend backend;
+    int async;    /* CUDA: device-input batches with IKV_APPEND_ASYNC on `stream` */
+    void *stream;
     ikv_pool *pool[2]; /* 0: batched, 1: single */
     ikv_seq_id id[2][NS];
     uint32_t len[NS][L]; /* tokens per sequence and layer (same in both pools) */
@@ -114,7 +120,71 @@ static ikv_append batch_args(const world *w, const input *in, int from_device) {
     a.k = dev ? in->k_dev : (const void *)in->k;
     a.v = dev ? in->v_dev : (const void *)in->v;
     a.src_on_device = dev;
+    if (dev && w->async) {
+        a.flags = IKV_APPEND_ASYNC;
+        a.stream = w->stream;
+    }
     return a;
+}
+
+/* Asynchronous batches: a decode of the appended layer on the append's
+ * stream, enqueued right after it with no wait in between (and behind a
+ * memset that keeps the stream busy, so the append has not run yet), must
+ * equal the single pool's decode (synchronous appends). Checks that the
+ * append's device work is ordered on the engine's stream. */
+enum { HQ = 2 * H, BUSY_BYTES = 256 << 20 };
+typedef struct decode_check {
+    void *q_dev, *out_dev[2], *busy;
+    ikv_decoder *dec[2];
+} decode_check;
+
+static decode_check decode_prepare(void) {
+    decode_check c;
+    const size_t nq = (size_t)B * HQ * D;
+    float *q = malloc(nq * sizeof(float));
+    ikvt_rng r = {0xdec0de};
+    ikvt_fill_normal(&r, q, nq, 1.0f);
+    c.q_dev = ikvt_dev_upload(q, nq * sizeof(float));
+    free(q);
+    c.busy = ikvt_dev_upload(NULL, BUSY_BYTES);
+    for (int p = 0; p < 2; ++p) {
+        c.out_dev[p] = ikvt_dev_upload(NULL, nq * sizeof(float));
+        ikv_decoder_config dc = ikv_decoder_default_config();
+        IKVT_OK(ikv_decoder_create(&dc, &c.dec[p]));
+    }
+    return c;
+}
+
+static void decode_run(const decode_check *c, const world *w, int p, uint32_t layer) {
+    ikv_seq_id ids[B];
+    for (int i = 0; i < B; ++i) ids[i] = w->id[p][kOrder[i]];
+    ikv_decode_args a = ikv_decode_args_default();
+    a.layer = layer;
+    a.n_seqs = B;
+    a.seqs = ids;
+    a.n_q_heads = HQ;
+    a.q = c->q_dev;
+    a.q_dtype = IKV_DTYPE_F32;
+    a.out = c->out_dev[p];
+    a.out_dtype = IKV_DTYPE_F32;
+    a.stream = w->stream;
+    IKVT_OK(ikv_decode(c->dec[p], w->pool[p], &a));
+}
+
+static void decode_compare(decode_check *c, const world *w) {
+    const size_t nq = (size_t)B * HQ * D;
+    float *out[2];
+    assert_int_equal(ikvt_rt.stream_sync_(w->stream), 0);
+    for (int p = 0; p < 2; ++p) {
+        out[p] = malloc(nq * sizeof(float));
+        assert_int_equal(ikvt_rt.memcpy_(out[p], c->out_dev[p], nq * sizeof(float), IKVT_D2H), 0);
+        ikvt_rt.free_(c->out_dev[p]);
+        ikv_decoder_destroy(c->dec[p]);
+    }
+    assert_memory_equal(out[0], out[1], nq * sizeof(float));
+    free(out[0]), free(out[1]);
+    ikvt_rt.free_(c->q_dev);
+    ikvt_rt.free_(c->busy);
 }
 
 /* One step: the batched pool in one call, the single pool one call per sequence (host input). */
@@ -124,7 +194,14 @@ static void step(world *w, uint32_t layer, uint32_t n, int vec4, int from_device
     ikv_seq_id ids[B];
     for (int i = 0; i < B; ++i) ids[i] = w->id[0][kOrder[i]];
     const ikv_append a = batch_args(w, &in, from_device);
+    const int check_decode = (a.flags & IKV_APPEND_ASYNC) && layer != IKV_ALL_LAYERS;
+    decode_check dc;
+    if (check_decode) {
+        dc = decode_prepare();
+        assert_int_equal(ikvt_rt.memset_async_(dc.busy, 0, BUSY_BYTES, w->stream), 0);
+    }
     IKVT_OK(ikv_pool_append_batch(w->pool[0], ids, B, &a));
+    if (check_decode) decode_run(&dc, w, 0, layer);
     for (int i = 0; i < B; ++i) {
         ikv_append one = in.a;
         one.k = in.k + (size_t)i * in.a.seq_stride;
@@ -133,6 +210,10 @@ static void step(world *w, uint32_t layer, uint32_t n, int vec4, int from_device
         IKVT_OK(ikv_pool_append(w->pool[1], w->id[1][kOrder[i]], &one));
         for (uint32_t l = 0; l < L; ++l)
             if (layer == IKV_ALL_LAYERS || layer == l) w->len[kOrder[i]][l] += n;
+    }
+    if (check_decode) {
+        decode_run(&dc, w, 1, layer);
+        decode_compare(&dc, w);
     }
     free_input(&in);
 }
@@ -219,7 +300,8 @@ static void rejections(world *w) {
     snprintf(needle, sizeof needle, "v[sequence %u, layer 1, token 1, head 1, channel 5] is NaN",
              (unsigned)ids[B - 1]);
     for (int dev = 0; dev < (w->backend == IKV_BACKEND_CUDA ? 2 : 1); ++dev) {
-        const ikv_append a = batch_args(w, &in, dev);
+        ikv_append a = batch_args(w, &in, dev);
+        a.flags = 0; /* checked (asynchronous appends: async_nonfinite) */
         expect_rejected(w, ids, B, &a, IKV_E_INVALID, needle);
     }
     free_input(&in);
@@ -245,12 +327,59 @@ static void rejections(world *w) {
     bad = a;
     bad.struct_size = 8;
     expect_rejected(w, ids, B, &bad, IKV_E_INVALID, "struct_size");
+    bad = a;
+    bad.flags = 0x80;
+    expect_rejected(w, ids, B, &bad, IKV_E_INVALID, "flags");
     if (w->backend == IKV_BACKEND_CPU) {
         bad = a;
         bad.src_on_device = 1;
         expect_rejected(w, ids, B, &bad, IKV_E_INVALID, "src_on_device");
+        /* A CPU pool appends IKV_APPEND_ASYNC batches synchronously and checked. */
+        input nan_in = make_input(w, 0, B, 1, 1);
+        nan_in.k[elem(&nan_in.a, 0, 2, 0, 1) + 7] = NAN;
+        bad = batch_args(w, &nan_in, 0);
+        bad.flags = IKV_APPEND_ASYNC;
+        snprintf(needle, sizeof needle, "k[sequence %u, layer 0, token 0, head 1, channel 7] is NaN", (unsigned)ids[2]);
+        expect_rejected(w, ids, B, &bad, IKV_E_INVALID, needle);
+        free_input(&nan_in);
+        IKVT_OK(ikv_pool_sync(w->pool[0]));
+    } else {
+        bad = a; /* host input */
+        bad.flags = IKV_APPEND_ASYNC;
+        expect_rejected(w, ids, B, &bad, IKV_E_INVALID, "IKV_APPEND_ASYNC needs device input");
     }
+    IKVT_EXPECT_STATUS(ikv_pool_sync(NULL), IKV_E_NULL, "pool");
     free_input(&in);
+}
+
+/* Asynchronous batches with a NaN (V, last sequence, layer 1, token 1, head
+ * 1, channel 5): accepted; ikv_pool_sync names the element once; the pool
+ * holds what a checked append of the input with that element 0 stores. */
+static void async_nonfinite(world *w) {
+    ikv_seq_id ids[B];
+    for (int i = 0; i < B; ++i) ids[i] = w->id[0][kOrder[i]];
+    input in = make_input(w, IKV_ALL_LAYERS, B, 2, 1);
+    const size_t at = elem(&in.a, 1, B - 1, 1, 1) + 5;
+    in.v[at] = 0.0f;
+    for (int i = 0; i < B; ++i) {
+        ikv_append one = in.a;
+        one.k = in.k + (size_t)i * in.a.seq_stride;
+        one.v = in.v + (size_t)i * in.a.seq_stride;
+        IKVT_OK(ikv_pool_append(w->pool[1], w->id[1][kOrder[i]], &one));
+        for (uint32_t l = 0; l < L; ++l) w->len[kOrder[i]][l] += 2;
+    }
+    in.v[at] = NAN;
+    upload(w, &in);
+    const ikv_append a = batch_args(w, &in, 1);
+    assert_true(a.flags & IKV_APPEND_ASYNC);
+    IKVT_OK(ikv_pool_append_batch(w->pool[0], ids, B, &a));
+    char needle[112];
+    snprintf(needle, sizeof needle, "v[sequence %u, layer 1, token 1, head 1, channel 5] = NaN", (unsigned)ids[B - 1]);
+    IKVT_EXPECT_STATUS(ikv_pool_sync(w->pool[0]), IKV_E_INVALID, needle);
+    IKVT_OK(ikv_pool_sync(w->pool[0])); /* reported once */
+    IKVT_OK(ikv_pool_sync(w->pool[1]));
+    free_input(&in);
+    expect_pools_equal(w);
 }
 
 /* Capacity for only B-1 of the B pages a one-token batch opens: refused as a
@@ -295,11 +424,35 @@ static void capacity(ikv_backend be) {
     ikv_pool_destroy(pool);
 }
 
-void ikvt_batch_append_scenario(ikv_backend backend) {
+/* An append on a stream that is capturing a CUDA graph is refused and changes nothing. */
+static void capture_refused(world *w) {
+    ikv_seq_id ids[B];
+    for (int i = 0; i < B; ++i) ids[i] = w->id[0][kOrder[i]];
+    input in = make_input(w, 0, B, 1, 1);
+    upload(w, &in);
+    const ikv_append a = batch_args(w, &in, 1);
+    image before = take_image(w, 0);
+    assert_int_equal(ikvt_rt.begin_capture_(w->stream, IKVT_CAPTURE_RELAXED), 0);
+    IKVT_EXPECT_STATUS(ikv_pool_append_batch(w->pool[0], ids, B, &a), IKV_E_INVALID, "capturing a CUDA graph");
+    void *graph = NULL;
+    assert_int_equal(ikvt_rt.end_capture_(w->stream, &graph), 0);
+    if (graph) ikvt_rt.graph_destroy_(graph);
+    image after = take_image(w, 0);
+    expect_same_image(w, &before, &after);
+    free_image(&before);
+    free_image(&after);
+    free_input(&in);
+}
+
+void ikvt_batch_append_scenario(ikv_backend backend, int async) {
+    void *stream = NULL;
+    if (async) assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
     for (int f = 0; f < IKV_FMT_COUNT; ++f) {
         world w;
         memset(&w, 0, sizeof w);
         w.backend = backend;
+        w.async = async;
+        w.stream = stream;
         w.rng.state = 0xba7c0000u + (uint64_t)f;
         for (int p = 0; p < 2; ++p) {
             w.pool[p] = make_pool(backend, (ikv_format)f, 16u << 20);
@@ -352,9 +505,14 @@ void ikvt_batch_append_scenario(ikv_backend backend) {
             expect_pools_equal(&w);
         }
 
+        if (async) {
+            async_nonfinite(&w);
+            capture_refused(&w);
+        }
         rejections(&w);
         ikv_pool_destroy(w.pool[0]);
         ikv_pool_destroy(w.pool[1]);
     }
+    if (stream) ikvt_rt.stream_destroy_(stream);
     capacity(backend);
 }

@@ -7,6 +7,7 @@
 
 #include "intentkv.h"
 
-void ikvt_batch_append_scenario(ikv_backend backend);
+/* async (CUDA pools): the device-input batches are IKV_APPEND_ASYNC. */
+void ikvt_batch_append_scenario(ikv_backend backend, int async);
 
 #endif
