@@ -430,6 +430,35 @@ class Pool(_Handle):
         _check(_ffi.lib().ikv_pool_append(self.handle, seq, byref(args)))
         return n_tokens
 
+    def append_batch(self, seqs, k, v, layer=None, plan=None):
+        """Append the same number of tokens to each of seqs in one atomic call. K and V are contiguous,
+        [layer][seq][token][kv_head][head_dim] (layer=None: every layer) or [seq][token][kv_head][head_dim]
+        (one layer). Returns the tokens appended to each sequence."""
+        cfg = self._config
+        dtype = DType(cfg["kv_dtype"])
+        kb, vb = _Buffer(k, dtype, "k"), _Buffer(v, dtype, "v")
+        ids = (c_uint32 * len(seqs))(*seqs)
+        layers = cfg["n_layers"] if layer is None else 1
+        row = cfg["n_kv_heads"] * cfg["head_dim"]
+        per_token = layers * len(seqs) * row
+        if not seqs or kb.count == 0 or kb.count % per_token:
+            raise _invalid("k holds %d elements, not a positive multiple of %d (layers*len(seqs)*n_kv_heads*head_dim)"
+                           % (kb.count, per_token))
+        n_tokens = kb.count // per_token
+        _need(vb, kb.count, "v")
+        args = _ffi.lib().ikv_append_default(self.handle, n_tokens)
+        args.layer = IKV_ALL_LAYERS if layer is None else layer
+        args.k, args.v = kb.ptr, vb.ptr
+        args.seq_stride = n_tokens * row
+        args.layer_stride = len(seqs) * n_tokens * row
+        args.formats = plan.handle if plan is not None else None
+        _check(_ffi.lib().ikv_pool_append_batch(self.handle, ids, len(seqs), byref(args)))
+        return n_tokens
+
+    def sync(self):
+        """Wait for asynchronous appends; raises IntentKVError for a non-finite value one of them stored as 0."""
+        _check(_ffi.lib().ikv_pool_sync(self.handle))
+
     def fork(self, seq):
         child = c_uint32()
         _check(_ffi.lib().ikv_seq_fork(self.handle, seq, byref(child)))

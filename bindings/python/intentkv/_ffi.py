@@ -121,7 +121,8 @@ class PoolStats(Structure):
 class Append(Structure):
     _fields_ = [("struct_size", c_uint32), ("layer", c_uint32), ("n_tokens", c_uint32), ("k", c_void_p),
                 ("v", c_void_p), ("token_stride", c_int64), ("head_stride", c_int64), ("layer_stride", c_int64),
-                ("src_on_device", c_int), ("stream", c_void_p), ("formats", c_void_p)]
+                ("src_on_device", c_int), ("stream", c_void_p), ("formats", c_void_p), ("seq_stride", c_int64),
+                ("flags", c_uint32)]
 
 
 class DecoderConfig(Structure):
@@ -197,6 +198,8 @@ _PROTOTYPES = [
     ("ikv_seq_length", _S, [_V, c_uint32, POINTER(c_uint32)]),
     ("ikv_append_default", Append, [_V, c_uint32]),
     ("ikv_pool_append", _S, [_V, c_uint32, POINTER(Append)]),
+    ("ikv_pool_append_batch", _S, [_V, POINTER(c_uint32), c_uint32, POINTER(Append)]),
+    ("ikv_pool_sync", _S, [_V]),
     ("ikv_seq_fork", _S, [_V, c_uint32, POINTER(c_uint32)]),
     ("ikv_seq_truncate", _S, [_V, c_uint32, c_uint32]),
     ("ikv_seq_evict", _S, [_V, c_uint32, c_uint32, c_uint32]),

@@ -190,6 +190,40 @@ class PoolTest(unittest.TestCase):
             self.assertGreater(pool.page_bytes(ikv.Format.F16), pool.page_bytes(ikv.Format.INT4))
 
 
+    def test_append_batch_equals_one_append_per_sequence(self):
+        cfg = dict(n_layers=2, n_kv_heads=1, head_dim=64, page_size=8, capacity_bytes=8 << 20,
+                   default_format=ikv.Format.INT8)
+        with ikv.Pool(**cfg) as batched, ikv.Pool(**cfg) as single:
+            seqs = [batched.seq_create() for _ in range(3)]
+            ones = [single.seq_create() for _ in range(3)]
+            row, n = 64, 5
+            # [layer][seq][token][head][dim], every value distinct
+            data = array.array("f", [0.001 * i - 1.0 for i in range(2 * 3 * n * row)])
+            self.assertEqual(batched.append_batch(seqs, data, data), n)
+            for i, seq in enumerate(ones):
+                part = array.array("f")
+                for layer in range(2):
+                    start = (layer * 3 + i) * n * row
+                    part.extend(data[start:start + n * row])
+                single.append(seq, part, part)
+            one_layer = array.array("f", [0.5 - 0.002 * i for i in range(3 * row)])
+            batched.append_batch(seqs, one_layer, one_layer, layer=1)
+            for i, seq in enumerate(ones):
+                single.append(seq, one_layer[i * row:(i + 1) * row], one_layer[i * row:(i + 1) * row], layer=1)
+            for a, b in zip(seqs, ones):
+                for layer in range(2):
+                    length = n + (layer == 1)
+                    self.assertEqual(bytes(batched.read(a, layer, 0, length)[0]),
+                                     bytes(single.read(b, layer, 0, length)[0]))
+                    self.assertEqual(bytes(batched.read(a, layer, 0, length)[1]),
+                                     bytes(single.read(b, layer, 0, length)[1]))
+            batched.sync()  # a CPU pool has nothing pending
+            with self.assertRaises(ikv.IntentKVError) as ctx:
+                batched.append_batch([seqs[0], seqs[0]], one_layer[:2 * row], one_layer[:2 * row], layer=0)
+            self.assertEqual(ctx.exception.status_name, "IKV_E_INVALID")
+            self.assertIn("listed twice", ctx.exception.message)
+
+
 class ErrorTest(unittest.TestCase):
     def assertFails(self, status_name, substring, fn, *args, **kwargs):
         with self.assertRaises(ikv.IntentKVError) as ctx:

@@ -284,7 +284,11 @@ pub struct ikv_append {
     pub src_on_device: c_int,
     pub stream: *mut c_void,
     pub formats: *const ikv_plan,
+    pub seq_stride: i64,
+    pub flags: u32,
 }
+
+pub const IKV_APPEND_ASYNC: u32 = 0x1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -385,6 +389,9 @@ extern "C" {
     pub fn ikv_seq_length(pool: *const ikv_pool, seq: ikv_seq_id, length_out: *mut u32) -> ikv_status;
     pub fn ikv_append_default(pool: *const ikv_pool, n_tokens: u32) -> ikv_append;
     pub fn ikv_pool_append(pool: *mut ikv_pool, seq: ikv_seq_id, args: *const ikv_append) -> ikv_status;
+    pub fn ikv_pool_append_batch(pool: *mut ikv_pool, seqs: *const ikv_seq_id, n_seqs: u32,
+                                 args: *const ikv_append) -> ikv_status;
+    pub fn ikv_pool_sync(pool: *mut ikv_pool) -> ikv_status;
     pub fn ikv_seq_fork(pool: *mut ikv_pool, parent: ikv_seq_id, child_out: *mut ikv_seq_id) -> ikv_status;
     pub fn ikv_seq_truncate(pool: *mut ikv_pool, seq: ikv_seq_id, n_tokens: u32) -> ikv_status;
     pub fn ikv_seq_evict(pool: *mut ikv_pool, seq: ikv_seq_id, begin: u32, end: u32) -> ikv_status;

@@ -488,6 +488,40 @@ impl Pool {
         Ok(n_tokens)
     }
 
+    /// Append the same number of f32 tokens to each of `seqs` in one atomic call: K and V are
+    /// `[layer][seq][token][kv_head][head_dim]` when `layer` is None, else `[seq][token][kv_head][head_dim]`.
+    /// Returns the number of tokens appended to each sequence.
+    pub fn append_batch(&mut self, seqs: &[SeqId], k: &[f32], v: &[f32], layer: Option<u32>,
+                        plan: Option<&Plan>) -> Result<u32> {
+        if self.config.kv_dtype != ffi::IKV_DTYPE_F32 {
+            return Err(Error::invalid("Pool::append_batch takes f32 slices; this pool's kv_dtype is not F32".into()));
+        }
+        let layers = if layer.is_none() { self.config.n_layers } else { 1 } as usize;
+        let row = (self.config.n_kv_heads * self.config.head_dim) as usize;
+        let per_token = layers * seqs.len() * row;
+        if seqs.is_empty() || k.is_empty() || k.len() % per_token != 0 || v.len() != k.len() {
+            return Err(Error::invalid(format!(
+                "{} sequences, k has {} and v {} elements; both must be the same positive multiple of {}",
+                seqs.len(), k.len(), v.len(), per_token)));
+        }
+        let n_seqs = u32::try_from(seqs.len()).map_err(|_| Error::invalid("more than 2^32-1 sequences".into()))?;
+        let n_tokens = (k.len() / per_token) as u32;
+        let mut args = unsafe { ffi::ikv_append_default(self.raw, n_tokens) };
+        args.layer = layer.unwrap_or(IKV_ALL_LAYERS);
+        args.k = k.as_ptr().cast();
+        args.v = v.as_ptr().cast();
+        args.seq_stride = (n_tokens as usize * row) as i64;
+        args.layer_stride = (seqs.len() * n_tokens as usize * row) as i64;
+        args.formats = plan.map_or(ptr::null(), |p| p.raw);
+        check(unsafe { ffi::ikv_pool_append_batch(self.raw, seqs.as_ptr(), n_seqs, &args) })?;
+        Ok(n_tokens)
+    }
+
+    /// Wait for the pool's asynchronous appends; an error names a non-finite value one of them stored as 0.
+    pub fn sync(&mut self) -> Result<()> {
+        check(unsafe { ffi::ikv_pool_sync(self.raw) })
+    }
+
     pub fn fork(&mut self, parent: SeqId) -> Result<SeqId> {
         let mut child = 0;
         check(unsafe { ffi::ikv_seq_fork(self.raw, parent, &mut child) })?;

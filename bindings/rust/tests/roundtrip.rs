@@ -178,6 +178,38 @@ fn pool_fork_truncate_evict() {
     assert_eq!((stats.n_sequences, stats.tokens_total), (1, 40));
 }
 
+#[test]
+fn append_batch_equals_one_append_per_sequence() {
+    let mut pc = Pool::default_config();
+    pc.n_layers = 2;
+    pc.n_kv_heads = 1;
+    pc.head_dim = 64;
+    pc.page_size = 8;
+    pc.capacity_bytes = 8 << 20;
+    pc.default_format = ffi::IKV_FMT_INT8;
+    let mut batched = Pool::new(&pc).unwrap();
+    let mut single = Pool::new(&pc).unwrap();
+    let seqs: Vec<_> = (0..3).map(|_| batched.seq_create().unwrap()).collect();
+    let ones: Vec<_> = (0..3).map(|_| single.seq_create().unwrap()).collect();
+    let (row, n) = (64usize, 5usize);
+    // [layer][seq][token][head][dim]
+    let data: Vec<f32> = (0..2 * 3 * n * row).map(|i| 0.001 * i as f32 - 1.0).collect();
+    assert_eq!(batched.append_batch(&seqs, &data, &data, None, None).unwrap(), n as u32);
+    for (i, &seq) in ones.iter().enumerate() {
+        let part: Vec<f32> = (0..2).flat_map(|l| data[(l * 3 + i) * n * row..(l * 3 + i + 1) * n * row].to_vec()).collect();
+        single.append(seq, &part, &part, None, None).unwrap();
+    }
+    for (&a, &b) in seqs.iter().zip(ones.iter()) {
+        for layer in 0..2 {
+            assert_eq!(batched.seq_read(a, layer, 0, n as u32).unwrap(), single.seq_read(b, layer, 0, n as u32).unwrap());
+        }
+    }
+    batched.sync().unwrap();
+    let err = batched.append_batch(&[seqs[0], seqs[0]], &data[..2 * row], &data[..2 * row], Some(0), None).unwrap_err();
+    assert_eq!(err.status_name(), "IKV_E_INVALID");
+    assert!(err.message.contains("listed twice"), "{err}");
+}
+
 fn expect_err<T: std::fmt::Debug>(result: intentkv::Result<T>, status: i32, substring: &str) -> Error {
     let err = result.unwrap_err();
     assert_eq!(err.status, status, "{err}");
