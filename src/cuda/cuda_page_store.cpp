@@ -551,7 +551,8 @@ private:
         }
         *st = static_cast<cudaStream_t>(ex.stream);
         std::lock_guard<std::mutex> lock(async_mu_);
-        return async_pending_ ? cudaStreamWaitEvent(*st, async_done_, 0) : cudaSuccess;
+        // The same stream as the last asynchronous append orders them already.
+        return async_pending_ && *st != async_stream_ ? cudaStreamWaitEvent(*st, async_done_, 0) : cudaSuccess;
     }
     cudaError_t finish(const Exec &ex) {
         if (!ex.async) return cudaStreamSynchronize(stream_);
@@ -559,6 +560,7 @@ private:
         cudaError_t err = async_done_ ? cudaSuccess : cudaEventCreateWithFlags(&async_done_, cudaEventDisableTiming);
         if (err == cudaSuccess) err = cudaEventRecord(async_done_, static_cast<cudaStream_t>(ex.stream));
         if (err == cudaSuccess) async_pending_ = true;
+        async_stream_ = static_cast<cudaStream_t>(ex.stream);
         return err;
     }
 
@@ -604,6 +606,7 @@ private:
     // Asynchronous appends (leaf lock: taken inside mu_, or alone by const readers).
     mutable std::mutex async_mu_;
     cudaEvent_t async_done_ = nullptr;  // recorded where the last one ended
+    cudaStream_t async_stream_ = nullptr;  // ... on this stream
     mutable bool async_pending_ = false;
     uint8_t *input_ = nullptr;
     uint64_t input_bytes_ = 0;
