@@ -127,11 +127,12 @@ static ikv_append batch_args(const world *w, const input *in, int from_device) {
     return a;
 }
 
-/* Asynchronous batches: a decode of the appended layer on the append's
- * stream, enqueued right after it with no wait in between (and behind a
- * memset that keeps the stream busy, so the append has not run yet), must
- * equal the single pool's decode (synchronous appends). Checks that the
- * append's device work is ordered on the engine's stream. */
+/* Asynchronous batches: the K/V written on the stream behind a memset that
+ * keeps it busy (so neither has happened when the append is called), then a
+ * decode of the appended layer enqueued right after the append with no wait
+ * in between: the decode must equal the single pool's (synchronous appends),
+ * and so must the stored bytes. Checks that the append's device work is
+ * ordered after the engine's writes and before its decode. */
 enum { HQ = 2 * H, BUSY_BYTES = 256 << 20 };
 typedef struct decode_check {
     void *q_dev, *out_dev[2], *busy;
@@ -197,8 +198,15 @@ static void step(world *w, uint32_t layer, uint32_t n, int vec4, int from_device
     const int check_decode = (a.flags & IKV_APPEND_ASYNC) && layer != IKV_ALL_LAYERS;
     decode_check dc;
     if (check_decode) {
+        /* As an engine: the stream is busy, then writes this step's K/V (the
+         * device buffers hold NaN until then), then appends and decodes. */
         dc = decode_prepare();
+        const size_t bytes = in.floats * sizeof(float);
+        assert_int_equal(ikvt_rt.memset_(in.k_dev, 0xFF, bytes), 0);
+        assert_int_equal(ikvt_rt.memset_(in.v_dev, 0xFF, bytes), 0);
         assert_int_equal(ikvt_rt.memset_async_(dc.busy, 0, BUSY_BYTES, w->stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_async_(in.k_dev, in.k, bytes, IKVT_H2D, w->stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_async_(in.v_dev, in.v, bytes, IKVT_H2D, w->stream), 0);
     }
     IKVT_OK(ikv_pool_append_batch(w->pool[0], ids, B, &a));
     if (check_decode) decode_run(&dc, w, 0, layer);

@@ -19,6 +19,7 @@ int ikvt_load_cudart(void) {
         *(void **)&ikvt_rt.sync_ = dlsym(h, "cudaDeviceSynchronize");
         *(void **)&ikvt_rt.memset_ = dlsym(h, "cudaMemset");
         *(void **)&ikvt_rt.memset_async_ = dlsym(h, "cudaMemsetAsync");
+        *(void **)&ikvt_rt.memcpy_async_ = dlsym(h, "cudaMemcpyAsync");
         *(void **)&ikvt_rt.stream_create_ = dlsym(h, "cudaStreamCreate");
         *(void **)&ikvt_rt.stream_destroy_ = dlsym(h, "cudaStreamDestroy");
         *(void **)&ikvt_rt.stream_sync_ = dlsym(h, "cudaStreamSynchronize");
@@ -28,7 +29,7 @@ int ikvt_load_cudart(void) {
         *(void **)&ikvt_rt.graph_launch_ = dlsym(h, "cudaGraphLaunch");
         *(void **)&ikvt_rt.graph_exec_destroy_ = dlsym(h, "cudaGraphExecDestroy");
         *(void **)&ikvt_rt.graph_destroy_ = dlsym(h, "cudaGraphDestroy");
-        if (ikvt_rt.malloc_ && ikvt_rt.free_ && ikvt_rt.memcpy_ && ikvt_rt.sync_ && ikvt_rt.memset_ && ikvt_rt.memset_async_ &&
+        if (ikvt_rt.malloc_ && ikvt_rt.free_ && ikvt_rt.memcpy_ && ikvt_rt.sync_ && ikvt_rt.memset_ && ikvt_rt.memset_async_ && ikvt_rt.memcpy_async_ &&
             ikvt_rt.stream_create_ && ikvt_rt.stream_destroy_ && ikvt_rt.stream_sync_ && ikvt_rt.begin_capture_ &&
             ikvt_rt.end_capture_ && ikvt_rt.graph_instantiate_ && ikvt_rt.graph_launch_ &&
             ikvt_rt.graph_exec_destroy_ && ikvt_rt.graph_destroy_)

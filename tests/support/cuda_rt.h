@@ -13,7 +13,9 @@ typedef struct ikvt_cudart {
     int (*memcpy_)(void *, const void *, size_t, int); /* kind: IKVT_H2D or IKVT_D2H */
     int (*sync_)(void);
     int (*memset_)(void *, int, size_t);
-    int (*memset_async_)(void *, int, size_t, void *); /* on a stream: keeps it busy in ordering tests */
+    /* On a stream (ordering tests: keep it busy, then write the input behind it). */
+    int (*memset_async_)(void *, int, size_t, void *);
+    int (*memcpy_async_)(void *, const void *, size_t, int, void *);
     /* Streams and graphs (CUDA-graph capture through the public API). */
     int (*stream_create_)(void **);
     int (*stream_destroy_)(void *);
