@@ -605,9 +605,10 @@ IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
  * Strides must be >= head_dim. K and V must be finite: a NaN or inf anywhere
  * is rejected with IKV_E_INVALID naming its layer, token, head and channel.
  * Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (layer), IKV_E_INVALID
- * (n_tokens, strides, non-finite values, a plan of another page_size),
- * IKV_E_NOMEM (capacity), IKV_E_EVICTED (the page the tokens land in was
- * evicted).
+ * (n_tokens, strides, non-finite values, a plan of another page_size,
+ * unknown flags, IKV_APPEND_ASYNC with host input on a CUDA pool, a stream
+ * that is capturing a CUDA graph), IKV_E_NOMEM (capacity), IKV_E_EVICTED
+ * (the page the tokens land in was evicted), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append *args);
 

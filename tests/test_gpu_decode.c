@@ -538,61 +538,42 @@ static void run_decode_bench(void) {
             assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
             bench_line("layers", B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
 
-            /* The engine loop: a token per layer, then that layer's decode. */
-            ikv_append ap = ikv_append_default(pool, 1);
-            ap.k = dk;
-            ap.v = dk;
-            ap.src_on_device = 1;
-            ap.stream = stream;
-            IKVT_OK(ikv_decoder_get_stats(dec, &before));
-            t0 = ikvt_now_us();
-            for (int i = 0; i < STEPS; ++i) {
-                a.layer = ap.layer = i % BL;
-                for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_pool_append(pool, seqs[b], &ap));
-                const double h0 = ikvt_now_us();
-                IKVT_OK(ikv_decode(dec, pool, &a));
-                host[i] = ikvt_now_us() - h0;
+            /* The engine loop: a token per layer (to each sequence, then to all
+             * in one batch, checked and asynchronous; sequence b's token is
+             * row b of dk), then that layer's decode. */
+            static const struct {
+                const char *mode;
+                int per_seq;
+                uint32_t flags;
+            } loops[] = {{"append", 1, 0}, {"batch", 0, 0}, {"async", 0, IKV_APPEND_ASYNC}};
+            for (size_t li = 0; li < sizeof loops / sizeof loops[0]; ++li) {
+                ikv_append ap = ikv_append_default(pool, 1);
+                ap.k = dk;
+                ap.v = dk;
+                ap.src_on_device = 1;
+                ap.stream = stream;
+                ap.flags = loops[li].flags;
+                IKVT_OK(ikv_decoder_get_stats(dec, &before));
+                t0 = ikvt_now_us();
+                for (int i = 0; i < STEPS; ++i) {
+                    a.layer = ap.layer = i % BL;
+                    const double a0 = ikvt_now_us();
+                    if (loops[li].per_seq)
+                        for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_pool_append(pool, seqs[b], &ap));
+                    else
+                        IKVT_OK(ikv_pool_append_batch(pool, seqs, B, &ap));
+                    append_host[i] = ikvt_now_us() - a0;
+                    const double h0 = ikvt_now_us();
+                    IKVT_OK(ikv_decode(dec, pool, &a));
+                    host[i] = ikvt_now_us() - h0;
+                }
+                assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+                bench_line(loops[li].mode, B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
+                printf("BENCH   %s: host %.1f us per layer's appends (median)\n", loops[li].mode,
+                       percentile_of(append_host, STEPS, 1, 2));
+                IKVT_OK(ikv_pool_sync(pool));
+                for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_truncate(pool, seqs[b], STEPS / BL));
             }
-            assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
-            bench_line("append", B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
-            for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_truncate(pool, seqs[b], STEPS / BL));
-
-            /* The same loop with one ikv_pool_append_batch per layer (sequence b's token is row b of dk). */
-            IKVT_OK(ikv_decoder_get_stats(dec, &before));
-            t0 = ikvt_now_us();
-            for (int i = 0; i < STEPS; ++i) {
-                a.layer = ap.layer = i % BL;
-                const double a0 = ikvt_now_us();
-                IKVT_OK(ikv_pool_append_batch(pool, seqs, B, &ap));
-                append_host[i] = ikvt_now_us() - a0;
-                const double h0 = ikvt_now_us();
-                IKVT_OK(ikv_decode(dec, pool, &a));
-                host[i] = ikvt_now_us() - h0;
-            }
-            assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
-            bench_line("batch", B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
-            printf("BENCH   batch append: host %.1f us per call (median)\n", percentile_of(append_host, STEPS, 1, 2));
-            for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_truncate(pool, seqs[b], STEPS / BL));
-
-            /* And with IKV_APPEND_ASYNC: the host never waits inside the loop. */
-            ikv_append aa = ap;
-            aa.flags = IKV_APPEND_ASYNC;
-            IKVT_OK(ikv_decoder_get_stats(dec, &before));
-            t0 = ikvt_now_us();
-            for (int i = 0; i < STEPS; ++i) {
-                a.layer = aa.layer = i % BL;
-                const double a0 = ikvt_now_us();
-                IKVT_OK(ikv_pool_append_batch(pool, seqs, B, &aa));
-                append_host[i] = ikvt_now_us() - a0;
-                const double h0 = ikvt_now_us();
-                IKVT_OK(ikv_decode(dec, pool, &a));
-                host[i] = ikvt_now_us() - h0;
-            }
-            assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
-            bench_line("async", B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
-            printf("BENCH   async append: host %.1f us per call (median)\n", percentile_of(append_host, STEPS, 1, 2));
-            IKVT_OK(ikv_pool_sync(pool));
-            for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_truncate(pool, seqs[b], STEPS / BL));
         }
         ikvt_rt.free_(dq), ikvt_rt.free_(dout);
         free(qf), free(qh);

@@ -410,23 +410,30 @@ class Pool(_Handle):
         _check(_ffi.lib().ikv_seq_length(self.handle, seq, byref(out)))
         return out.value
 
-    def append(self, seq, k, v, layer=None, plan=None):
-        """Append contiguous K and V laid out [layer][token][kv_head][head_dim] (layer=None: every layer
-        at once) or [token][kv_head][head_dim] (one layer). The token count follows from the buffer size."""
+    def _kv_args(self, k, v, n_seqs, layer, plan, what):
+        """K/V buffers checked against [layer][seq][token][kv_head][head_dim] (layer=None: every layer) and
+        the ikv_append for them: (args, n_tokens per sequence)."""
         cfg = self._config
         dtype = DType(cfg["kv_dtype"])
         kb, vb = _Buffer(k, dtype, "k"), _Buffer(v, dtype, "v")
-        layers = cfg["n_layers"] if layer is None else 1
-        per_token = layers * cfg["n_kv_heads"] * cfg["head_dim"]
-        if kb.count == 0 or kb.count % per_token:
-            raise _invalid("k holds %d elements, not a positive multiple of %d (layers*n_kv_heads*head_dim)"
-                           % (kb.count, per_token))
+        row = cfg["n_kv_heads"] * cfg["head_dim"]
+        per_token = (cfg["n_layers"] if layer is None else 1) * n_seqs * row
+        if n_seqs == 0 or kb.count == 0 or kb.count % per_token:
+            raise _invalid("k holds %d elements, not a positive multiple of %d (%s)" % (kb.count, per_token, what))
         n_tokens = kb.count // per_token
         _need(vb, kb.count, "v")
         args = _ffi.lib().ikv_append_default(self.handle, n_tokens)
         args.layer = IKV_ALL_LAYERS if layer is None else layer
         args.k, args.v = kb.ptr, vb.ptr
+        args.seq_stride = n_tokens * row
+        args.layer_stride = n_seqs * n_tokens * row
         args.formats = plan.handle if plan is not None else None
+        return args, n_tokens
+
+    def append(self, seq, k, v, layer=None, plan=None):
+        """Append contiguous K and V laid out [layer][token][kv_head][head_dim] (layer=None: every layer
+        at once) or [token][kv_head][head_dim] (one layer). The token count follows from the buffer size."""
+        args, n_tokens = self._kv_args(k, v, 1, layer, plan, "layers*n_kv_heads*head_dim")
         _check(_ffi.lib().ikv_pool_append(self.handle, seq, byref(args)))
         return n_tokens
 
@@ -434,24 +441,8 @@ class Pool(_Handle):
         """Append the same number of tokens to each of seqs in one atomic call. K and V are contiguous,
         [layer][seq][token][kv_head][head_dim] (layer=None: every layer) or [seq][token][kv_head][head_dim]
         (one layer). Returns the tokens appended to each sequence."""
-        cfg = self._config
-        dtype = DType(cfg["kv_dtype"])
-        kb, vb = _Buffer(k, dtype, "k"), _Buffer(v, dtype, "v")
+        args, n_tokens = self._kv_args(k, v, len(seqs), layer, plan, "layers*len(seqs)*n_kv_heads*head_dim")
         ids = (c_uint32 * len(seqs))(*seqs)
-        layers = cfg["n_layers"] if layer is None else 1
-        row = cfg["n_kv_heads"] * cfg["head_dim"]
-        per_token = layers * len(seqs) * row
-        if not seqs or kb.count == 0 or kb.count % per_token:
-            raise _invalid("k holds %d elements, not a positive multiple of %d (layers*len(seqs)*n_kv_heads*head_dim)"
-                           % (kb.count, per_token))
-        n_tokens = kb.count // per_token
-        _need(vb, kb.count, "v")
-        args = _ffi.lib().ikv_append_default(self.handle, n_tokens)
-        args.layer = IKV_ALL_LAYERS if layer is None else layer
-        args.k, args.v = kb.ptr, vb.ptr
-        args.seq_stride = n_tokens * row
-        args.layer_stride = len(seqs) * n_tokens * row
-        args.formats = plan.handle if plan is not None else None
         _check(_ffi.lib().ikv_pool_append_batch(self.handle, ids, len(seqs), byref(args)))
         return n_tokens
 

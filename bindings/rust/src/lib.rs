@@ -463,17 +463,17 @@ impl Pool {
         Ok(n)
     }
 
-    /// Append contiguous f32 K and V: `[layer][token][kv_head][head_dim]` when `layer` is None (every
-    /// layer), else `[token][kv_head][head_dim]`. New pages take `plan`'s formats when given.
-    /// Returns the number of tokens appended.
-    pub fn append(&mut self, seq: SeqId, k: &[f32], v: &[f32], layer: Option<u32>, plan: Option<&Plan>)
-                  -> Result<u32> {
+    /// The `ikv_append` for f32 K/V laid out `[layer][seq][token][kv_head][head_dim]` (`layer` None: every
+    /// layer) over `n_seqs` sequences, and the tokens per sequence; `what` names the call in errors.
+    fn kv_args(&self, k: &[f32], v: &[f32], n_seqs: usize, layer: Option<u32>, plan: Option<&Plan>, what: &str)
+               -> Result<(ffi::ikv_append, u32)> {
         if self.config.kv_dtype != ffi::IKV_DTYPE_F32 {
-            return Err(Error::invalid("Pool::append takes f32 slices; this pool's kv_dtype is not F32".into()));
+            return Err(Error::invalid(format!("{what} takes f32 slices; this pool's kv_dtype is not F32")));
         }
         let layers = if layer.is_none() { self.config.n_layers } else { 1 } as usize;
-        let per_token = layers * (self.config.n_kv_heads * self.config.head_dim) as usize;
-        if k.is_empty() || k.len() % per_token != 0 || v.len() != k.len() {
+        let row = (self.config.n_kv_heads * self.config.head_dim) as usize;
+        let per_token = layers * n_seqs * row;
+        if n_seqs == 0 || k.is_empty() || k.len() % per_token != 0 || v.len() != k.len() {
             return Err(Error::invalid(format!(
                 "k has {} and v {} elements; both must be the same positive multiple of {}",
                 k.len(), v.len(), per_token)));
@@ -483,7 +483,18 @@ impl Pool {
         args.layer = layer.unwrap_or(IKV_ALL_LAYERS);
         args.k = k.as_ptr().cast();
         args.v = v.as_ptr().cast();
+        args.seq_stride = (n_tokens as usize * row) as i64;
+        args.layer_stride = (n_seqs * n_tokens as usize * row) as i64;
         args.formats = plan.map_or(ptr::null(), |p| p.raw);
+        Ok((args, n_tokens))
+    }
+
+    /// Append contiguous f32 K and V: `[layer][token][kv_head][head_dim]` when `layer` is None (every
+    /// layer), else `[token][kv_head][head_dim]`. New pages take `plan`'s formats when given.
+    /// Returns the number of tokens appended.
+    pub fn append(&mut self, seq: SeqId, k: &[f32], v: &[f32], layer: Option<u32>, plan: Option<&Plan>)
+                  -> Result<u32> {
+        let (args, n_tokens) = self.kv_args(k, v, 1, layer, plan, "Pool::append")?;
         check(unsafe { ffi::ikv_pool_append(self.raw, seq, &args) })?;
         Ok(n_tokens)
     }
@@ -493,26 +504,8 @@ impl Pool {
     /// Returns the number of tokens appended to each sequence.
     pub fn append_batch(&mut self, seqs: &[SeqId], k: &[f32], v: &[f32], layer: Option<u32>,
                         plan: Option<&Plan>) -> Result<u32> {
-        if self.config.kv_dtype != ffi::IKV_DTYPE_F32 {
-            return Err(Error::invalid("Pool::append_batch takes f32 slices; this pool's kv_dtype is not F32".into()));
-        }
-        let layers = if layer.is_none() { self.config.n_layers } else { 1 } as usize;
-        let row = (self.config.n_kv_heads * self.config.head_dim) as usize;
-        let per_token = layers * seqs.len() * row;
-        if seqs.is_empty() || k.is_empty() || k.len() % per_token != 0 || v.len() != k.len() {
-            return Err(Error::invalid(format!(
-                "{} sequences, k has {} and v {} elements; both must be the same positive multiple of {}",
-                seqs.len(), k.len(), v.len(), per_token)));
-        }
         let n_seqs = u32::try_from(seqs.len()).map_err(|_| Error::invalid("more than 2^32-1 sequences".into()))?;
-        let n_tokens = (k.len() / per_token) as u32;
-        let mut args = unsafe { ffi::ikv_append_default(self.raw, n_tokens) };
-        args.layer = layer.unwrap_or(IKV_ALL_LAYERS);
-        args.k = k.as_ptr().cast();
-        args.v = v.as_ptr().cast();
-        args.seq_stride = (n_tokens as usize * row) as i64;
-        args.layer_stride = (seqs.len() * n_tokens as usize * row) as i64;
-        args.formats = plan.map_or(ptr::null(), |p| p.raw);
+        let (args, n_tokens) = self.kv_args(k, v, seqs.len(), layer, plan, "Pool::append_batch")?;
         check(unsafe { ffi::ikv_pool_append_batch(self.raw, seqs.as_ptr(), n_seqs, &args) })?;
         Ok(n_tokens)
     }
