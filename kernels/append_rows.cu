@@ -4,32 +4,21 @@
 //     head, channel), as one 64-bit key lowered by atomicMin; the host reads
 //     back those 8 bytes. 16-byte vectors when every row start is aligned
 //     for them, else one warp per row.
-//   stage_rows_kernel: input rows (F32/F16/BF16, any ikv_append strides)
-//     converted to fp32 into the (sequence, layer) staging buffers in device
-//     memory; the quantize kernel (quantize_pages.cu) then reads the staging.
-//     Asynchronous appends have no host check, so this kernel keeps staging
-//     finite itself (a non-finite element is staged as 0 and recorded).
-// Conversions are exact (f16/bf16 -> f32 widen; f32 copies), so the staging
-// holds the same floats as the host store's staging for the same input.
+// Staging the rows (stage_rows.cuh) is fused with quantize-on-write in
+// quantize_pages.cu.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "common/quant.hpp"
 #include "ikv_kernels.h"
 #include "launch_pdl.cuh"
+#include "stage_rows.cuh"
 
 namespace ikv {
 namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Token t in batch numbering (AppendRows::seq_tokens); one 32-bit division.
-__device__ __forceinline__ int64_t input_offset(const AppendRows &in, uint32_t l, uint32_t t, uint32_t h) {
-    const uint32_t seq = t / in.seq_tokens, ts = t - seq * in.seq_tokens;
-    return (in.all_layers ? int64_t(l) * in.layer_stride : 0) + int64_t(seq) * in.seq_stride +
-           int64_t(ts) * in.token_stride + int64_t(h) * in.head_stride;
-}
 
 // Raw bits of element `off` (F32: 32 bits; F16/BF16: 16 bits).
 __device__ __forceinline__ uint32_t raw_bits(const void *base, ikv_dtype dt, int64_t off) {
@@ -157,78 +146,6 @@ __global__ void find_nonfinite_vec_kernel(PageShape shape, AppendRows in, uint32
     }
 }
 
-// F16 or BF16 bits (the low 16) as fp32: exact widening.
-__device__ __forceinline__ float widen16(uint32_t b, bool f16) {
-    return f16 ? f16_to_f32(uint16_t(b)) : bf16_to_f32(uint16_t(b));
-}
-
-// Element `off` of the input as fp32.
-__device__ __forceinline__ float load_input(const void *base, ikv_dtype dt, int64_t off) {
-    if (dt == IKV_DTYPE_F32) return static_cast<const float *>(base)[off];
-    return widen16(static_cast<const uint16_t *>(base)[off], dt == IKV_DTYPE_F16);
-}
-
-// Staging keeps finite values only: a non-finite x becomes 0 and the first
-// one found is recorded (element d of row i of job j, K or V).
-__device__ __forceinline__ float finite_or_record(float x, const AppendJob &j, const AppendRows &in, uint32_t i,
-                                                  uint32_t h, uint32_t d, uint32_t which, AppendError *error) {
-    if (isfinite(x)) return x;
-    if (atomicCAS(&error->claimed, 0u, 1u) == 0u) {
-        error->seq = j.seq;
-        error->layer = j.layer;
-        error->token = (j.token0 + i) % in.seq_tokens;
-        error->head = h;
-        error->channel = d;
-        error->which = which;
-        error->is_nan = isnan(x) ? 1u : 0u;
-    }
-    return 0.0f;
-}
-
-// Block x = (job * H + head) * 2 + (K|V), flat (H and the job count may each
-// exceed grid y's limit): the job's rows of one head of K or V. kVec = 4: each
-// thread moves 4 consecutive channels (one 8- or 16-byte load, one 16-byte
-// store) when the host found the input aligned for it; 1: one element.
-template <int kVec>
-__global__ void stage_rows_kernel(PageShape shape, AppendRows in, const AppendJob *jobs, AppendError *error) {
-    const uint32_t H = shape.n_kv_heads, which = blockIdx.x % 2, h = blockIdx.x / 2 % H;
-    const AppendJob j = jobs[blockIdx.x / 2 / H];
-    const uint32_t D = shape.head_dim, P = shape.page_size;
-    const uint64_t head_floats = uint64_t(P) * D;
-    float *dst = j.stage + uint64_t(which) * H * head_floats + h * head_floats + uint64_t(j.row0) * D;
-    const void *base = which == 0 ? in.k : in.v;
-    for (uint32_t e = threadIdx.x * kVec; e < j.rows * D; e += blockDim.x * kVec) {
-        const uint32_t i = e / D, d = e % D;
-        const int64_t off = input_offset(in, j.layer, j.token0 + i, h) + d;
-        if constexpr (kVec == 4) {
-            float x[4];
-            if (in.dtype == IKV_DTYPE_F32) {
-                const float4 f = *reinterpret_cast<const float4 *>(static_cast<const float *>(base) + off);
-                x[0] = f.x, x[1] = f.y, x[2] = f.z, x[3] = f.w;
-            } else {
-                const uint2 w = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(base) + off);
-                const bool f16 = in.dtype == IKV_DTYPE_F16;
-                x[0] = widen16(w.x, f16), x[1] = widen16(w.x >> 16, f16);
-                x[2] = widen16(w.y, f16), x[3] = widen16(w.y >> 16, f16);
-            }
-#pragma unroll
-            for (int c = 0; c < 4; ++c) x[c] = finite_or_record(x[c], j, in, i, h, d + c, which, error);
-            *reinterpret_cast<float4 *>(dst + e) = make_float4(x[0], x[1], x[2], x[3]);  // staging rows are contiguous
-        } else {
-            dst[e] = finite_or_record(load_input(base, in.dtype, off), j, in, i, h, d, which, error);
-        }
-    }
-}
-
-// Whether every input row starts on a 16-byte boundary and holds whole
-// 16-byte vectors: pointers, strides (elements) and head_dim.
-bool vector_aligned(const PageShape &shape, const AppendRows &in) {
-    const int64_t per = in.dtype == IKV_DTYPE_F32 ? 4 : 8;  // elements per 16 bytes
-    return shape.head_dim % per == 0 && in.token_stride % per == 0 && in.head_stride % per == 0 &&
-           in.seq_stride % per == 0 && (!in.all_layers || in.layer_stride % per == 0) &&
-           (reinterpret_cast<uintptr_t>(in.k) | reinterpret_cast<uintptr_t>(in.v)) % 16 == 0;
-}
-
 }  // namespace
 
 cudaError_t launch_find_nonfinite(const PageShape &shape, const AppendRows &in, uint32_t l0, uint32_t n_layers,
@@ -246,17 +163,6 @@ cudaError_t launch_find_nonfinite(const PageShape &shape, const AppendRows &in, 
     const unsigned grid = unsigned(blocks < 4096 ? blocks : 4096);
     return launch(find_nonfinite_kernel, dim3(grid), dim3(kThreads), 0, stream, shape, in, l0, n_layers, n_tokens,
                   first);
-}
-
-cudaError_t launch_stage_rows(const PageShape &shape, const AppendRows &in, const AppendJob *jobs, uint32_t n_jobs,
-                              AppendError *error, cudaStream_t stream) {
-    if (n_jobs == 0) return cudaSuccess;
-    if (2ull * n_jobs * shape.n_kv_heads > 0x7FFFFFFFull) return cudaErrorInvalidValue;
-    // Vector path: every row start 16-byte aligned (pointers and strides), so
-    // each thread's 4 channels are one aligned load (staging rows are).
-    const unsigned grid = 2 * n_jobs * shape.n_kv_heads;
-    return launch(vector_aligned(shape, in) ? stage_rows_kernel<4> : stage_rows_kernel<1>, dim3(grid), dim3(kThreads),
-                  0, stream, shape, in, jobs, error);
 }
 
 }  // namespace cuda

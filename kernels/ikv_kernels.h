@@ -197,15 +197,21 @@ struct AppendError {
 // the caller sets it to ~0 first.
 cudaError_t launch_find_nonfinite(const PageShape &shape, const AppendRows &in, uint32_t l0, uint32_t n_layers,
                                   uint32_t n_tokens, unsigned long long *first, cudaStream_t stream);
-// The staging part of n_jobs jobs (their stages must be distinct): input rows
-// converted to fp32 into each job's stage. A non-finite element is staged as
-// 0 and, if *error is unclaimed, recorded there (checked appends never have
-// one: the host refused them before).
-cudaError_t launch_stage_rows(const PageShape &shape, const AppendRows &in, const AppendJob *jobs, uint32_t n_jobs,
-                              AppendError *error, cudaStream_t stream);
-// The quantize part of n_jobs jobs (after launch_stage_rows on the same stream;
-// empty-layer jobs need no staging).
-cudaError_t launch_quantize_jobs(const PageShape &shape, const AppendJob *jobs, uint32_t n_jobs,
+// Where a launch's jobs are: a device array, or host memory copied into the
+// launch's parameters (at most kInlineJobs jobs: no upload and no buffer to
+// keep alive, which is what a one-token append of a small batch needs).
+enum class JobsIn { kDevice, kHost };
+constexpr uint32_t kInlineJobs = 64;
+
+// n_jobs page writes of an append (their stages must be distinct), one block
+// per (job, kv-head): the job's input rows of that head converted to fp32
+// into its stage (a non-finite element is staged as 0 and, if *error is
+// unclaimed, recorded there; checked appends never have one), then the page
+// layer's sub-page quantized from stage rows [0, row0 + rows).
+cudaError_t launch_append_jobs(const PageShape &shape, const AppendRows &in, const AppendJob *jobs, JobsIn where,
+                               uint32_t n_jobs, AppendError *error, cudaStream_t stream);
+// Jobs without input: each page layer written empty (fresh pages; stage null).
+cudaError_t launch_quantize_jobs(const PageShape &shape, const AppendJob *jobs, JobsIn where, uint32_t n_jobs,
                                  cudaStream_t stream);
 
 }  // namespace cuda

@@ -1,6 +1,7 @@
 // Quantize-on-write: one layer of a page from fp32 rows in device memory
-// (one launch per page layer, or one launch for all page writes of an append
-// from their staging buffers, or for the empty layers of an append's fresh pages).
+// (one launch per page layer; one launch per round of an append's page
+// writes, each block first staging its input rows (stage_rows.cuh); or one
+// for the empty layers of an append's fresh pages).
 // One block per kv-head (sub-page). Every byte equals what the host's
 // write_subpage() (common/quant.hpp) writes for the same input: the same
 // scalar functions, the same per-group reductions (max/min are exact in any
@@ -13,6 +14,7 @@
 #include "common/quant.hpp"
 #include "ikv_kernels.h"
 #include "launch_pdl.cuh"
+#include "stage_rows.cuh"
 
 namespace ikv {
 namespace cuda {
@@ -202,26 +204,83 @@ __global__ void quantize_layer_kernel(PageShape shape, ikv_format f, uint8_t *pa
 // n_layers and n_kv_heads may each exceed grid y's 65535 limit.
 bool flat_grid_ok(uint64_t items, uint32_t H) { return items * H <= 0x7FFFFFFFull; }
 
-// The page writes of an append (item = job): quantize from the job's staging;
-// a job without staging (rows = 0) writes the layer empty.
+// A launch's jobs (JobsIn): read from device memory, or from the launch's
+// parameters (__grid_constant__: indexed in place, never copied per thread).
+struct DeviceJobs {
+    const AppendJob *p;
+    __device__ AppendJob at(uint32_t i) const { return p[i]; }
+};
+struct InlineJobs {
+    AppendJob job[kInlineJobs];
+    __device__ AppendJob at(uint32_t i) const { return job[i]; }
+};
+
+// Fresh pages (item = job without staging): each page layer written empty.
 // (Bounds: 3 blocks per SM = 80 registers, no spills; it used 96, 2 blocks.)
-__global__ void __launch_bounds__(kThreads, 3) quantize_jobs_kernel(PageShape shape, const AppendJob *jobs) {
+template <class Jobs>
+__global__ void __launch_bounds__(kThreads, 3) quantize_jobs_kernel(PageShape shape, const __grid_constant__ Jobs jobs) {
     const uint32_t H = shape.n_kv_heads;
-    const AppendJob j = jobs[blockIdx.x / H];
+    const AppendJob j = jobs.at(blockIdx.x / H);
     const uint64_t half = uint64_t(H) * shape.page_size * shape.head_dim;
     quantize_subpage(shape, ikv_format(j.format), j.page, j.layer, blockIdx.x % H, j.stage,
                      j.stage ? j.stage + half : nullptr, j.row0 + j.rows);
+}
+
+// The page writes of an append (item = job): the block stages its head's
+// input rows of K and V, then quantizes the sub-page from the staging. One
+// launch where there were two (a staging kernel over (job, head, K|V) blocks,
+// then this quantizer) plus their dependency: at B = 1 an asynchronous
+// one-token append cost 15-27 us of a layer (bench/RESULTS.md 1j).
+template <int kVec, class Jobs>
+__global__ void __launch_bounds__(kThreads, 3)
+    append_jobs_kernel(PageShape shape, AppendRows in, const __grid_constant__ Jobs jobs, AppendError *error) {
+    const uint32_t H = shape.n_kv_heads, h = blockIdx.x % H;
+    const AppendJob j = jobs.at(blockIdx.x / H);
+    stage_head<kVec>(shape, in, j, h, 0, error);
+    stage_head<kVec>(shape, in, j, h, 1, error);
+    __syncthreads();  // the rows this block staged are visible to all its threads
+    const uint64_t half = uint64_t(H) * shape.page_size * shape.head_dim;
+    quantize_subpage(shape, ikv_format(j.format), j.page, j.layer, h, j.stage, j.stage + half, j.row0 + j.rows);
+}
+
+// Jobs of a launch as the kernels take them.
+DeviceJobs device_jobs(const AppendJob *jobs) { return DeviceJobs{jobs}; }
+InlineJobs inline_jobs(const AppendJob *jobs, uint32_t n) {
+    InlineJobs out{};
+    for (uint32_t i = 0; i < n; ++i) out.job[i] = jobs[i];
+    return out;
 }
 
 bool shape_ok(const PageShape &shape) { return shape.page_size <= kMaxRowsPerPage && shape.head_dim % 16 == 0; }
 
 }  // namespace
 
-cudaError_t launch_quantize_jobs(const PageShape &shape, const AppendJob *jobs, uint32_t n_jobs,
+cudaError_t launch_quantize_jobs(const PageShape &shape, const AppendJob *jobs, JobsIn where, uint32_t n_jobs,
                                  cudaStream_t stream) {
     if (!shape_ok(shape) || !flat_grid_ok(n_jobs, shape.n_kv_heads)) return cudaErrorInvalidValue;
     if (n_jobs == 0) return cudaSuccess;
-    return launch(quantize_jobs_kernel, dim3(n_jobs * shape.n_kv_heads), dim3(kThreads), 0, stream, shape, jobs);
+    const dim3 grid(n_jobs * shape.n_kv_heads);
+    if (where == JobsIn::kDevice)
+        return launch(quantize_jobs_kernel<DeviceJobs>, grid, dim3(kThreads), 0, stream, shape, device_jobs(jobs));
+    if (n_jobs > kInlineJobs) return cudaErrorInvalidValue;
+    return launch(quantize_jobs_kernel<InlineJobs>, grid, dim3(kThreads), 0, stream, shape, inline_jobs(jobs, n_jobs));
+}
+
+cudaError_t launch_append_jobs(const PageShape &shape, const AppendRows &in, const AppendJob *jobs, JobsIn where,
+                               uint32_t n_jobs, AppendError *error, cudaStream_t stream) {
+    if (!shape_ok(shape) || !flat_grid_ok(n_jobs, shape.n_kv_heads)) return cudaErrorInvalidValue;
+    if (n_jobs == 0) return cudaSuccess;
+    if (where == JobsIn::kHost && n_jobs > kInlineJobs) return cudaErrorInvalidValue;
+    const dim3 grid(n_jobs * shape.n_kv_heads), block(kThreads);
+    // Vector path: every row start 16-byte aligned (pointers and strides), so
+    // each thread's 4 channels are one aligned load (staging rows are).
+    const bool vec = vector_aligned(shape, in);
+    if (where == JobsIn::kDevice)
+        return vec ? launch(append_jobs_kernel<4, DeviceJobs>, grid, block, 0, stream, shape, in, device_jobs(jobs), error)
+                   : launch(append_jobs_kernel<1, DeviceJobs>, grid, block, 0, stream, shape, in, device_jobs(jobs), error);
+    const InlineJobs inl = inline_jobs(jobs, n_jobs);
+    return vec ? launch(append_jobs_kernel<4, InlineJobs>, grid, block, 0, stream, shape, in, inl, error)
+               : launch(append_jobs_kernel<1, InlineJobs>, grid, block, 0, stream, shape, in, inl, error);
 }
 
 cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer,

@@ -10,8 +10,10 @@
 //   write_append    host input is uploaded once; then per round (a set of
 //                   page writes with distinct staging buffers: see
 //                   plan_rounds) one kernel converts the input rows into the
-//                   staging buffers and one quantizes the page layers from
-//                   them (kernels/append_rows.cu, kernels/quantize_pages.cu).
+//                   staging buffers and quantizes the page layers from them
+//                   (kernels/stage_rows.cuh, kernels/quantize_pages.cu); up
+//                   to 64 jobs travel in the launch parameters, more through
+//                   the job ring (job_ring.hpp).
 // Quantize-on-write writes bytes identical to write_subpage() plus the key
 // summaries. Reads copy the needed bytes back and dequantize with the
 // reference reader, so ikv_seq_read and ikv_seq_page_summary return exactly
@@ -19,7 +21,8 @@
 // same way and uploads the rows.
 //
 // The store works on its own non-blocking stream and waits for it before each
-// call returns (the PageStore calls are synchronous by contract); device input
+// call returns (the PageStore calls are synchronous by contract), except for
+// asynchronous appends (IKV_APPEND_ASYNC: the engine's stream, no wait); device input
 // is ordered after the engine's stream with an event. Decode never goes
 // through here.
 #include <algorithm>
@@ -121,17 +124,17 @@ public:
         cudaStream_t st = nullptr;
         cudaError_t err = begin(ex, &st);
         if (err != cudaSuccess) return cuda_fail(err, "ikv_pool", "waiting for asynchronous appends");
+        Jobs jobs;
         err = ensure_append_buffers();
-        JobRing::Slot *slot = nullptr;
-        if (err == cudaSuccess) err = ring_->acquire(size_t(n_jobs), &slot);
+        if (err == cudaSuccess) err = jobs.acquire(*this, size_t(n_jobs));
         if (err != cudaSuccess) return cuda_fail(err, "ikv_pool", "allocating the page-initialization jobs");
         for (size_t i = 0; i < n; ++i)
             for (uint32_t l = 0; l < shape_.n_layers; ++l)
-                slot->host[i * shape_.n_layers + l] =
+                jobs.host[i * shape_.n_layers + l] =
                     cuda::AppendJob{pages[i].page, nullptr, l, 0, 0, 0, uint32_t(pages[i].format), 0};
-        err = JobRing::upload(*slot, size_t(n_jobs), st);
-        if (err == cudaSuccess) err = cuda::launch_quantize_jobs(shape_, slot->dev, uint32_t(n_jobs), st);
-        if (err == cudaSuccess) err = JobRing::release(slot, st);
+        err = jobs.upload(st);
+        if (err == cudaSuccess) err = cuda::launch_quantize_jobs(shape_, jobs.at(0), jobs.where, uint32_t(n_jobs), st);
+        if (err == cudaSuccess) err = jobs.release(st);
         if (err == cudaSuccess) err = finish(ex);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "initializing device pages");
     }
@@ -333,9 +336,9 @@ public:
         cudaStream_t st = nullptr;
         cudaError_t err = begin(ex, &st);
         if (err != cudaSuccess) return cuda_fail(err, fn, "waiting for asynchronous appends");
+        Jobs jobs;
         err = ensure_append_buffers();
-        JobRing::Slot *slot = nullptr;
-        if (err == cudaSuccess) err = ring_->acquire(n_writes, &slot);
+        if (err == cudaSuccess) err = jobs.acquire(*this, n_writes);
         if (err != cudaSuccess) return cuda_fail(err, fn, "allocating the append buffers");
         cuda::AppendRows in = rows_of(src);
         if (src.async) {
@@ -355,17 +358,16 @@ public:
         }
         if (err != cudaSuccess) return cuda_fail(err, fn, "bringing K/V to the device");
 
-        const uint32_t rounds = plan_rounds(writes, n_writes, slot->host, &err);
+        const uint32_t rounds = plan_rounds(writes, n_writes, jobs.host, &err);
         if (err != cudaSuccess) return cuda_fail(err, fn, "allocating the append's scratch staging");
         if (rounds == 0) return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-        err = JobRing::upload(*slot, n_writes, st);
+        err = jobs.upload(st);
         for (uint32_t r = 0; r < rounds && err == cudaSuccess; ++r) {
             const uint32_t first = round_start_[r], count = round_start_[r + 1] - first;
             if (count == 0) continue;
-            err = cuda::launch_stage_rows(shape_, in, slot->dev + first, count, error_dev_, st);
-            if (err == cudaSuccess) err = cuda::launch_quantize_jobs(shape_, slot->dev + first, count, st);
+            err = cuda::launch_append_jobs(shape_, in, jobs.at(first), jobs.where, count, error_dev_, st);
         }
-        if (err == cudaSuccess) err = JobRing::release(slot, st);
+        if (err == cudaSuccess) err = jobs.release(st);
         if (err == cudaSuccess) err = finish(ex);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "staging and quantize-on-write on the device");
     }
@@ -410,9 +412,34 @@ private:
                                 src.seq_stride};
     }
 
+    // Under mu_. The job list of one call: up to kInlineJobs in inline_jobs_,
+    // handed to the kernels in their launch parameters; more in a ring slot
+    // (pinned host memory, uploaded once, released after the last launch).
+    struct Jobs {
+        cuda::AppendJob *host = nullptr;
+        cuda::JobsIn where = cuda::JobsIn::kHost;
+        JobRing::Slot *slot = nullptr;
+        size_t n = 0;
+
+        cudaError_t acquire(CudaPageStore &store, size_t n_jobs) {
+            n = n_jobs;
+            if (n_jobs <= cuda::kInlineJobs) {
+                host = store.inline_jobs_;
+                return cudaSuccess;
+            }
+            where = cuda::JobsIn::kDevice;
+            const cudaError_t err = store.ring_->acquire(n_jobs, &slot);
+            if (err == cudaSuccess) host = slot->host;
+            return err;
+        }
+        cudaError_t upload(cudaStream_t st) const { return slot ? JobRing::upload(*slot, n, st) : cudaSuccess; }
+        const cuda::AppendJob *at(size_t i) const { return (slot ? slot->dev : host) + i; }
+        cudaError_t release(cudaStream_t st) { return slot ? JobRing::release(slot, st) : cudaSuccess; }
+    };
+
     // Under mu_. Orders the writes into rounds (jobs, round_start_); each
-    // round is one launch of the staging kernel and one of the quantizer, so
-    // the jobs of a round need distinct staging buffers. The writes of one
+    // round is one launch of the staging + quantize kernel, so the jobs of a
+    // round need distinct staging buffers. The writes of one
     // (sequence, layer) come together and all name its staging buffer: the
     // first may continue a partial page (its earlier rows are staged there)
     // and the last may leave one (its rows must stay there). Pages in between
@@ -602,6 +629,7 @@ private:
     unsigned long long *verdict_dev_ = nullptr, *verdict_host_ = nullptr;
     cuda::AppendError *error_dev_ = nullptr;  // asynchronous appends' first non-finite input
     std::unique_ptr<JobRing> ring_;
+    cuda::AppendJob inline_jobs_[cuda::kInlineJobs];
 
     // Asynchronous appends (leaf lock: taken inside mu_, or alone by const readers).
     mutable std::mutex async_mu_;
