@@ -29,6 +29,7 @@
  * needs nothing beyond the public header.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -461,6 +462,90 @@ static void test_async_batch_appends(void **state) {
     ikvt_batch_append_scenario(IKV_BACKEND_CUDA, 1);
 }
 
+/* Asynchronous batch appends from several threads at once, each thread on
+ * its own stream with its own sequences (one token per step, the layers in
+ * turn, past a page boundary), into one CUDA pool: after ikv_pool_sync the
+ * pool holds what a CPU pool fed the same tokens synchronously holds. The
+ * store's lock, its job list and the chain of asynchronous appends across
+ * streams are what is shared. */
+enum { TH = 4, TSEQ = 2, TSTEPS = 3 * 20, TROW = H * D };
+typedef struct {
+    ikv_pool *gpu;
+    ikv_seq_id seqs[TSEQ];
+    void *stream, *k_dev, *v_dev;
+    ikv_status status; /* first failure (cmocka asserts only on the main thread) */
+} async_thread_t;
+
+static void *async_thread_main(void *arg) {
+    async_thread_t *t = arg;
+    t->status = IKV_OK;
+    for (int s = 0; s < TSTEPS && t->status == IKV_OK; ++s) {
+        ikv_append a = ikv_append_default(t->gpu, 1);
+        a.layer = (uint32_t)(s % L);
+        a.k = (const float *)t->k_dev + (size_t)s * TSEQ * TROW;
+        a.v = (const float *)t->v_dev + (size_t)s * TSEQ * TROW;
+        a.src_on_device = 1;
+        a.stream = t->stream;
+        a.flags = IKV_APPEND_ASYNC;
+        t->status = ikv_pool_append_batch(t->gpu, t->seqs, TSEQ, &a);
+    }
+    return NULL;
+}
+
+static void test_async_appends_from_threads(void **state) {
+    (void)state;
+    pools_t p = make_pools(IKV_FMT_INT8, IKV_DTYPE_F32, 0x7e4d5u);
+    const size_t floats = (size_t)TSTEPS * TSEQ * TROW;
+    async_thread_t t[TH];
+    ikv_seq_id cpu_seqs[TH][TSEQ];
+    float *k[TH], *v[TH];
+    for (int i = 0; i < TH; ++i) {
+        memset(&t[i], 0, sizeof t[i]);
+        t[i].gpu = p.gpu;
+        for (int j = 0; j < TSEQ; ++j) {
+            IKVT_OK(ikv_seq_create(p.gpu, &t[i].seqs[j]));
+            IKVT_OK(ikv_seq_create(p.cpu, &cpu_seqs[i][j]));
+        }
+        k[i] = malloc(floats * sizeof(float));
+        v[i] = malloc(floats * sizeof(float));
+        ikvt_fill_normal(&p.rng, k[i], floats, 1.0f);
+        ikvt_fill_normal(&p.rng, v[i], floats, 1.0f);
+        t[i].k_dev = ikvt_dev_upload(k[i], floats * sizeof(float));
+        t[i].v_dev = ikvt_dev_upload(v[i], floats * sizeof(float));
+        assert_int_equal(ikvt_rt.stream_create_(&t[i].stream), 0);
+    }
+    pthread_t th[TH];
+    for (int i = 0; i < TH; ++i) assert_int_equal(pthread_create(&th[i], NULL, async_thread_main, &t[i]), 0);
+    for (int i = 0; i < TH; ++i) pthread_join(th[i], NULL);
+    for (int i = 0; i < TH; ++i) assert_int_equal(t[i].status, IKV_OK);
+    IKVT_OK(ikv_pool_sync(p.gpu));
+
+    for (int i = 0; i < TH; ++i)
+        for (int s = 0; s < TSTEPS; ++s) {
+            ikv_append a = ikv_append_default(p.cpu, 1);
+            a.layer = (uint32_t)(s % L);
+            a.k = k[i] + (size_t)s * TSEQ * TROW;
+            a.v = v[i] + (size_t)s * TSEQ * TROW;
+            IKVT_OK(ikv_pool_append_batch(p.cpu, cpu_seqs[i], TSEQ, &a));
+        }
+    for (int i = 0; i < TH; ++i)
+        for (int j = 0; j < TSEQ; ++j) {
+            seq_t sq;
+            memset(&sq, 0, sizeof sq);
+            sq.c = cpu_seqs[i][j];
+            sq.g = t[i].seqs[j];
+            for (uint32_t l = 0; l < L; ++l) sq.len[l] = TSTEPS / L;
+            expect_same_seq(&p, &sq);
+        }
+    for (int i = 0; i < TH; ++i) {
+        ikvt_rt.stream_destroy_(t[i].stream);
+        ikvt_rt.free_(t[i].k_dev), ikvt_rt.free_(t[i].v_dev);
+        free(k[i]), free(v[i]);
+    }
+    ikv_pool_destroy(p.cpu);
+    ikv_pool_destroy(p.gpu);
+}
+
 /* ---- IKV_GPU_POOL_BENCH=1: append latency and throughput (reported, not asserted) ---- */
 
 /* bulk_only: just the bulk appends (IKV_GPU_POOL_BENCH=bulk), so a profiler
@@ -559,6 +644,7 @@ int main(void) {
         cmocka_unit_test(test_nonfinite_device_input_rejected),
         cmocka_unit_test(test_batch_appends_match_single_appends),
         cmocka_unit_test(test_async_batch_appends),
+        cmocka_unit_test(test_async_appends_from_threads),
     };
     const int rc = cmocka_run_group_tests_name("gpu_pool", gpu, NULL, NULL);
     if (rc == 0 && bench && strcmp(bench, "1") == 0) run_bench(0);

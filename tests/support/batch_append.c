@@ -486,6 +486,8 @@ void ikvt_batch_append_scenario(ikv_backend backend, int async) {
         expect_pools_equal(&w);
         step(&w, 1, 2, 0, 1);
         expect_pools_equal(&w);
+        step(&w, IKV_ALL_LAYERS, 40, 1, 1); /* more than 64 page writes: the job ring and scratch stages on CUDA */
+        expect_pools_equal(&w);
 
         /* A caller built with the first ikv_append: seq_stride is the default, n_tokens rows. */
         {
