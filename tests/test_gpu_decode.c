@@ -428,7 +428,9 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
  *           sequence (device K/V) and decode that layer; time per layer
  *           (append included); the sequences are truncated back afterwards;
  *   batch   the same loop with one ikv_pool_append_batch per layer;
- *   async   the batch loop with IKV_APPEND_ASYNC (no host wait in the loop).
+ *   async   the batch loop with IKV_APPEND_ASYNC (no host wait in the loop);
+ *   async-only  its appends without the decodes (time per layer: the appends'
+ *           device time where it exceeds their host time).
  * Sequences hold ctx - 16 tokens (the append loop adds 12 a layer), so top-k
  * at 128K stays within its 8192 candidate pages. Each line ends with how
  * many calls built their lists and how many reused them. */
@@ -543,9 +545,12 @@ static void run_decode_bench(void) {
              * row b of dk), then that layer's decode. */
             static const struct {
                 const char *mode;
-                int per_seq;
+                int per_seq, decode;
                 uint32_t flags;
-            } loops[] = {{"append", 1, 0}, {"batch", 0, 0}, {"async", 0, IKV_APPEND_ASYNC}};
+            } loops[] = {{"append", 1, 1, 0},
+                         {"batch", 0, 1, 0},
+                         {"async", 0, 1, IKV_APPEND_ASYNC},
+                         {"async-only", 0, 0, IKV_APPEND_ASYNC}};  /* no decode: the appends' own time */
             for (size_t li = 0; li < sizeof loops / sizeof loops[0]; ++li) {
                 ikv_append ap = ikv_append_default(pool, 1);
                 ap.k = dk;
@@ -564,11 +569,16 @@ static void run_decode_bench(void) {
                         IKVT_OK(ikv_pool_append_batch(pool, seqs, B, &ap));
                     append_host[i] = ikvt_now_us() - a0;
                     const double h0 = ikvt_now_us();
-                    IKVT_OK(ikv_decode(dec, pool, &a));
+                    if (loops[li].decode) IKVT_OK(ikv_decode(dec, pool, &a));
                     host[i] = ikvt_now_us() - h0;
                 }
                 assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
-                bench_line(loops[li].mode, B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
+                const double per_layer_us = (ikvt_now_us() - t0) / STEPS;
+                if (loops[li].decode)
+                    bench_line(loops[li].mode, B, ctx, topk, per_layer_us, host, STEPS, dec, &before);
+                else
+                    printf("BENCH decode B=%-2u ctx=%-6u %-6s %-6s step %.4f ms  (appends only)\n", B, ctx,
+                           topk ? "topk25" : "dense", loops[li].mode, per_layer_us * 1e-3);
                 printf("BENCH   %s: host %.1f us per layer's appends (median)\n", loops[li].mode,
                        percentile_of(append_host, STEPS, 1, 2));
                 IKVT_OK(ikv_pool_sync(pool));
