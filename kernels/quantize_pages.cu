@@ -71,45 +71,21 @@ __device__ float stored_key(ikv_format f, const SubpageLayout &L, uint32_t D, co
     }
 }
 
-// F16/BF16 append to a partial sub-page: rows [0, first) are stored already
-// and staged unchanged (PageStore::write_layer_tail's contract; the host
-// store skips them the same way). These formats encode each row alone, so
-// only rows [first, n_valid) are encoded and [n_valid, P) zeroed: the bytes
-// equal a full rewrite's, without the zeroing pass and its barrier.
-__device__ void encode_tail_16(ikv_format f, const SubpageLayout &L, uint32_t P, uint32_t D, uint8_t *sub,
-                               const float *k, const float *v, uint32_t first, uint32_t n_valid) {
-    for (int which = 0; which < 2; ++which) {
-        const float *src = which == 0 ? k : v;
-        uint16_t *out = reinterpret_cast<uint16_t *>(sub + (which == 0 ? L.k : L.v));
-        batched(first * D + threadIdx.x, n_valid * D, kThreads, [src](uint32_t e) { return src[e]; },
-                [&](uint32_t e, float x) { out[e] = f == IKV_FMT_F16 ? f32_to_f16(x) : f32_to_bf16(x); });
-        for (uint32_t e = n_valid * D + threadIdx.x; e < P * D; e += kThreads) out[e] = 0;
-    }
-}
-
-// Sub-page h of one layer of a page (one block of kThreads threads). first:
-// rows already stored as the staging holds them (0: write them all).
+// Sub-page h of one layer of a page (one block of kThreads threads).
 __device__ void quantize_subpage(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer, uint32_t h,
-                                 const float *k, const float *v, uint32_t n_valid, uint32_t first = 0) {
+                                 const float *k, const float *v, uint32_t n_valid) {
     __shared__ float red[kThreads / 32];
     const uint32_t P = shape.page_size, D = shape.head_dim;
     const SubpageLayout L = subpage_layout(f, P, D);
     uint8_t *sub = page + subpage_offset(shape, f, layer, h);
     const uint32_t tid = threadIdx.x;
-    const bool tail = (f == IKV_FMT_F16 || f == IKV_FMT_BF16) && first > 0 && first <= n_valid;
 
-    if (tail) {
-        encode_tail_16(f, L, P, D, sub, k + uint64_t(h) * P * D, v + uint64_t(h) * P * D, first, n_valid);
-        __syncthreads();  // the summaries below read rows other threads wrote
-    } else {
-        // Sub-pages and their sections start on 16-byte boundaries (page_format.hpp).
-        for (uint64_t o = tid; o < L.bytes / 16; o += kThreads)
-            reinterpret_cast<uint4 *>(sub)[o] = make_uint4(0, 0, 0, 0);
-        for (uint64_t o = L.bytes / 16 * 16 + tid; o < L.bytes; o += kThreads) sub[o] = 0;
-        __syncthreads();
-    }
+    // Sub-pages and their sections start on 16-byte boundaries (page_format.hpp).
+    for (uint64_t o = tid; o < L.bytes / 16; o += kThreads) reinterpret_cast<uint4 *>(sub)[o] = make_uint4(0, 0, 0, 0);
+    for (uint64_t o = L.bytes / 16 * 16 + tid; o < L.bytes; o += kThreads) sub[o] = 0;
+    __syncthreads();
 
-    for (int which = 0; which < 2 && !tail; ++which) {
+    for (int which = 0; which < 2; ++which) {
         const float *src = n_valid ? (which == 0 ? k : v) + uint64_t(h) * P * D : nullptr;  // no rows: no staging
         uint8_t *data = sub + (which == 0 ? L.k : L.v);
         const uint64_t rb = row_bytes(f, D);
@@ -264,8 +240,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     stage_head<kVec>(shape, in, j, h, 1, error);
     __syncthreads();  // the rows this block staged are visible to all its threads
     const uint64_t half = uint64_t(H) * shape.page_size * shape.head_dim;
-    quantize_subpage(shape, ikv_format(j.format), j.page, j.layer, h, j.stage, j.stage + half, j.row0 + j.rows,
-                     j.row0);
+    quantize_subpage(shape, ikv_format(j.format), j.page, j.layer, h, j.stage, j.stage + half, j.row0 + j.rows);
 }
 
 // Jobs of a launch as the kernels take them.
