@@ -590,7 +590,8 @@ typedef struct ikv_append {
  */
 #define IKV_APPEND_ASYNC 0x1u
 
-/** Fills struct_size and the default strides for a pool and token count (layer 0, no plan). */
+/** Fills struct_size and the default strides for a pool and token count (layer 0, no plan, flags 0;
+ *  seq_stride for a dense batch of n_tokens per sequence). */
 IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
 
 /**
