@@ -604,7 +604,8 @@ IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
  * page's error bound is that of one quantization.
  * Atomic: on error nothing was written and no page was allocated.
  * Strides must be >= head_dim. K and V must be finite: a NaN or inf anywhere
- * is rejected with IKV_E_INVALID naming its layer, token, head and channel.
+ * is rejected with IKV_E_INVALID naming its layer, token, head and channel
+ * (with IKV_APPEND_ASYNC it is stored as 0 and reported by ikv_pool_sync).
  * Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (layer), IKV_E_INVALID
  * (n_tokens, strides, non-finite values, a plan of another page_size,
  * unknown flags, IKV_APPEND_ASYNC with host input on a CUDA pool, a stream
@@ -624,8 +625,8 @@ IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_app
  * set, applies to every sequence's new pages.
  * The bytes stored equal n_seqs calls of ikv_pool_append. On a CUDA pool the
  * whole batch is checked for finiteness by one kernel with one 8-byte
- * read-back and written by one staging and one quantize launch per round,
- * so the call costs about what a one-sequence append does.
+ * read-back and written by one launch per round (a one-token batch is one
+ * round), so the call costs about what a one-sequence append does.
  * Atomic over the batch: on error no sequence changed and no page was
  * allocated. Thread-safety: as ikv_pool_append on each of the sequences.
  * Errors: those of ikv_pool_append (a non-finite value is named with its
