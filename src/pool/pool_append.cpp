@@ -110,6 +110,135 @@ ikv_status find_new_pages_locked(const ikv_pool *pool, Part &pt, const ikv_plan 
     return IKV_OK;
 }
 
+// The layers and tokens of one call: n tokens to layers [l0, l1), pages of P.
+struct Span {
+    uint32_t l0, l1, n, P;
+};
+
+// Pages each sequence's tokens land in, room for its records and table, and a
+// spare PageRec per page touched. Returns the page writes of the call.
+// Throws std::bad_alloc (the caller unwinds).
+size_t reserve_parts(std::vector<Part> &parts, const Span &sp) {
+    size_t n_writes = 0;
+    for (Part &pt : parts) {
+        Seq &seq = *pt.seq;
+        pt.pmin = UINT32_MAX;
+        for (uint32_t l = sp.l0; l < sp.l1; ++l) {
+            const uint32_t first = seq.layers[l].length / sp.P;
+            const uint32_t last = uint32_t((uint64_t(seq.layers[l].length) + sp.n - 1) / sp.P);
+            pt.pmin = std::min(pt.pmin, first);
+            pt.pmax = std::max(pt.pmax, last);
+            n_writes += last - first + 1;
+        }
+        const uint32_t n_touched = pt.pmax - pt.pmin + 1;
+        seq.pages.reserve(size_t(pt.pmax) + 1);
+        pt.fresh.reserve(n_touched);
+        pt.copies.reserve(n_touched);
+        pt.new_stage.reserve(sp.l1 - sp.l0);
+        pt.recs.reserve(n_touched);
+        for (uint32_t i = 0; i < n_touched; ++i) pt.recs.push_back(new PageRec);
+    }
+    return n_writes;
+}
+
+// A staging buffer for every (sequence, layer) appended that has none.
+ikv_status alloc_stages(ikv_pool *pool, std::vector<Part> &parts, const Span &sp) {
+    for (Part &pt : parts)
+        for (uint32_t l = sp.l0; l < sp.l1; ++l)
+            if (pt.seq->layers[l].stage == nullptr) {
+                const ikv_status st = pool->store->stage_alloc(&pt.seq->layers[l].stage);
+                if (st != IKV_OK) return st;
+                pt.new_stage.push_back(l);
+            }
+    return IKV_OK;
+}
+
+// Under state_mu: the pages to create and to copy for every sequence, the
+// capacity check for all of them, then their allocation (*allocated lists
+// them; on failure the ones allocated are released and the caller unwinds).
+ikv_status allocate_pages_locked(ikv_pool *pool, std::vector<Part> &parts, const ikv_plan *plan, uint32_t plan_pages,
+                                 const char *fn, std::vector<PageRec *> *allocated) {
+    uint64_t extra = 0;
+    for (Part &pt : parts) {
+        const ikv_status st = find_new_pages_locked(pool, pt, plan, plan_pages, fn, &extra);
+        if (st != IKV_OK) return st;
+    }
+    ikv_status st = check_capacity_locked(pool, extra, 0, fn);
+    if (st != IKV_OK) return st;
+    for (Part &pt : parts) {
+        size_t next = 0;
+        for (auto &e : pt.fresh) e.second = pt.recs[next++];
+        for (auto &e : pt.copies) e.second = pt.recs[next++];
+        for (size_t i = next; i < pt.recs.size(); ++i) delete pt.recs[i];
+        pt.recs.resize(next);  // from here, recs are exactly the new pages' records
+        for (size_t i = 0; i < pt.recs.size(); ++i) {
+            const ikv_format f =
+                i < pt.fresh.size() ? pt.recs[i]->format : pt.seq->pages[pt.copies[i - pt.fresh.size()].first]->format;
+            st = alloc_page_locked(pool, f, pt.recs[i]);
+            if (st != IKV_OK) {
+                for (PageRec *r : *allocated) free_page_bytes_locked(pool, r);
+                allocated->clear();
+                return st;
+            }
+            allocated->push_back(pt.recs[i]);  // reserved: does not throw
+        }
+    }
+    return IKV_OK;
+}
+
+// Under state_mu: the block tables take the new pages (the shared ones'
+// references dropped). Nothing here fails.
+void commit_pages_locked(ikv_pool *pool, std::vector<Part> &parts) {
+    for (Part &pt : parts) {
+        Seq &seq = *pt.seq;
+        for (auto &e : pt.copies) {
+            unref_page_locked(pool, seq.pages[e.first]);  // usually still held by the fork
+            seq.pages[e.first] = e.second;
+        }
+        for (auto &e : pt.fresh) seq.pages.push_back(e.second);  // fresh pages are consecutive from pages.size()
+        if (!pt.copies.empty() || !pt.fresh.empty()) table_changed(seq);
+        pt.recs.clear();
+    }
+}
+
+// The page writes of sequence `index` of the batch (its tokens are numbered
+// from index * n in the batch's input), in layer and token order.
+void add_page_writes(const Part &pt, uint32_t index, const Span &sp, std::vector<AppendWrite> *writes) {
+    const Seq &seq = *pt.seq;
+    for (uint32_t l = sp.l0; l < sp.l1; ++l) {
+        uint32_t pos = seq.layers[l].length, t = 0;
+        while (t < sp.n) {
+            const uint32_t p = pos / sp.P, off = pos % sp.P, take = std::min(sp.P - off, sp.n - t);
+            const PageRec *rec = seq.pages[p];
+            writes->push_back(
+                AppendWrite{rec->bytes, rec->format, seq.layers[l].stage, l, index * sp.n + t, off, take, pt.id});
+            pos += take;
+            t += take;
+        }
+    }
+}
+
+// Under state_mu: lengths, staging (freed where a page filled) and token accounting.
+void commit_lengths_locked(ikv_pool *pool, Part &pt, const Span &sp) {
+    Seq &seq = *pt.seq;
+    const uint32_t old_length = seq.length;
+    int64_t stage_delta = int64_t(pt.new_stage.size());
+    for (uint32_t l = sp.l0; l < sp.l1; ++l) {
+        LayerState &ls = seq.layers[l];
+        ls.length += sp.n;
+        if (ls.length % sp.P == 0) {
+            pool->store->stage_free(ls.stage);
+            ls.stage = nullptr;
+            --stage_delta;
+        }
+    }
+    uint32_t len = UINT32_MAX;
+    for (const LayerState &ls : seq.layers) len = std::min(len, ls.length);
+    seq.length = len;
+    pool->tokens_total += seq.length - old_length;
+    pool->staging_bytes += stage_delta * int64_t(stage_bytes(pool->shape));
+}
+
 }  // namespace
 
 ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, const ikv_append &a, const char *fn) {
@@ -173,35 +302,14 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
     }
 
     // Memory first: nothing is visible yet, so a failure just unwinds.
+    const Span span{l0, l1, n, P};
     size_t n_writes = 0;
-    try {
-        for (Part &pt : parts) {
-            Seq &seq = *pt.seq;
-            pt.pmin = UINT32_MAX;
-            for (uint32_t l = l0; l < l1; ++l) {
-                const uint32_t first = seq.layers[l].length / P;
-                const uint32_t last = uint32_t((uint64_t(seq.layers[l].length) + n - 1) / P);
-                pt.pmin = std::min(pt.pmin, first);
-                pt.pmax = std::max(pt.pmax, last);
-                n_writes += last - first + 1;
-            }
-            const uint32_t n_touched = pt.pmax - pt.pmin + 1;
-            seq.pages.reserve(size_t(pt.pmax) + 1);
-            pt.fresh.reserve(n_touched);
-            pt.copies.reserve(n_touched);
-            pt.new_stage.reserve(l1 - l0);
-            pt.recs.reserve(n_touched);
-            for (uint32_t i = 0; i < n_touched; ++i) pt.recs.push_back(new PageRec);
-        }
-    } catch (const std::bad_alloc &) {
-        unwind(pool, parts);
-        return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-    }
     std::vector<AppendWrite> writes;  // one per (sequence, layer, page) the tokens land in
     std::vector<PageStore::PageInit> inits;
     std::vector<PageStore::PageCopy> page_copies;
     std::vector<PageRec *> allocated;
     try {
+        n_writes = reserve_parts(parts, span);
         writes.reserve(n_writes);
         inits.reserve(n_writes);
         page_copies.reserve(n_writes);
@@ -210,50 +318,14 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
         unwind(pool, parts);
         return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     }
-    for (Part &pt : parts)
-        for (uint32_t l = l0; l < l1; ++l)
-            if (pt.seq->layers[l].stage == nullptr) {
-                st = pool->store->stage_alloc(&pt.seq->layers[l].stage);
-                if (st != IKV_OK) {
-                    unwind(pool, parts);
-                    return st;
-                }
-                pt.new_stage.push_back(l);
-            }
-
-    {
+    st = alloc_stages(pool, parts, span);
+    if (st == IKV_OK) {
         std::lock_guard<std::mutex> lock(pool->state_mu);
-        uint64_t extra = 0;
-        for (Part &pt : parts) {
-            st = find_new_pages_locked(pool, pt, a.formats, plan_pages, fn, &extra);
-            if (st != IKV_OK) {
-                unwind(pool, parts);
-                return st;
-            }
-        }
-        st = check_capacity_locked(pool, extra, 0, fn);
-        if (st != IKV_OK) {
-            unwind(pool, parts);
-            return st;
-        }
-        for (Part &pt : parts) {
-            size_t next = 0;
-            for (auto &e : pt.fresh) e.second = pt.recs[next++];
-            for (auto &e : pt.copies) e.second = pt.recs[next++];
-            for (size_t i = next; i < pt.recs.size(); ++i) delete pt.recs[i];
-            pt.recs.resize(next);  // from here, recs are exactly the new pages' records
-            for (size_t i = 0; i < pt.recs.size(); ++i) {
-                const ikv_format f =
-                    i < pt.fresh.size() ? pt.recs[i]->format : pt.seq->pages[pt.copies[i - pt.fresh.size()].first]->format;
-                st = alloc_page_locked(pool, f, pt.recs[i]);
-                if (st != IKV_OK) {
-                    for (PageRec *r : allocated) free_page_bytes_locked(pool, r);
-                    unwind(pool, parts);
-                    return st;
-                }
-                allocated.push_back(pt.recs[i]);
-            }
-        }
+        st = allocate_pages_locked(pool, parts, a.formats, plan_pages, fn, &allocated);
+    }
+    if (st != IKV_OK) {
+        unwind(pool, parts);
+        return st;
     }
     // Fill the new pages outside the lock, all in one store call. Copying a
     // shared page is safe here: we still hold our reference, so no other
@@ -274,59 +346,17 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
             unwind(pool, parts);
             return st;
         }
-        // Commit: nothing below fails.
-        for (Part &pt : parts) {
-            Seq &seq = *pt.seq;
-            for (auto &e : pt.copies) {
-                unref_page_locked(pool, seq.pages[e.first]);  // usually still held by the fork
-                seq.pages[e.first] = e.second;
-            }
-            for (auto &e : pt.fresh) seq.pages.push_back(e.second);  // fresh pages are consecutive from pages.size()
-            if (!pt.copies.empty() || !pt.fresh.empty()) table_changed(seq);
-            pt.recs.clear();
-        }
+        commit_pages_locked(pool, parts);  // nothing from here on fails
     }
 
     // Stage and quantize, page by page, in the store: one call for the batch.
     // A device store can fail here; lengths are still committed (the pages
     // hold what the store wrote) and the failure is returned.
-    for (uint32_t i = 0; i < n_seqs; ++i) {
-        const Seq &seq = *parts[i].seq;
-        for (uint32_t l = l0; l < l1; ++l) {
-            uint32_t pos = seq.layers[l].length, t = 0;
-            while (t < n) {
-                const uint32_t p = pos / P, off = pos % P, take = std::min(P - off, n - t);
-                PageRec *rec = seq.pages[p];
-                writes.push_back(
-                    AppendWrite{rec->bytes, rec->format, seq.layers[l].stage, l, i * n + t, off, take, parts[i].id});
-                pos += take;
-                t += take;
-            }
-        }
-    }
+    for (uint32_t i = 0; i < n_seqs; ++i) add_page_writes(parts[i], i, span, &writes);
     const ikv_status write_status = pool->store->write_append(src, writes.data(), writes.size());
 
-    // Lengths, staging and token accounting.
     std::lock_guard<std::mutex> lock(pool->state_mu);
-    for (Part &pt : parts) {
-        Seq &seq = *pt.seq;
-        const uint32_t old_length = seq.length;
-        int64_t stage_delta = int64_t(pt.new_stage.size());
-        for (uint32_t l = l0; l < l1; ++l) {
-            LayerState &ls = seq.layers[l];
-            ls.length += n;
-            if (ls.length % P == 0) {
-                pool->store->stage_free(ls.stage);
-                ls.stage = nullptr;
-                --stage_delta;
-            }
-        }
-        uint32_t len = UINT32_MAX;
-        for (const LayerState &ls : seq.layers) len = std::min(len, ls.length);
-        seq.length = len;
-        pool->tokens_total += seq.length - old_length;
-        pool->staging_bytes += stage_delta * int64_t(stage_bytes(s));
-    }
+    for (Part &pt : parts) commit_lengths_locked(pool, pt, span);
     return write_status;
 }
 
