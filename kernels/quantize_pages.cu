@@ -53,8 +53,8 @@ __device__ __forceinline__ void batched(uint32_t first, uint32_t n, uint32_t str
 }
 
 // Dequantized key (t, d) as read_subpage_row computes it, without FMA contraction.
-__device__ float stored_key(ikv_format f, const SubpageLayout &L, uint32_t D, const uint8_t *sub, uint32_t t,
-                            uint32_t d) {
+__device__ __forceinline__ float stored_key(ikv_format f, const SubpageLayout &L, uint32_t D, const uint8_t *sub,
+                                            uint32_t t, uint32_t d) {
     const uint8_t *data = sub + L.k + t * row_bytes(f, D);
     const float *sc = reinterpret_cast<const float *>(sub + L.k_scale);
     const float *mn = reinterpret_cast<const float *>(sub + L.k_min);
@@ -72,8 +72,13 @@ __device__ float stored_key(ikv_format f, const SubpageLayout &L, uint32_t D, co
 }
 
 // Sub-page h of one layer of a page (one block of kThreads threads).
-__device__ void quantize_subpage(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer, uint32_t h,
+// kFmt >= 0: compiled for that format alone (f_any is ignored), so the other
+// formats' code is not in the kernel: a short launch that starts cold spends
+// half its stalls fetching instructions (bench/RESULTS.md 1j).
+template <int kFmt = -1>
+__device__ void quantize_subpage(const PageShape &shape, ikv_format f_any, uint8_t *page, uint32_t layer, uint32_t h,
                                  const float *k, const float *v, uint32_t n_valid) {
+    const ikv_format f = kFmt >= 0 ? ikv_format(kFmt) : f_any;
     __shared__ float red[kThreads / 32];
     const uint32_t P = shape.page_size, D = shape.head_dim;
     const SubpageLayout L = subpage_layout(f, P, D);
@@ -231,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 3) quantize_jobs_kernel(PageShape sh
 // launch where there were two (a staging kernel over (job, head, K|V) blocks,
 // then this quantizer) plus their dependency: at B = 1 an asynchronous
 // one-token append cost 15-27 us of a layer (bench/RESULTS.md 1j).
-template <int kVec, class Jobs>
+template <int kVec, class Jobs, int kFmt>
 __global__ void __launch_bounds__(kThreads, 3)
     append_jobs_kernel(PageShape shape, AppendRows in, const __grid_constant__ Jobs jobs, AppendError *error) {
     const uint32_t H = shape.n_kv_heads, h = blockIdx.x % H;
@@ -240,7 +245,29 @@ __global__ void __launch_bounds__(kThreads, 3)
     stage_head<kVec>(shape, in, j, h, 1, error);
     __syncthreads();  // the rows this block staged are visible to all its threads
     const uint64_t half = uint64_t(H) * shape.page_size * shape.head_dim;
-    quantize_subpage(shape, ikv_format(j.format), j.page, j.layer, h, j.stage, j.stage + half, j.row0 + j.rows);
+    quantize_subpage<kFmt>(shape, ikv_format(j.format), j.page, j.layer, h, j.stage, j.stage + half, j.row0 + j.rows);
+}
+
+// One append launch: 4 channels per thread when the rows allow (vector_aligned).
+template <int kFmt, class Jobs>
+cudaError_t launch_append(const PageShape &shape, const AppendRows &in, const Jobs &jobs, uint32_t n_jobs,
+                          AppendError *error, cudaStream_t stream) {
+    const dim3 grid(n_jobs * shape.n_kv_heads), block(kThreads);
+    return vector_aligned(shape, in)
+               ? launch(append_jobs_kernel<4, Jobs, kFmt>, grid, block, 0, stream, shape, in, jobs, error)
+               : launch(append_jobs_kernel<1, Jobs, kFmt>, grid, block, 0, stream, shape, in, jobs, error);
+}
+
+// The kernel for the jobs' one format where there is one of these (F16 and
+// BF16, the formats short appends mostly write), else the kernel for all.
+template <class Jobs>
+cudaError_t launch_append_for(int only_format, const PageShape &shape, const AppendRows &in, const Jobs &jobs,
+                              uint32_t n_jobs, AppendError *error, cudaStream_t stream) {
+    switch (only_format) {
+        case IKV_FMT_F16: return launch_append<IKV_FMT_F16>(shape, in, jobs, n_jobs, error, stream);
+        case IKV_FMT_BF16: return launch_append<IKV_FMT_BF16>(shape, in, jobs, n_jobs, error, stream);
+        default: return launch_append<-1>(shape, in, jobs, n_jobs, error, stream);
+    }
 }
 
 // Jobs of a launch as the kernels take them.
@@ -267,20 +294,13 @@ cudaError_t launch_quantize_jobs(const PageShape &shape, const AppendJob *jobs, 
 }
 
 cudaError_t launch_append_jobs(const PageShape &shape, const AppendRows &in, const AppendJob *jobs, JobsIn where,
-                               uint32_t n_jobs, AppendError *error, cudaStream_t stream) {
+                               uint32_t n_jobs, int only_format, AppendError *error, cudaStream_t stream) {
     if (!shape_ok(shape) || !flat_grid_ok(n_jobs, shape.n_kv_heads)) return cudaErrorInvalidValue;
     if (n_jobs == 0) return cudaSuccess;
-    if (where == JobsIn::kHost && n_jobs > kInlineJobs) return cudaErrorInvalidValue;
-    const dim3 grid(n_jobs * shape.n_kv_heads), block(kThreads);
-    // Vector path: every row start 16-byte aligned (pointers and strides), so
-    // each thread's 4 channels are one aligned load (staging rows are).
-    const bool vec = vector_aligned(shape, in);
     if (where == JobsIn::kDevice)
-        return vec ? launch(append_jobs_kernel<4, DeviceJobs>, grid, block, 0, stream, shape, in, device_jobs(jobs), error)
-                   : launch(append_jobs_kernel<1, DeviceJobs>, grid, block, 0, stream, shape, in, device_jobs(jobs), error);
-    const InlineJobs inl = inline_jobs(jobs, n_jobs);
-    return vec ? launch(append_jobs_kernel<4, InlineJobs>, grid, block, 0, stream, shape, in, inl, error)
-               : launch(append_jobs_kernel<1, InlineJobs>, grid, block, 0, stream, shape, in, inl, error);
+        return launch_append_for(only_format, shape, in, device_jobs(jobs), n_jobs, error, stream);
+    if (n_jobs > kInlineJobs) return cudaErrorInvalidValue;
+    return launch_append_for(only_format, shape, in, inline_jobs(jobs, n_jobs), n_jobs, error, stream);
 }
 
 cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer,

@@ -365,7 +365,8 @@ public:
         for (uint32_t r = 0; r < rounds && err == cudaSuccess; ++r) {
             const uint32_t first = round_start_[r], count = round_start_[r + 1] - first;
             if (count == 0) continue;
-            err = cuda::launch_append_jobs(shape_, in, jobs.at(first), jobs.where, count, error_dev_, st);
+            err = cuda::launch_append_jobs(shape_, in, jobs.at(first), jobs.where, count,
+                                           only_format(jobs.host + first, count), error_dev_, st);
         }
         if (err == cudaSuccess) err = jobs.release(st);
         if (err == cudaSuccess) err = finish(ex);
@@ -436,6 +437,13 @@ private:
         const cuda::AppendJob *at(size_t i) const { return (slot ? slot->dev : host) + i; }
         cudaError_t release(cudaStream_t st) { return slot ? JobRing::release(slot, st) : cudaSuccess; }
     };
+
+    // The format all n jobs write, or -1 if they differ.
+    static int only_format(const cuda::AppendJob *jobs, uint32_t n) {
+        for (uint32_t i = 1; i < n; ++i)
+            if (jobs[i].format != jobs[0].format) return -1;
+        return n > 0 ? int(jobs[0].format) : -1;
+    }
 
     // Under mu_. Orders the writes into rounds (jobs, round_start_); each
     // round is one launch of the staging + quantize kernel, so the jobs of a
