@@ -208,8 +208,8 @@ constexpr uint32_t kInlineJobs = 64;
 // into its stage (a non-finite element is staged as 0 and, if *error is
 // unclaimed, recorded there; checked appends never have one), then the page
 // layer's sub-page quantized from stage rows [0, row0 + rows). only_format:
-// the format every job has, or -1 (a kernel compiled for F16 or BF16 alone
-// is picked when it applies).
+// the format every job has (a kernel compiled for that format alone runs),
+// or -1 (the kernel for all formats).
 cudaError_t launch_append_jobs(const PageShape &shape, const AppendRows &in, const AppendJob *jobs, JobsIn where,
                                uint32_t n_jobs, int only_format, AppendError *error, cudaStream_t stream);
 // Jobs without input: each page layer written empty (fresh pages; stage null).

@@ -258,14 +258,17 @@ cudaError_t launch_append(const PageShape &shape, const AppendRows &in, const Jo
                : launch(append_jobs_kernel<1, Jobs, kFmt>, grid, block, 0, stream, shape, in, jobs, error);
 }
 
-// The kernel for the jobs' one format where there is one of these (F16 and
-// BF16, the formats short appends mostly write), else the kernel for all.
+// The kernel for the jobs' one format where they share one, else the
+// kernel for all formats.
 template <class Jobs>
 cudaError_t launch_append_for(int only_format, const PageShape &shape, const AppendRows &in, const Jobs &jobs,
                               uint32_t n_jobs, AppendError *error, cudaStream_t stream) {
     switch (only_format) {
         case IKV_FMT_F16: return launch_append<IKV_FMT_F16>(shape, in, jobs, n_jobs, error, stream);
         case IKV_FMT_BF16: return launch_append<IKV_FMT_BF16>(shape, in, jobs, n_jobs, error, stream);
+        case IKV_FMT_FP8_E4M3: return launch_append<IKV_FMT_FP8_E4M3>(shape, in, jobs, n_jobs, error, stream);
+        case IKV_FMT_INT8: return launch_append<IKV_FMT_INT8>(shape, in, jobs, n_jobs, error, stream);
+        case IKV_FMT_INT4: return launch_append<IKV_FMT_INT4>(shape, in, jobs, n_jobs, error, stream);
         default: return launch_append<-1>(shape, in, jobs, n_jobs, error, stream);
     }
 }

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cuda_rt.h"
 #include "list_reuse.h"
@@ -419,7 +420,8 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
  * decoder's page lists still hold (ikv_decoder_get_stats), snapshots them,
  * builds the lists on the host, copies them to the device and launches. The
  * bench shape: 4 layers, 8 kv-heads, 32 q-heads, head_dim 128, page 16, F16
- * pages, F16 q/out on the device, one stream. Two loops per case:
+ * pages (IKV_BENCH_PAGE_FMT=int8, bf16, fp8 or int4: that format), F16 q/out
+ * on the device, one stream. Two loops per case:
  *   layers  STEPS calls cycling over the layers with the same batch (one
  *           engine step after another with no new token): the step time
  *           (calls back to back, then one stream sync), the host time of
@@ -473,9 +475,16 @@ static void run_decode_bench(void) {
     IKVT_OK(ikv_decoder_create(&dc, &dec));
     void *stream = NULL;
     assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
-    printf("BENCH ikv_decode on a CUDA pool: %d layers, %d kv-heads, %d q-heads, head_dim %d, page %d, F16 pages and "
+    /* IKV_BENCH_PAGE_FMT=int8 (or bf16, fp8, int4): the pages' format; F16 by default. */
+    ikv_format page_format = IKV_FMT_F16;
+    const char *pf = getenv("IKV_BENCH_PAGE_FMT");
+    for (int f = 0; pf && f < IKV_FMT_COUNT; ++f)
+        if (strcasecmp(pf, ikv_format_name((ikv_format)f)) == 0 ||
+            (f == IKV_FMT_FP8_E4M3 && strcasecmp(pf, "fp8") == 0))
+            page_format = (ikv_format)f;
+    printf("BENCH ikv_decode on a CUDA pool: %d layers, %d kv-heads, %d q-heads, head_dim %d, page %d, %s pages, F16 "
            "q/out\n",
-           BL, BH, BHQ, BD, BP);
+           BL, BH, BHQ, BD, BP, ikv_format_name(page_format));
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci) {
         const uint32_t B = cases[ci][0], ctx = cases[ci][1];
         ikv_pool_config c = ikv_pool_default_config();
@@ -486,7 +495,7 @@ static void run_decode_bench(void) {
         c.page_size = BP;
         /* 4 KiB of K+V per token and layer, summaries, the append loops' tokens, margin */
         c.capacity_bytes = (uint64_t)B * (ctx + 2 * STEPS + BP) * BL * 5000u + (64u << 20);
-        c.default_format = IKV_FMT_F16;
+        c.default_format = page_format;
         c.kv_dtype = IKV_DTYPE_F16;
         ikv_pool *pool = NULL;
         IKVT_OK(ikv_pool_create(&c, &pool));
