@@ -50,8 +50,9 @@ public:
     // Make every sub-page empty (as write_subpage with 0 valid rows) and
     // every summary record zero.
     virtual ikv_status init(ikv_format f, uint8_t *page) = 0;
-    // init() of n pages. The device store enqueues them all and waits once
-    // (a bulk append opens a page per P tokens; one wait each cost ~20 us).
+    // init() of n pages, run as ex says. The device store enqueues them all
+    // and waits once (a bulk append opens a page per P tokens; one wait each
+    // cost ~20 us), or not at all for an asynchronous append.
     struct PageInit {
         ikv_format format;
         uint8_t *page;
@@ -64,7 +65,8 @@ public:
         }
         return IKV_OK;
     }
-    // copy() of n pages (an append's copy-on-write of shared tail pages).
+    // copy() of n pages (an append's copy-on-write of shared tail pages),
+    // run as ex says.
     struct PageCopy {
         ikv_format format;
         uint8_t *dst;
