@@ -11,7 +11,10 @@
 // the batch means. Bytes read = K/V rows + scales of every selected sub-page
 // (page_format.hpp subpage_read_bytes), summaries for the top-k case.
 // Bandwidth share: bytes read per second over the device-to-device copy rate
-// (read + write bytes) measured in the same run.
+// (read + write bytes) measured in the same run. For F16 the `stream` and
+// `stream25` rows (`-bulk`: the bulk-copy engine) time the same lists on the
+// same grid with the copies only (page_stream.cuh): the floor the decode's
+// compute would reach if it were hidden completely.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "gpu_check_common.cuh"
+#include "page_stream.cuh"
 
 namespace gpucheck {
 
@@ -86,6 +90,32 @@ inline double copy_bandwidth(size_t bytes) {
     return 2.0 * bytes / (ms * 1e-3) / 1e9;  // read + write
 }
 
+// One contiguous buffer read with 16-byte loads (nothing written): the read
+// ceiling next to the copy rate, for the stream rows.
+__global__ void read_kernel(const uint4 *p, size_t n, uint32_t *sink) {
+    uint32_t x = 0;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        const uint4 v = p[i];
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (x == 0x9E3779B9u) *sink = x;  // never in practice; keeps the reads
+}
+inline double read_bandwidth(size_t bytes) {
+    void *a = nullptr, *sink = nullptr;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&sink, 4));
+    CK(cudaMemset(a, 1, bytes));
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    Timer tm;
+    const double ms = tm.median_ms(
+        [&](int) { read_kernel<<<8 * sms, 512>>>(static_cast<const uint4 *>(a), bytes / 16, static_cast<uint32_t *>(sink)); },
+        15, 4);
+    cudaFree(a);
+    cudaFree(sink);
+    return bytes / (ms * 1e-3) / 1e9;
+}
+
 inline uint32_t hash32(uint32_t x) {
     x ^= x >> 16;
     x *= 0x7feb352dU;
@@ -117,7 +147,8 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
     using ikv::cuda::DevLists;
     using ikv::cuda::DevPage;
     const double copy_gbps = copy_bandwidth(size_t(1) << 30);
-    printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbps);
+    const double read_gbps = read_bandwidth(size_t(1) << 30);
+    printf("device-to-device copy: %.0f GB/s (read + write); contiguous read: %.0f GB/s\n", copy_gbps, read_gbps);
     const PageShape s{1, 8, 128, 16};
     const uint32_t Hq = 32, D = 128, P = 16;
     const std::vector<uint32_t> Bs = quick ? std::vector<uint32_t>{1, 8} : std::vector<uint32_t>{1, 8, 32};
@@ -128,6 +159,8 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
     const int reps = quick ? 7 : 15, batch = 8;
     std::vector<BenchRow> rows;
     Timer tm;
+    uint32_t *sink = nullptr;  // the stream rows' never-written output
+    CK(cudaMalloc(&sink, 4));
     // IKV_BENCH_B / IKV_BENCH_CTX (optional) restrict the run to one batch size / context (profiling).
     // IKV_BENCH_FMT (f16, fp8, int8, int4) restricts the formats the same way.
     const char *only_b = getenv("IKV_BENCH_B"), *only_ctx = getenv("IKV_BENCH_CTX"), *only_f = getenv("IKV_BENCH_FMT");
@@ -220,6 +253,15 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                 p.out = out;
 
                 const bool quarter_too = f == IKV_FMT_F16 || f == IKV_FMT_INT8;
+                auto add_row = [&](const std::string &name, double ms, uint64_t bytes) {
+                    BenchRow row{name, B, ctx, fnames[f], ms, double(bytes), 0, 0, 0};
+                    row.gbps = bytes / (ms * 1e-3) / 1e9;
+                    row.share = row.gbps / copy_gbps;
+                    rows.push_back(row);
+                    printf("%-6s B=%-3u ctx=%-6u %-5s %9.4f ms %9.1f MB %7.0f GB/s %5.1f%% of copy\n", row.name.c_str(),
+                           B, ctx, row.fmt.c_str(), ms, bytes / 1e6, row.gbps, 100 * row.share);
+                    fflush(stdout);
+                };
                 // Variants: dense and (F16, INT8) a 25% selection, on the compute the library
                 // picks by default (decode_resolve_compute: tensor cores for INT8/FP8/INT4 pages
                 // with enough chunks per CTA, else SIMT), then on the other one (-tc / -simt)
@@ -265,13 +307,19 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                         }
                         printf(" ms\n");
                     }
-                    BenchRow row{name, B, ctx, fnames[f], ms, double(bytes), 0, 0, 0};
-                    row.gbps = bytes / (ms * 1e-3) / 1e9;
-                    row.share = row.gbps / copy_gbps;
-                    rows.push_back(row);
-                    printf("%-6s B=%-3u ctx=%-6u %-5s %9.4f ms %9.1f MB %7.0f GB/s %5.1f%% of copy\n", row.name.c_str(),
-                           B, ctx, row.fmt.c_str(), ms, bytes / 1e6, row.gbps, 100 * row.share);
-                    fflush(stdout);
+                    add_row(name, ms, bytes);
+                    if (f == IKV_FMT_F16 && !other) {
+                        // The same lists and grid with the copies only (page_stream.cuh): the decode's floor.
+                        for (int copy : {kCpAsync, kBulk}) {
+                            auto stream_step = [&](int k) {
+                                const uint32_t r = uint32_t(k) % nrot;
+                                const DevLists l{lists.first + size_t(r) * B * stride, lists.second + size_t(r) * B, stride, 1};
+                                CK(launch_stream_pages(copy, s, l, B, v.n_splits, sink, 0));
+                            };
+                            add_row(std::string(quarter ? "stream25" : "stream") + (copy == kBulk ? "-bulk" : ""),
+                                    tm.median_ms(stream_step, reps, batch), bytes);
+                        }
+                    }
                 }
                 if (f == IKV_FMT_F16) {
                     // Device selection: candidates = every page, budget = a quarter of the context.
@@ -334,10 +382,11 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                 CK(cudaDeviceSynchronize());
                 free_all(&allocs);
             }
+    cudaFree(sink);
     // Reports.
     std::string md = "# intentkv CUDA decode benchmark\n\ndevice: " + std::string(prop.name) +
                      "; device-to-device copy " + std::to_string(int(copy_gbps)) +
-                     " GB/s (read+write)\n\n| case | B | ctx | format | ms/step | MB read | GB/s | % of copy | "
+                     " GB/s (read+write); contiguous read " + std::to_string(int(read_gbps)) + " GB/s\n\n| case | B | ctx | format | ms/step | MB read | GB/s | % of copy | "
                      "score+topk ms |\n|---|---|---|---|---|---|---|---|---|\n";
     std::string csv = "case,B,ctx,format,ms,bytes,gbps,share_of_copy,topk_ms,copy_gbps\n";
     char line[512];

@@ -105,10 +105,11 @@ def compare(sdpa_rows, ours_csv, out_dir):
     md += ["", "## Targets (issue 'CUDA backend', item 7)", ""]
     checks = []
     # Targets apply to what the library does by default: rows "dense", "sel25" and
-    # "topk25" (the "-tc" / "-simt" rows time the other compute path, for comparison).
+    # "topk25" (the "-tc" / "-simt" rows time the other compute path, the "stream"
+    # rows the copies alone: both for comparison).
     for r in ours:
         B, ctx = int(r["B"]), int(r["ctx"])
-        if r["case"].endswith(("-tc", "-simt")):
+        if r["case"].endswith(("-tc", "-simt")) or r["case"].startswith("stream"):
             continue
         if B >= 8 and ctx >= 32768:
             checks.append((f"{r['case']} {r['format']} B={B} ctx={ctx}: >= 85% of copy bandwidth",
