@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute profile of the decode step's kernels next to PyTorch SDPA's,
-# for the benchmark cases whose targets are missed (bench/RESULTS.md section 1):
+# and of the copies-only stream kernels, for the benchmark cases whose targets
+# are missed (bench/RESULTS.md section 1):
 # per kernel its duration, grid, occupancy, DRAM throughput, issue activity and
 # warp stall reasons. Run on the GPU machine after scripts/gpu_check.sh has
 # built build-gpu/ (or let this script build it).
@@ -34,7 +35,7 @@ for ((i = 0; i + 2 < ${#CASES[@]}; i += 3)); do
   IKV_BENCH_B=$B IKV_BENCH_CTX=$CTX IKV_BENCH_FMT=$FMT ./build-gpu/gpu_decode_check --bench --quick \
     >"$OUT/timing_$tag.log" 2>&1
   IKV_BENCH_ONCE=1 IKV_BENCH_B=$B IKV_BENCH_CTX=$CTX IKV_BENCH_FMT=$FMT profile "$OUT/ncu_$tag.csv" \
-    -k regex:'decode_kernel|merge|score|select' ./build-gpu/gpu_decode_check --bench --quick
+    -k regex:'decode_kernel|merge|score|select|stream_pages' ./build-gpu/gpu_decode_check --bench --quick
   echo "== $tag: $(grep -c '"Duration"' "$OUT/ncu_$tag.csv") kernels profiled"
 done
 # SDPA's kernels on the same shapes (32 q-heads, 8 kv-heads, head_dim 128, fp16, one query token).
