@@ -311,6 +311,7 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                     if (f == IKV_FMT_F16 && !other) {
                         // The same lists and grid with the copies only (page_stream.cuh): the decode's floor.
                         for (int copy : {kCpAsync, kBulk}) {
+                            if (copy == kBulk && prop.major < 9) continue;  // the bulk-copy engine is sm_90+
                             auto stream_step = [&](int k) {
                                 const uint32_t r = uint32_t(k) % nrot;
                                 const DevLists l{lists.first + size_t(r) * B * stride, lists.second + size_t(r) * B, stride, 1};

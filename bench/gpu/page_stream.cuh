@@ -11,7 +11,8 @@
 // Two copy engines, to see whether the copy instruction matters:
 //   kCpAsync  16-byte cp.async per lane (what the decode kernel issues);
 //   kBulk     one lane issues cp.async.bulk (the Hopper bulk-copy engine) for
-//             K and V, completion on an mbarrier per slot (sm_90 only).
+//             K and V, completion on an mbarrier per slot (sm_90 only: the
+//             benchmark skips these rows below).
 // F16 D = 128, P = 16 pages only (the benchmark's shape), full pages.
 #pragma once
 
@@ -35,14 +36,19 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) { return uint32_t(_
 template <int kCopy>
 __global__ void __launch_bounds__(32 * kStreamWarps) stream_pages_kernel(ikv::PageShape s, ikv::cuda::DevLists lists,
                                                                          uint32_t *sink) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ __align__(128) uint8_t smem[];
     __shared__ __align__(8) uint64_t bars[kStreamWarps * kStreamSlots];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint8_t *ring = smem + warp * kStreamSlots * kStreamSlot;
-    uint64_t *bar = bars + warp * kStreamSlots;
-    if (kCopy == kBulk && lane < kStreamSlots) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar + lane)));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    uint64_t *bar = bars + warp * kStreamSlots;  // kBulk: one mbarrier per slot
+    (void)bar;
+#if __CUDA_ARCH__ >= 900
+    if (kCopy == kBulk) {
+        if (lane < kStreamSlots) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar + lane)));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
     __syncthreads();
     const uint32_t head = blockIdx.y, seq = blockIdx.z;
     const uint32_t li = lists.list_heads > 1 ? seq * lists.list_heads + head : seq;
@@ -65,22 +71,26 @@ __global__ void __launch_bounds__(32 * kStreamWarps) stream_pages_kernel(ikv::Pa
             }
             asm volatile("cp.async.commit_group;");
         } else if (lane == 0) {
+#if __CUDA_ARCH__ >= 900
             const uint32_t b = smem_addr(bar + st);
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(kStreamSlot) : "memory");
             asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                              smem_addr(slot)), "l"(sub + L.k), "r"(kStreamHalf), "r"(b) : "memory");
             asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                              smem_addr(slot + kStreamHalf)), "l"(sub + L.v), "r"(kStreamHalf), "r"(b) : "memory");
+#endif
         }
     };
     auto wait = [&](int st, uint32_t parity) {
         if constexpr (kCopy == kCpAsync) {
             asm volatile("cp.async.wait_group 1;" ::: "memory");
         } else {
+#if __CUDA_ARCH__ >= 900
             uint32_t done = 0;
             while (!done)
                 asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
                              : "=r"(done) : "r"(smem_addr(bar + st)), "r"(parity) : "memory");
+#endif
         }
     };
     // As the decode: chunk i+1 goes out before chunk i is waited for.
@@ -101,16 +111,19 @@ __global__ void __launch_bounds__(32 * kStreamWarps) stream_pages_kernel(ikv::Pa
 }
 
 // Launch over lists as the decode would: n_splits x n_kv_heads x n_seqs CTAs.
+// (kBulk needs sm_90; the shared-memory opt-in is set once per kernel.)
 inline cudaError_t launch_stream_pages(int copy, const ikv::PageShape &s, const ikv::cuda::DevLists &lists,
                                        uint32_t n_seqs, uint32_t n_splits, uint32_t *sink, cudaStream_t stream) {
+    static const cudaError_t opt_in[2] = {
+        cudaFuncSetAttribute(stream_pages_kernel<kCpAsync>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmem),
+        cudaFuncSetAttribute(stream_pages_kernel<kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmem)};
+    if (opt_in[copy] != cudaSuccess) return opt_in[copy];
+    if (s.head_dim != 128 || s.page_size != 16) return cudaErrorInvalidValue;  // the one shape it is written for
     const dim3 grid(n_splits, s.n_kv_heads, n_seqs);
-    if (copy == kBulk) {
-        cudaFuncSetAttribute(stream_pages_kernel<kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmem);
+    if (copy == kBulk)
         stream_pages_kernel<kBulk><<<grid, 32 * kStreamWarps, kStreamSmem, stream>>>(s, lists, sink);
-    } else {
-        cudaFuncSetAttribute(stream_pages_kernel<kCpAsync>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamSmem);
+    else
         stream_pages_kernel<kCpAsync><<<grid, 32 * kStreamWarps, kStreamSmem, stream>>>(s, lists, sink);
-    }
     return cudaGetLastError();
 }
 
