@@ -109,7 +109,10 @@ inline double read_bandwidth(size_t bytes) {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     Timer tm;
     const double ms = tm.median_ms(
-        [&](int) { read_kernel<<<8 * sms, 512>>>(static_cast<const uint4 *>(a), bytes / 16, static_cast<uint32_t *>(sink)); },
+        [&](int) {
+            read_kernel<<<8 * sms, 512>>>(static_cast<const uint4 *>(a), bytes / 16, static_cast<uint32_t *>(sink));
+            CK(cudaGetLastError());
+        },
         15, 4);
     cudaFree(a);
     cudaFree(sink);
@@ -387,8 +390,9 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
     // Reports.
     std::string md = "# intentkv CUDA decode benchmark\n\ndevice: " + std::string(prop.name) +
                      "; device-to-device copy " + std::to_string(int(copy_gbps)) +
-                     " GB/s (read+write); contiguous read " + std::to_string(int(read_gbps)) + " GB/s\n\n| case | B | ctx | format | ms/step | MB read | GB/s | % of copy | "
-                     "score+topk ms |\n|---|---|---|---|---|---|---|---|---|\n";
+                     " GB/s (read+write); contiguous read " + std::to_string(int(read_gbps)) +
+                     " GB/s\n\n| case | B | ctx | format | ms/step | MB read | GB/s | % of copy | score+topk ms |\n"
+                     "|---|---|---|---|---|---|---|---|---|\n";
     std::string csv = "case,B,ctx,format,ms,bytes,gbps,share_of_copy,topk_ms,copy_gbps\n";
     char line[512];
     for (const BenchRow &r : rows) {
