@@ -35,17 +35,8 @@ typedef struct pool_fix {
 } pool_fix;
 
 static ikv_pool *make_pool(uint32_t n_layers, uint32_t H, uint32_t D, uint32_t P, ikv_format fmt, uint64_t cap) {
-    ikv_pool_config c = ikv_pool_default_config();
-    c.n_layers = n_layers;
-    c.n_kv_heads = H;
-    c.head_dim = D;
-    c.page_size = P;
-    c.default_format = fmt;
-    c.kv_dtype = IKV_DTYPE_F32;
-    c.capacity_bytes = cap;
-    ikv_pool *pool = NULL;
-    IKVT_OK(ikv_pool_create(&c, &pool));
-    return pool;
+    return ikvt_make_pool((ikvt_pool_spec){.n_layers = n_layers, .n_kv_heads = H, .head_dim = D, .page_size = P,
+                                           .capacity_bytes = cap, .default_format = fmt});
 }
 
 /* Append n random tokens (all layers) to seq; key magnitude of token i may be

@@ -60,18 +60,8 @@ static void test_cuda_pool_refused_without_device(void **state) {
 enum { L = 2, HKV = 2, D = 128, P = 16, G = 4, HQ = HKV * G };
 
 static ikv_pool *make_pool(ikv_backend backend, ikv_format fmt) {
-    ikv_pool_config c = ikv_pool_default_config();
-    c.backend = backend;
-    c.n_layers = L;
-    c.n_kv_heads = HKV;
-    c.head_dim = D;
-    c.page_size = P;
-    c.capacity_bytes = 64u << 20;
-    c.default_format = fmt;
-    c.kv_dtype = IKV_DTYPE_F32;
-    ikv_pool *pool = NULL;
-    IKVT_OK(ikv_pool_create(&c, &pool));
-    return pool;
+    return ikvt_make_pool((ikvt_pool_spec){.backend = backend, .n_layers = L, .n_kv_heads = HKV, .head_dim = D,
+                                           .page_size = P, .capacity_bytes = 64u << 20, .default_format = fmt});
 }
 
 /* Appends the same random tokens to both pools, in uneven chunks (the tail page is re-quantized). */
@@ -487,18 +477,11 @@ static void run_decode_bench(void) {
            BL, BH, BHQ, BD, BP, ikv_format_name(page_format));
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ++ci) {
         const uint32_t B = cases[ci][0], ctx = cases[ci][1];
-        ikv_pool_config c = ikv_pool_default_config();
-        c.backend = IKV_BACKEND_CUDA;
-        c.n_layers = BL;
-        c.n_kv_heads = BH;
-        c.head_dim = BD;
-        c.page_size = BP;
-        /* 4 KiB of K+V per token and layer, summaries, the append loops' tokens, margin */
-        c.capacity_bytes = (uint64_t)B * (ctx + 2 * STEPS + BP) * BL * 5000u + (64u << 20);
-        c.default_format = page_format;
-        c.kv_dtype = IKV_DTYPE_F16;
-        ikv_pool *pool = NULL;
-        IKVT_OK(ikv_pool_create(&c, &pool));
+        ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){
+            .backend = IKV_BACKEND_CUDA, .n_layers = BL, .n_kv_heads = BH, .head_dim = BD, .page_size = BP,
+            /* 4 KiB of K+V per token and layer, summaries, the append loops' tokens, margin */
+            .capacity_bytes = (uint64_t)B * (ctx + 2 * STEPS + BP) * BL * 5000u + (64u << 20),
+            .default_format = page_format, .kv_dtype = IKV_DTYPE_F16});
         ikv_seq_id seqs[32];
         for (uint32_t b = 0; b < B; ++b) {
             IKVT_OK(ikv_seq_create(pool, &seqs[b]));

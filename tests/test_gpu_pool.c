@@ -42,11 +42,8 @@
 
 static void test_refusals_everywhere(void **state) {
     (void)state;
-    ikv_pool_config c = ikv_pool_default_config();
-    c.n_layers = 1;
-    c.n_kv_heads = 1;
-    c.head_dim = 64;
-    c.capacity_bytes = 1 << 20;
+    ikv_pool_config c = ikvt_pool_config((ikvt_pool_spec){
+        .n_layers = 1, .n_kv_heads = 1, .head_dim = 64, .capacity_bytes = 1 << 20, .kv_dtype = IKV_DTYPE_F16});
     ikv_pool *pool = NULL;
     IKVT_OK(ikv_pool_create(&c, &pool));
     ikv_seq_id s;
@@ -171,17 +168,10 @@ static pools_t make_pools(ikv_format fmt, ikv_dtype dt, uint64_t seed) {
     p.dt = dt;
     p.rng.state = seed;
     for (int b = 0; b < 2; ++b) {
-        ikv_pool_config c = ikv_pool_default_config();
-        c.backend = b ? IKV_BACKEND_CUDA : IKV_BACKEND_CPU;
-        c.n_layers = L;
-        c.n_kv_heads = H;
-        c.head_dim = D;
-        c.page_size = P;
-        c.capacity_bytes = 16u << 20;
-        c.default_format = fmt;
-        c.kv_dtype = dt;
-        ikv_pool *pool = NULL;
-        IKVT_OK(ikv_pool_create(&c, &pool));
+        ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.backend = b ? IKV_BACKEND_CUDA : IKV_BACKEND_CPU,
+                                                         .n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P,
+                                                         .capacity_bytes = 16u << 20, .default_format = fmt,
+                                                         .kv_dtype = dt});
         if (b)
             p.gpu = pool;
         else
@@ -564,17 +554,9 @@ static void run_bench(int bulk_only) {
     void *dk = ikvt_dev_upload(host, bulk_bytes), *dv = ikvt_dev_upload(host, bulk_bytes);
     printf("BENCH shape: %d layers, %d kv-heads, head_dim %d, page %d, F16 input, IKV_ALL_LAYERS\n", BL, BH, BD, BP);
     for (int fi = 0; fi < 2; ++fi) {
-        ikv_pool_config c = ikv_pool_default_config();
-        c.backend = IKV_BACKEND_CUDA;
-        c.n_layers = BL;
-        c.n_kv_heads = BH;
-        c.head_dim = BD;
-        c.page_size = BP;
-        c.capacity_bytes = 3ull << 30;
-        c.default_format = fmts[fi];
-        c.kv_dtype = IKV_DTYPE_F16;
-        ikv_pool *pool = NULL;
-        IKVT_OK(ikv_pool_create(&c, &pool));
+        ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.backend = IKV_BACKEND_CUDA, .n_layers = BL, .n_kv_heads = BH,
+                                                         .head_dim = BD, .page_size = BP, .capacity_bytes = 3ull << 30,
+                                                         .default_format = fmts[fi], .kv_dtype = IKV_DTYPE_F16});
         const char *fname = fmts[fi] == IKV_FMT_F16 ? "F16" : "INT8";
         for (int from_host = 0; from_host < 2 && !bulk_only; ++from_host) {
             ikv_seq_id s;

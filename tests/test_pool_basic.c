@@ -7,14 +7,8 @@
 #include "support.h"
 
 static ikv_pool_config small_config(void) {
-    ikv_pool_config c = ikv_pool_default_config();
-    c.n_layers = 2;
-    c.n_kv_heads = 2;
-    c.head_dim = 64;
-    c.page_size = 8;
-    c.capacity_bytes = 64u << 20;
-    c.kv_dtype = IKV_DTYPE_F32;
-    return c;
+    return ikvt_pool_config(
+        (ikvt_pool_spec){.n_layers = 2, .n_kv_heads = 2, .head_dim = 64, .page_size = 8, .capacity_bytes = 64u << 20});
 }
 
 static ikv_pool *make_pool(ikv_pool_config c) {

@@ -10,16 +10,8 @@
 enum { L = 2, H = 2, D = 64, P = 8, MAXT = 64 };
 
 static ikv_pool *make_pool(uint64_t capacity) {
-    ikv_pool_config c = ikv_pool_default_config();
-    c.n_layers = L;
-    c.n_kv_heads = H;
-    c.head_dim = D;
-    c.page_size = P;
-    c.capacity_bytes = capacity;
-    c.kv_dtype = IKV_DTYPE_F32;
-    ikv_pool *pool = NULL;
-    IKVT_OK(ikv_pool_create(&c, &pool));
-    return pool;
+    return ikvt_make_pool(
+        (ikvt_pool_spec){.n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P, .capacity_bytes = capacity});
 }
 
 /* Everything observable about one sequence and the pool. */
@@ -169,15 +161,8 @@ static void test_capacity(void **state) {
     ikv_pool_destroy(pool);
 
     /* apply_plan_formats is atomic: promoting both full pages exceeds capacity by one byte. */
-    ikv_pool_config cfg = ikv_pool_default_config();
-    cfg.n_layers = L;
-    cfg.n_kv_heads = H;
-    cfg.head_dim = D;
-    cfg.page_size = P;
-    cfg.kv_dtype = IKV_DTYPE_F32;
-    cfg.default_format = IKV_FMT_INT4;
-    cfg.capacity_bytes = 2 * pb + p4 - 1;
-    IKVT_OK(ikv_pool_create(&cfg, &pool));
+    pool = ikvt_make_pool((ikvt_pool_spec){.n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P,
+                                           .capacity_bytes = 2 * pb + p4 - 1, .default_format = IKV_FMT_INT4});
     IKVT_OK(ikv_seq_create(pool, &s));
     append_all(pool, s, 2 * P + 1, 3);
     ikv_token_range all = {0, 2 * P + 1};
@@ -316,14 +301,8 @@ static void test_nonfinite_half_input(void **state) {
     const ikv_dtype dts[2] = {IKV_DTYPE_F16, IKV_DTYPE_BF16};
     const uint16_t bad[2][2] = {{0x7C00u, 0xFE00u}, {0xFF80u, 0x7FC1u}}; /* inf, NaN of each dtype */
     for (int i = 0; i < 2; ++i) {
-        ikv_pool_config c = ikv_pool_default_config();
-        c.n_layers = L;
-        c.n_kv_heads = H;
-        c.head_dim = D;
-        c.page_size = P;
-        c.kv_dtype = dts[i];
-        ikv_pool *pool = NULL;
-        IKVT_OK(ikv_pool_create(&c, &pool));
+        ikv_pool *pool =
+            ikvt_make_pool((ikvt_pool_spec){.n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P, .kv_dtype = dts[i]});
         ikv_seq_id s;
         IKVT_OK(ikv_seq_create(pool, &s));
         static uint16_t k[3 * H * D], v[3 * H * D];

@@ -10,16 +10,8 @@
 enum { L = 2, H = 2, D = 64, P = 8, ROW = H * D, MAXT = 64 };
 
 static ikv_pool *make_pool(void) {
-    ikv_pool_config c = ikv_pool_default_config();
-    c.n_layers = L;
-    c.n_kv_heads = H;
-    c.head_dim = D;
-    c.page_size = P;
-    c.capacity_bytes = 8u << 20;
-    c.kv_dtype = IKV_DTYPE_F32;
-    ikv_pool *pool = NULL;
-    IKVT_OK(ikv_pool_create(&c, &pool));
-    return pool;
+    return ikvt_make_pool(
+        (ikvt_pool_spec){.n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P, .capacity_bytes = 8u << 20});
 }
 
 /* What a sequence should hold: per layer, token rows of K and V as F16-rounded floats. */

@@ -11,17 +11,8 @@
 enum { H = 2, D = 80, P = 16, N = 2 * P + 5 }; /* D = 80: the last INT4 V group is 16 channels */
 
 static ikv_pool *make_pool(ikv_format f) {
-    ikv_pool_config c = ikv_pool_default_config();
-    c.n_layers = 1;
-    c.n_kv_heads = H;
-    c.head_dim = D;
-    c.page_size = P;
-    c.capacity_bytes = 16u << 20;
-    c.kv_dtype = IKV_DTYPE_F32;
-    c.default_format = f;
-    ikv_pool *pool = NULL;
-    IKVT_OK(ikv_pool_create(&c, &pool));
-    return pool;
+    return ikvt_make_pool((ikvt_pool_spec){.n_layers = 1, .n_kv_heads = H, .head_dim = D, .page_size = P,
+                                           .capacity_bytes = 16u << 20, .default_format = f});
 }
 
 /* x[t][h][d] */

@@ -305,12 +305,7 @@ static void op_create(void) {
 
 static void test_lifecycle(void **state) {
     (void)state;
-    ikv_pool_config c = ikv_pool_default_config();
-    c.n_layers = L;
-    c.n_kv_heads = H;
-    c.head_dim = D;
-    c.page_size = P;
-    c.kv_dtype = IKV_DTYPE_F32;
+    ikv_pool_config c = ikvt_pool_config((ikvt_pool_spec){.n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P});
     IKVT_OK(ikv_pool_create(&c, &g_pool));
     for (int f = 0; f < IKV_FMT_COUNT; ++f) g_pb[f] = ikv_pool_page_bytes(g_pool, (ikv_format)f);
     ikv_pool_destroy(g_pool);

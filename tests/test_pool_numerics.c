@@ -123,16 +123,8 @@ static void expect(ikv_format f, const float *x, int n, int D, int is_v, float *
 }
 
 static void check_format(ikv_format f, uint32_t D, int kind, int token_by_token) {
-    ikv_pool_config c = ikv_pool_default_config();
-    c.n_layers = 1;
-    c.n_kv_heads = H;
-    c.head_dim = D;
-    c.page_size = P;
-    c.kv_dtype = IKV_DTYPE_F32;
-    c.default_format = f;
-    c.capacity_bytes = 16u << 20;
-    ikv_pool *pool = NULL;
-    IKVT_OK(ikv_pool_create(&c, &pool));
+    ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.n_layers = 1, .n_kv_heads = H, .head_dim = D, .page_size = P,
+                                                     .capacity_bytes = 16u << 20, .default_format = f});
     const size_t n = (size_t)N * H * D;
     float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
     float *rk = malloc(n * sizeof(float)), *rv = malloc(n * sizeof(float));

@@ -117,14 +117,8 @@ static void *reader_main(void *arg) {
 
 static void test_threads(void **state) {
     (void)state;
-    ikv_pool_config c = ikv_pool_default_config();
-    c.n_layers = L;
-    c.n_kv_heads = H;
-    c.head_dim = D;
-    c.page_size = P;
-    c.kv_dtype = IKV_DTYPE_F32;
-    c.capacity_bytes = 256u << 20;
-    IKVT_OK(ikv_pool_create(&c, &g_pool));
+    g_pool = ikvt_make_pool(
+        (ikvt_pool_spec){.n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P, .capacity_bytes = 256u << 20});
     static float k[L * BASE * ROW], v[L * BASE * ROW];
     ikvt_rng r = {4242};
     ikvt_fill_normal(&r, k, sizeof k / sizeof *k, 1.0f);

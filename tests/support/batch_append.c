@@ -44,18 +44,8 @@ typedef struct world {
 static const int kOrder[B] = {3, 0, 5, 1, 2};
 
 static ikv_pool *make_pool(ikv_backend be, ikv_format fmt, uint64_t capacity) {
-    ikv_pool_config c = ikv_pool_default_config();
-    c.backend = be;
-    c.n_layers = L;
-    c.n_kv_heads = H;
-    c.head_dim = D;
-    c.page_size = P;
-    c.capacity_bytes = capacity;
-    c.default_format = fmt;
-    c.kv_dtype = IKV_DTYPE_F32;
-    ikv_pool *pool = NULL;
-    IKVT_OK(ikv_pool_create(&c, &pool));
-    return pool;
+    return ikvt_make_pool((ikvt_pool_spec){.backend = be, .n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P,
+                                           .capacity_bytes = capacity, .default_format = fmt});
 }
 
 /* The input of one step: n tokens for each of nb sequences, of one layer or

@@ -21,18 +21,8 @@ typedef struct {
 } ctx_t;
 
 static ikv_pool *new_pool(ikv_backend backend) {
-    ikv_pool_config c = ikv_pool_default_config();
-    c.backend = backend;
-    c.n_layers = NL;
-    c.n_kv_heads = H;
-    c.head_dim = D;
-    c.page_size = P;
-    c.capacity_bytes = 32u << 20;
-    c.default_format = IKV_FMT_INT8;
-    c.kv_dtype = IKV_DTYPE_F32;
-    ikv_pool *pool = NULL;
-    IKVT_OK(ikv_pool_create(&c, &pool));
-    return pool;
+    return ikvt_make_pool((ikvt_pool_spec){.backend = backend, .n_layers = NL, .n_kv_heads = H, .head_dim = D,
+                                           .page_size = P, .capacity_bytes = 32u << 20, .default_format = IKV_FMT_INT8});
 }
 
 static ikv_decoder *new_decoder(void) {

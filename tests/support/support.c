@@ -112,6 +112,26 @@ double ikvt_rel_l2(const float *a, const double *b, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+ikv_pool_config ikvt_pool_config(ikvt_pool_spec s) {
+    ikv_pool_config c = ikv_pool_default_config();
+    c.backend = s.backend;
+    if (s.n_layers) c.n_layers = s.n_layers;
+    if (s.n_kv_heads) c.n_kv_heads = s.n_kv_heads;
+    if (s.head_dim) c.head_dim = s.head_dim;
+    if (s.page_size) c.page_size = s.page_size;
+    if (s.capacity_bytes) c.capacity_bytes = s.capacity_bytes;
+    c.default_format = s.default_format;
+    c.kv_dtype = s.kv_dtype;
+    return c;
+}
+
+ikv_pool *ikvt_make_pool(ikvt_pool_spec s) {
+    const ikv_pool_config c = ikvt_pool_config(s);
+    ikv_pool *pool = NULL;
+    IKVT_OK(ikv_pool_create(&c, &pool));
+    return pool;
+}
+
 void ikvt_skip_program(const char *why) {
     printf("SKIPPED: %s\n", why);
     fflush(stdout);

@@ -29,6 +29,19 @@ void ikvt_expect_status_impl(ikv_status got, ikv_status expected, const char *ne
                              const char *file, int line);
 #define IKVT_OK(call) IKVT_EXPECT_STATUS(call, IKV_OK, NULL)
 
+/* What the tests vary in a pool's config; the rest is ikv_pool_default_config()'s.
+ * Shape fields and capacity_bytes: 0 keeps the default. backend,
+ * default_format and kv_dtype are taken as given (zero: CPU, F16, F32). */
+typedef struct ikvt_pool_spec {
+    ikv_backend backend;
+    uint32_t n_layers, n_kv_heads, head_dim, page_size;
+    uint64_t capacity_bytes;
+    ikv_format default_format;
+    ikv_dtype kv_dtype;
+} ikvt_pool_spec;
+ikv_pool_config ikvt_pool_config(ikvt_pool_spec s);
+ikv_pool *ikvt_make_pool(ikvt_pool_spec s); /* ikv_pool_create; the test fails unless it succeeds */
+
 /* Convert fp32 arrays to the engine dtypes the pool accepts. */
 void ikvt_to_f16(const float *in, uint16_t *out, size_t n);
 void ikvt_to_bf16(const float *in, uint16_t *out, size_t n);
