@@ -151,14 +151,20 @@ fn layout_edit_and_plan_queries() {
     assert!(cost.flops <= cost.flops_dense);
 }
 
-#[test]
-fn pool_fork_truncate_evict() {
+/// A one-head, head_dim-64, 8 MiB pool config of n_layers and page_size; the rest is the default.
+fn small_config(n_layers: u32, page_size: u32) -> ffi::ikv_pool_config {
     let mut pc = Pool::default_config();
-    pc.n_layers = 1;
+    pc.n_layers = n_layers;
     pc.n_kv_heads = 1;
     pc.head_dim = 64;
-    pc.page_size = 8;
+    pc.page_size = page_size;
     pc.capacity_bytes = 8 << 20;
+    pc
+}
+
+#[test]
+fn pool_fork_truncate_evict() {
+    let pc = small_config(1, 8);
     let mut pool = Pool::new(&pc).unwrap();
     let seq = pool.seq_create().unwrap();
     let data: Vec<f32> = (0..40 * 64).map(|i| 0.01 * i as f32).collect();
@@ -180,12 +186,7 @@ fn pool_fork_truncate_evict() {
 
 #[test]
 fn append_batch_equals_one_append_per_sequence() {
-    let mut pc = Pool::default_config();
-    pc.n_layers = 2;
-    pc.n_kv_heads = 1;
-    pc.head_dim = 64;
-    pc.page_size = 8;
-    pc.capacity_bytes = 8 << 20;
+    let mut pc = small_config(2, 8);
     pc.default_format = ffi::IKV_FMT_INT8;
     let mut batched = Pool::new(&pc).unwrap();
     let mut single = Pool::new(&pc).unwrap();
@@ -234,11 +235,7 @@ fn errors_carry_status_and_message_and_change_nothing() {
     rc.page_size = 12;
     expect_err(Router::new(&rc), ffi::IKV_E_INVALID, "page_size");
 
-    let mut pc = Pool::default_config();
-    pc.n_layers = 1;
-    pc.n_kv_heads = 1;
-    pc.head_dim = 64;
-    pc.capacity_bytes = 8 << 20;
+    let pc = small_config(1, Pool::default_config().page_size);
     let mut pool = Pool::new(&pc).unwrap();
     let seq = pool.seq_create().unwrap();
     pool.append(seq, &[0.5; 64], &[0.5; 64], Some(0), None).unwrap();
