@@ -33,7 +33,7 @@ cmake -S . -B build-dev -DIKV_ENABLE_CUDA=ON -DIKV_CUDA_ARCHS=90 -DCMAKE_BUILD_T
   -DCMAKE_PREFIX_PATH="$DEPS" >"$OUT/dev_build.log" 2>&1 && cmake --build build-dev -j"$JOBS" >>"$OUT/dev_build.log" 2>&1 \
   || { echo "library build failed"; tail -20 "$OUT/dev_build.log"; exit 1; }
 if want lib; then
-  (cd build-dev && ctest -j8 --output-on-failure) >"$OUT/ctest_all.log" 2>&1
+  (cd build-dev && ctest --no-tests=error -j8 --output-on-failure) >"$OUT/ctest_all.log" 2>&1
   grep -E "tests passed|Failed|Skipped|Not Run" "$OUT/ctest_all.log" | head -20
   echo "== demo =="
   ./build-dev/examples/intentkv-demo >"$OUT/demo_gpu.txt" 2>&1; tail -14 "$OUT/demo_gpu.txt"
