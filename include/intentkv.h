@@ -498,7 +498,7 @@ typedef struct ikv_pool_config {
     int device;                 /**< CUDA device ordinal; default 0 */
     uint32_t n_layers;          /**< >= 1 */
     uint32_t n_kv_heads;        /**< >= 1 */
-    uint32_t head_dim;          /**< 64, 80, 96, 128 or 256 */
+    uint32_t head_dim;          /**< 32, 64, 80, 96, 128 or 256 (CUDA decode: 64, 128, 256) */
     uint32_t page_size;         /**< power of two in [8, 128]; default 16 */
     uint64_t capacity_bytes;    /**< bytes of page storage (all formats, scales included); default 1 GiB */
     ikv_format default_format;  /**< format of new pages when no plan says otherwise; default F16 */
@@ -765,6 +765,28 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
 #define IKV_MAX_QUERY_TOKENS 2048
 
 /**
+ * How query-aware selection (ikv_decode_args) decides how many pages to keep.
+ *
+ * IKV_TOPK_MASS (adaptive budgets, after EntmaxKV): the budget follows how
+ * peaked the step's attention looks. For each sequence and kv-head, each
+ * candidate entry i (the non-mandatory ones) gets the estimated attention
+ * weight w_i = n_i * exp(bound_i - max_j bound_j), n_i its token span and
+ * bound_i its Quest bound (the scaled logit upper bound that fixed top-k
+ * ranks by, before softcap). Candidates are taken in bound order (ties:
+ * earlier entry first) until the weight taken reaches topk_mass * sum_i w_i;
+ * the budget is then the mandatory tokens plus the tokens taken, raised to
+ * topk_min_tokens and lowered to topk_token_budget (0: no upper limit), and
+ * the fixed rule selects under it. A few pages whose bounds stand out cover
+ * the mass alone; flat bounds (diffuse attention) take many. The estimate
+ * uses upper bounds, not the true logits: it is a budget rule, not a
+ * guarantee of the mass kept (bench/RESULTS.md measures what it keeps).
+ */
+typedef enum ikv_topk_mode {
+    IKV_TOPK_FIXED = 0, /**< topk_token_budget tokens (top-k is off when it is 0) */
+    IKV_TOPK_MASS = 1   /**< budget from the bounds' estimated mass share (see above); always on */
+} ikv_topk_mode;
+
+/**
  * One decode step at one layer for a batch of sequences.
  *
  * Queries: q[((b * n_query_tokens + t) * n_q_heads + h) * head_dim + d] in
@@ -835,6 +857,15 @@ typedef struct ikv_decode_args {
      */
     uint32_t topk_token_budget;
     void *stream;                 /**< CUDA: cudaStream_t; NULL = default stream */
+    /* Later fields: a caller built with an older header (smaller struct_size) gets their defaults. */
+    /**
+     * How query-aware selection sizes each (sequence, kv-head)'s budget:
+     * IKV_TOPK_FIXED (default) uses topk_token_budget as described above;
+     * IKV_TOPK_MASS sizes it from the step's own bounds (ikv_topk_mode).
+     */
+    ikv_topk_mode topk_mode;
+    float topk_mass;              /**< IKV_TOPK_MASS: estimated attention-mass share to cover, in (0, 1]; default 0.9 */
+    uint32_t topk_min_tokens;     /**< IKV_TOPK_MASS: fewest tokens a selection keeps (mandatory ones count); default 0 */
 } ikv_decode_args;
 
 IKV_API ikv_decode_args ikv_decode_args_default(void);
@@ -842,8 +873,10 @@ IKV_API ikv_decode_args ikv_decode_args_default(void);
 /**
  * Run the step. Errors (nothing is written on error): IKV_E_NULL,
  * IKV_E_NOT_FOUND (a sequence), IKV_E_RANGE (layer), IKV_E_INVALID (heads,
- * n_query_tokens, dtypes, a plan of another page size, n_query_tokens > length),
- * IKV_E_UNSUPPORTED, IKV_E_DEVICE.
+ * n_query_tokens, dtypes, a plan of another page size, n_query_tokens > length,
+ * topk_mode, topk_mass outside (0, 1], topk_min_tokens above a non-zero
+ * topk_token_budget), IKV_E_UNSUPPORTED (IKV_TOPK_MASS on a CUDA pool: not
+ * built yet), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args);
 
@@ -859,6 +892,24 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
  * is exact). Errors: IKV_E_NULL.
  */
 IKV_API ikv_status ikv_decoder_last_bytes_read(const ikv_decoder *decoder, uint64_t *bytes_out);
+
+/**
+ * The tokens the last successful ikv_decode on this decoder read for the
+ * sequence at index seq_index of that call's seqs, at kv-head kv_head: the
+ * plan's entries (or every live page) clipped to the stored length, evicted
+ * pages dropped, narrowed by query-aware selection, as maximal runs of
+ * consecutive tokens in ascending order (a query token reads the part at or
+ * before its position). Writes the first min(capacity, count) runs to ranges
+ * (NULL is allowed with capacity 0) and the count to *n_out, so a first call
+ * with capacity 0 sizes the array. For evaluation and logging, not for the
+ * hot path: on a CUDA pool with query-aware selection the runs live on the
+ * device and this call waits for the decoder's last stream and copies them.
+ * Errors: IKV_E_NULL (decoder, n_out, ranges with capacity > 0), IKV_E_STATE
+ * (no successful call yet, or the last one was captured into a CUDA graph),
+ * IKV_E_RANGE (seq_index, kv_head), IKV_E_DEVICE.
+ */
+IKV_API ikv_status ikv_decoder_last_selection(const ikv_decoder *decoder, uint32_t seq_index, uint32_t kv_head,
+                                              ikv_token_range *ranges, size_t capacity, size_t *n_out);
 
 /**
  * Counters of a decoder since it was created, for engines that want to see

@@ -16,6 +16,7 @@
  * from the reference's two roundings by one ulp per element, far below 2e-5.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,9 +197,42 @@ static int cmp_rank(const void *a, const void *b) {
  * public page summaries: per kv-head, mandatory entries kept, the others by
  * descending Quest bound (group's heads, first query token) while the tokens
  * taken stay within budget. */
+/* IKV_TOPK_MASS's rule, plainly (the header's ikv_topk_mode): the budget
+ * covering `share` of the candidates' weights n_i * exp(bound_i - top) in rank
+ * order, clamped to [min_tokens, max_tokens or unlimited]. The weights sum in
+ * float64 here and in the library; a crossing closer than 1e-4 of the total
+ * to the target could round either way there, so the test refuses such data
+ * (the seeds below have none). */
+typedef struct mass_rule {
+    int on;
+    double share, scale;
+    uint32_t min_tokens, max_tokens;
+} mass_rule;
+
+static uint64_t mass_rule_budget(const mass_rule *m, const rank_item *rk, size_t nr, const uint32_t *eb,
+                                 const uint32_t *ee, uint64_t mandatory) {
+    double total = 0;
+    for (size_t j = 0; j < nr; ++j) total += (ee[rk[j].index] - eb[rk[j].index]) * exp(m->scale * (rk[j].bound - rk[0].bound));
+    const double target = m->share * total;
+    double cum = 0;
+    uint64_t tokens = mandatory;
+    for (size_t j = 0; j < nr && cum < target; ++j) {
+        const size_t i = rk[j].index;
+        cum += (ee[i] - eb[i]) * exp(m->scale * (rk[j].bound - rk[0].bound));
+        tokens += ee[i] - eb[i];
+        if (fabs(cum - target) < 1e-4 * total && m->share < 1) {
+            print_error("mass rule: weight %.9g crosses the target %.9g too closely for an exact test\n", cum, target);
+            fail();
+        }
+    }
+    if (tokens < m->min_tokens) tokens = m->min_tokens;
+    if (m->max_tokens && tokens > m->max_tokens) tokens = m->max_tokens;
+    return tokens;
+}
+
 static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, const ikv_plan *plan,
                                const stored_kv *s, uint32_t length, uint32_t H, uint32_t D, uint32_t P, uint32_t nq,
-                               const void *q, ikv_dtype q_dtype, uint32_t budget) {
+                               const void *q, ikv_dtype q_dtype, uint32_t budget, const mass_rule *mass) {
     const uint32_t group = nq / H;
     /* entries: begin, end, mandatory */
     size_t cap = length / P + 2, n = 0;
@@ -254,6 +288,7 @@ static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t la
             ++nr;
         }
         qsort(rk, nr, sizeof *rk, cmp_rank);
+        if (mass->on) budget = (uint32_t)mass_rule_budget(mass, rk, nr, eb, ee, taken);
         for (size_t j = 0; j < nr; ++j) {
             const size_t i = rk[j].index;
             if (taken + (ee[i] - eb[i]) > budget) break;
@@ -283,6 +318,7 @@ typedef struct step_cfg {
     float scale, softcap, q_sigma;
     ikv_dtype q_dtype, out_dtype;
     uint32_t topk, layer;
+    mass_rule mass; /* mass.on: IKV_TOPK_MASS with topk as its upper limit */
     uint64_t seed;
 } step_cfg;
 
@@ -336,11 +372,38 @@ static void compare(const void *out, ikv_dtype out_dtype, const float *lse, cons
 
 static size_t dtype_size(ikv_dtype dt) { return dt == IKV_DTYPE_F32 ? 4 : 2; }
 
+/* ikv_decoder_last_selection reports, per kv-head, exactly the live tokens of
+ * sel as maximal runs. */
+static void expect_last_selection(const ikv_decoder *dec, uint32_t seq_index, const uint8_t *sel, const stored_kv *s,
+                                  uint32_t length, uint32_t H, const char *what) {
+    ikv_token_range *runs = malloc(((size_t)length + 1) * sizeof *runs);
+    for (uint32_t h = 0; h < H; ++h) {
+        size_t n = 0, none = 99;
+        IKVT_OK(ikv_decoder_last_selection(dec, seq_index, h, NULL, 0, &none));
+        IKVT_OK(ikv_decoder_last_selection(dec, seq_index, h, runs, length + 1, &n));
+        assert_int_equal(n, none);
+        size_t k = 0;
+        for (uint32_t t = 0; t < length; ++t) {
+            const int want = sel[(size_t)h * length + t] && s->live[t];
+            int got = 0;
+            while (k < n && runs[k].end <= t) ++k;
+            if (k < n && runs[k].begin <= t) got = 1;
+            if (want != got) {
+                print_error("%s: kv-head %u token %u: last_selection says %d, the reference %d\n", what, h, t, got, want);
+                fail();
+            }
+        }
+        for (size_t i = 1; i < n; ++i) assert_true(runs[i - 1].end < runs[i].begin); /* maximal, ascending */
+    }
+    free(runs);
+}
+
 /* Build the pool of cfg, decode with both decoders, check against the reference. */
 static void run_step(const step_cfg *c) {
     ikvt_rng rng = {c->seed};
     pool_fix f;
-    fix_init(&f, c->layers, c->H, c->D, c->P, c->fmt, c->length, &rng, c->topk > 0);
+    const int selective = c->topk > 0 || c->mass.on;
+    fix_init(&f, c->layers, c->H, c->D, c->P, c->fmt, c->length, &rng, selective);
     for (size_t i = 0; i < c->n_evict; ++i) IKVT_OK(ikv_seq_evict(f.pool, f.seq, c->evict[i].begin, c->evict[i].end));
     ikv_plan *plan = NULL;
     if (c->ranges) IKVT_OK(ikv_plan_from_ranges(c->ranges, c->n_ranges, c->length, c->P, c->fmt, &plan));
@@ -348,10 +411,13 @@ static void run_step(const step_cfg *c) {
     const size_t n_rows = (size_t)c->nqt * nq;
     void *q = make_q(&rng, n_rows * c->D, c->q_dtype, c->q_sigma);
     stored_kv s = read_stored(f.pool, f.seq, c->layer, c->H, c->D, c->P, c->length);
-    uint8_t *sel = c->topk ? topk_selection(f.pool, f.seq, c->layer, plan, &s, c->length, c->H, c->D, c->P, nq, q,
-                                            c->q_dtype, c->topk)
-                           : plan_selection(plan, c->length, c->H);
     const double scale = c->scale > 0 ? c->scale : 1.0 / sqrt((double)c->D);
+    mass_rule mass = c->mass;
+    mass.scale = scale;
+    mass.max_tokens = c->topk;
+    uint8_t *sel = selective ? topk_selection(f.pool, f.seq, c->layer, plan, &s, c->length, c->H, c->D, c->P, nq, q,
+                                              c->q_dtype, c->topk, &mass)
+                             : plan_selection(plan, c->length, c->H);
     double *out_ref = malloc(n_rows * c->D * sizeof *out_ref), *lse_ref = malloc(n_rows * sizeof *lse_ref);
     reference_step(&s, sel, c->length, c->H, c->D, nq, c->nqt, q, c->q_dtype, scale, c->softcap, out_ref, lse_ref);
 
@@ -376,11 +442,17 @@ static void run_step(const step_cfg *c) {
         a.scale = c->scale;
         a.softcap = c->softcap;
         a.topk_token_budget = c->topk;
+        if (c->mass.on) {
+            a.topk_mode = IKV_TOPK_MASS;
+            a.topk_mass = (float)c->mass.share;
+            a.topk_min_tokens = c->mass.min_tokens;
+        }
         IKVT_OK(ikv_decode(decs[di], f.pool, &a));
         char what[160];
         snprintf(what, sizeof what, "fmt %s D %u H %u group %u P %u len %u nqt %u threads %s", ikv_format_name(c->fmt),
                  c->D, c->H, c->group, c->P, c->length, c->nqt, di ? "3" : "1");
         compare(out, c->out_dtype, lse, out_ref, lse_ref, n_rows, c->D, what);
+        expect_last_selection(decs[di], 0, sel, &s, c->length, c->H, what);
     }
     free(out);
     free(lse);
@@ -397,9 +469,9 @@ static void run_step(const step_cfg *c) {
 
 static void test_formats_and_head_dims(void **state) {
     (void)state;
-    const uint32_t dims[] = {64, 128, 256};
+    const uint32_t dims[] = {32, 64, 128, 256};
     for (int fmt = 0; fmt < IKV_FMT_COUNT; ++fmt)
-        for (int i = 0; i < 3; ++i) {
+        for (int i = 0; i < 4; ++i) {
             step_cfg c = base_cfg();
             c.fmt = (ikv_format)fmt;
             c.D = dims[i];
@@ -556,6 +628,35 @@ static void test_topk_selection(void **state) {
             c.ranges = with_plan ? ranges : NULL;
             c.n_ranges = 3;
             c.seed = 900 + i * 2 + with_plan;
+            run_step(&c);
+        }
+}
+
+/* IKV_TOPK_MASS: the budget from the bounds' estimated mass share, with and
+ * without a plan, clamped by topk_min_tokens and topk_token_budget; the
+ * selection is the reference rule's exactly (ikv_decoder_last_selection). */
+static void test_topk_mass_selection(void **state) {
+    (void)state;
+    static const ikv_token_range ranges[] = {{0, 20}, {33, 140}, {150, 380}};
+    const double shares[] = {0.3, 0.7, 0.9, 1.0};
+    const uint32_t mins[] = {0, 0, 200, 0}, maxs[] = {0, 300, 0, 0};
+    const float sigmas[] = {3.0f, 1.0f, 2.0f, 0.5f};
+    for (int i = 0; i < 4; ++i)
+        for (int with_plan = 0; with_plan < 2; ++with_plan) {
+            step_cfg c = base_cfg();
+            c.length = 390;
+            c.H = 3;
+            c.group = 1 + (uint32_t)i;
+            c.D = i == 3 ? 32 : 64;
+            c.q_sigma = sigmas[i];
+            c.mass.on = 1;
+            c.mass.share = shares[i];
+            c.mass.min_tokens = mins[i];
+            c.topk = maxs[i];
+            c.fmt = (ikv_format)((i + with_plan) % IKV_FMT_COUNT);
+            c.ranges = with_plan ? ranges : NULL;
+            c.n_ranges = 3;
+            c.seed = 1900 + i * 2 + with_plan;
             run_step(&c);
         }
 }
@@ -902,6 +1003,51 @@ static void test_bad_inputs(void **state) {
     a.plans = bad_plans;
     IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "page_size");
     EXPECT_UNTOUCHED();
+    RESET_ARGS();
+    a.topk_mode = (ikv_topk_mode)2;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "topk_mode");
+    const float bad_mass[] = {0.0f, -0.5f, 1.5f, NAN};
+    for (int i = 0; i < 4; ++i) {
+        RESET_ARGS();
+        a.topk_mode = IKV_TOPK_MASS;
+        a.topk_mass = bad_mass[i];
+        IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "topk_mass");
+    }
+    RESET_ARGS();
+    a.topk_mode = IKV_TOPK_MASS;
+    a.topk_token_budget = 16;
+    a.topk_min_tokens = 17;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "topk_min_tokens");
+    EXPECT_UNTOUCHED();
+    /* a caller built before the topk_mode fields (struct_size through stream) gets their defaults */
+    RESET_ARGS();
+    a.struct_size = (uint32_t)(offsetof(ikv_decode_args, stream) + sizeof(void *));
+    a.topk_mode = (ikv_topk_mode)77; /* beyond struct_size: never read */
+    IKVT_OK(ikv_decode(g_dec1, f.pool, &a));
+
+    /* last_selection: bad arguments, and nothing before a first success */
+    size_t n_runs = 0;
+    ikv_token_range run1[1];
+    IKVT_EXPECT_STATUS(ikv_decoder_last_selection(NULL, 0, 0, NULL, 0, &n_runs), IKV_E_NULL, "decoder");
+    IKVT_EXPECT_STATUS(ikv_decoder_last_selection(g_dec1, 0, 0, NULL, 0, NULL), IKV_E_NULL, "n_out");
+    IKVT_EXPECT_STATUS(ikv_decoder_last_selection(g_dec1, 0, 0, NULL, 1, &n_runs), IKV_E_NULL, "ranges");
+    IKVT_EXPECT_STATUS(ikv_decoder_last_selection(g_dec1, 1, 0, run1, 1, &n_runs), IKV_E_RANGE, "seq_index");
+    IKVT_EXPECT_STATUS(ikv_decoder_last_selection(g_dec1, 0, 2, run1, 1, &n_runs), IKV_E_RANGE, "kv_head");
+    IKVT_OK(ikv_decoder_last_selection(g_dec1, 0, 1, run1, 1, &n_runs)); /* dense: one run [0, 40) */
+    assert_int_equal(n_runs, 1);
+    assert_int_equal(run1[0].begin, 0);
+    assert_int_equal(run1[0].end, 40);
+    RESET_ARGS();
+    a.layer = 9;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_RANGE, "layer");
+    IKVT_EXPECT_STATUS(ikv_decoder_last_selection(g_dec1, 0, 0, run1, 1, &n_runs), IKV_E_STATE, "no successful");
+    {
+        ikv_decoder *fresh = NULL;
+        ikv_decoder_config dc = ikv_decoder_default_config();
+        IKVT_OK(ikv_decoder_create(&dc, &fresh));
+        IKVT_EXPECT_STATUS(ikv_decoder_last_selection(fresh, 0, 0, run1, 1, &n_runs), IKV_E_STATE, "no successful");
+        ikv_decoder_destroy(fresh);
+    }
 
     /* decoder creation */
     ikv_decoder *d = NULL;
@@ -968,6 +1114,7 @@ int main(void) {
         cmocka_unit_test(test_q_and_out_dtypes),
         cmocka_unit_test(test_other_layer),
         cmocka_unit_test(test_topk_selection),
+        cmocka_unit_test(test_topk_mass_selection),
         cmocka_unit_test(test_lse_merges_disjoint_plans),
         cmocka_unit_test(test_selected_equals_dense_on_those_tokens),
         cmocka_unit_test(test_empty_selection),

@@ -86,8 +86,8 @@ static void test_create_rejects_bad_config(void **state) {
         assert_ptr_equal(pool, (ikv_pool *)0x1); /* untouched */
     }
     /* Every supported head_dim and page size is accepted. */
-    const uint32_t dims[] = {64, 80, 96, 128, 256};
-    for (int i = 0; i < 5; ++i)
+    const uint32_t dims[] = {32, 64, 80, 96, 128, 256};
+    for (int i = 0; i < 6; ++i)
         for (uint32_t p = 8; p <= 128; p *= 2) {
             c = small_config();
             c.head_dim = dims[i];

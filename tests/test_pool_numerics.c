@@ -179,9 +179,9 @@ static void check_format(ikv_format f, uint32_t D, int kind, int token_by_token)
 static void test_exact_numerics(void **state) {
     (void)state;
     init_e4m3();
-    const uint32_t dims[] = {64, 80, 96, 128, 256};
+    const uint32_t dims[] = {32, 64, 80, 96, 128, 256};
     for (int f = 0; f < IKV_FMT_COUNT; ++f)
-        for (int di = 0; di < 5; ++di)
+        for (int di = 0; di < 6; ++di)
             for (int kind = 0; kind < 4; ++kind) check_format((ikv_format)f, dims[di], kind, (kind + di) % 2);
 }
 

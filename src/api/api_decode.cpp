@@ -3,7 +3,9 @@
 // call writes nothing.
 #include <mimalloc.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <type_traits>
@@ -21,6 +23,9 @@
 namespace {
 
 constexpr uint32_t kMaxThreads = 1024;
+// ikv_decode_args as first published (through `stream`): callers built
+// against that header pass this struct_size and get the later fields' defaults.
+constexpr size_t kDecodeArgsV1Size = offsetof(ikv_decode_args, stream) + sizeof(void *);
 
 bool valid_dtype(int dt) { return dt == IKV_DTYPE_F32 || dt == IKV_DTYPE_F16 || dt == IKV_DTYPE_BF16; }
 
@@ -50,6 +55,18 @@ ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListM
     if (!std::isfinite(a.softcap) || a.softcap < 0.0f)
         return ikv::fail(IKV_E_INVALID, "%s: args->softcap %g must be finite and >= 0 (0 = off)", fn,
                          (double)a.softcap);
+    const int mode = ikv::raw_enum(a.topk_mode);
+    if (mode != IKV_TOPK_FIXED && mode != IKV_TOPK_MASS)
+        return ikv::fail(IKV_E_INVALID, "%s: args->topk_mode %d is not IKV_TOPK_FIXED or IKV_TOPK_MASS", fn, mode);
+    if (mode == IKV_TOPK_MASS) {
+        if (!(a.topk_mass > 0.0f && a.topk_mass <= 1.0f))
+            return ikv::fail(IKV_E_INVALID, "%s: args->topk_mass %g is outside (0, 1] (IKV_TOPK_MASS)", fn,
+                             (double)a.topk_mass);
+        if (a.topk_token_budget > 0 && a.topk_min_tokens > a.topk_token_budget)
+            return ikv::fail(IKV_E_INVALID,
+                             "%s: args->topk_min_tokens %u exceeds args->topk_token_budget %u (IKV_TOPK_MASS)", fn,
+                             a.topk_min_tokens, a.topk_token_budget);
+    }
     if (a.plans != nullptr)
         for (uint32_t b = 0; b < a.n_seqs; ++b) {
             if (a.plans[b] == nullptr) continue;
@@ -118,6 +135,9 @@ IKV_API ikv_decode_args ikv_decode_args_default(void) {
     a.n_query_tokens = 1;
     a.q_dtype = IKV_DTYPE_F32;
     a.out_dtype = IKV_DTYPE_F32;
+    a.topk_mode = IKV_TOPK_FIXED;
+    a.topk_mass = 0.9f;
+    a.topk_min_tokens = 0;
     return a;
 }
 
@@ -126,9 +146,10 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
     IKV_CHECK_NULL(decoder, fn);
     IKV_CHECK_NULL(pool, fn);
     IKV_CHECK_NULL(args, fn);
-    IKV_CHECK_STRUCT(args, sizeof(ikv_decode_args), fn);
+    IKV_CHECK_STRUCT(args, kDecodeArgsV1Size, fn);
     const ikv_decode_args a = ikv::read_config(*args, ikv_decode_args_default());
     ikv::ListMemory &mem = decoder->lists;
+    decoder->last.valid = false;  // a failed call may have rewritten what the last one left
     try {
         ikv_status st = check_args(pool, a, mem);
         if (st != IKV_OK) return st;
@@ -146,6 +167,8 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
         if (st != IKV_OK) return st;
         mem.finish(lists.reuse, lists.keep);
         decoder->last_bytes = bytes;
+        decoder->last = {true, ikv::pool_backend(pool) == IKV_BACKEND_CUDA, lists.captured,
+                         a.n_seqs, ikv::pool_shape(pool).n_kv_heads};
         return IKV_OK;
     } catch (const std::bad_alloc &) {
         return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
@@ -159,6 +182,41 @@ IKV_API ikv_status ikv_decoder_last_bytes_read(const ikv_decoder *decoder, uint6
     IKV_CHECK_NULL(bytes_out, "ikv_decoder_last_bytes_read");
     *bytes_out = decoder->last_bytes;
     return IKV_OK;
+}
+
+IKV_API ikv_status ikv_decoder_last_selection(const ikv_decoder *decoder, uint32_t seq_index, uint32_t kv_head,
+                                              ikv_token_range *ranges, size_t capacity, size_t *n_out) {
+    const char *fn = "ikv_decoder_last_selection";
+    IKV_CHECK_NULL(decoder, fn);
+    IKV_CHECK_NULL(n_out, fn);
+    if (capacity > 0) IKV_CHECK_NULL(ranges, fn);
+    const ikv_decoder::LastCall &last = decoder->last;
+    if (!last.valid)
+        return ikv::fail(IKV_E_STATE, "%s: the decoder has no successful ikv_decode since it was created or since "
+                                      "its last failed call", fn);
+    if (last.captured)
+        return ikv::fail(IKV_E_STATE, "%s: the decoder's last call was captured into a CUDA graph; its selection "
+                                      "exists only when the graph replays", fn);
+    if (seq_index >= last.n_seqs)
+        return ikv::fail(IKV_E_RANGE, "%s: seq_index %u is out of range, the last call decoded %u sequences", fn,
+                         seq_index, last.n_seqs);
+    if (kv_head >= last.n_kv_heads)
+        return ikv::fail(IKV_E_RANGE, "%s: kv_head %u is out of range, the pool has %u kv-heads", fn, kv_head,
+                         last.n_kv_heads);
+    try {
+        std::vector<ikv_token_range> runs;
+        if (last.cuda) {
+            const ikv_status st = ikv::cuda_last_selection(decoder->cuda, seq_index, kv_head, runs);
+            if (st != IKV_OK) return st;
+        } else {
+            ikv::cpu_last_selection(decoder->scratch, seq_index * last.n_kv_heads + kv_head, runs);
+        }
+        std::copy_n(runs.begin(), std::min(capacity, runs.size()), ranges);
+        *n_out = runs.size();
+        return IKV_OK;
+    } catch (const std::bad_alloc &) {
+        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    }
 }
 
 IKV_API ikv_status ikv_decoder_get_stats(const ikv_decoder *decoder, ikv_decoder_stats *out) {

@@ -16,7 +16,7 @@ constexpr uint32_t kMaxLayers = 65536;  // keeps every page size computation far
 constexpr uint32_t kMaxKvHeads = 65536;
 
 bool valid_format(const ikv_format &f) { return ikv::raw_enum(f) >= 0 && ikv::raw_enum(f) < IKV_FMT_COUNT; }
-bool valid_head_dim(uint32_t d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
+bool valid_head_dim(uint32_t d) { return d == 32 || d == 64 || d == 80 || d == 96 || d == 128 || d == 256; }
 
 ikv_status check_config(const ikv_pool_config &c) {
     constexpr const char *fn = "ikv_pool_create";
@@ -30,7 +30,7 @@ ikv_status check_config(const ikv_pool_config &c) {
         return ikv::fail(IKV_E_INVALID, "%s: config->n_kv_heads is %u; it must be in [1, %u]", fn, c.n_kv_heads,
                          kMaxKvHeads);
     if (!valid_head_dim(c.head_dim))
-        return ikv::fail(IKV_E_INVALID, "%s: config->head_dim is %u; supported: 64, 80, 96, 128, 256", fn,
+        return ikv::fail(IKV_E_INVALID, "%s: config->head_dim is %u; supported: 32, 64, 80, 96, 128, 256", fn,
                          c.head_dim);
     if (c.page_size < 8 || c.page_size > 128 || (c.page_size & (c.page_size - 1)) != 0)
         return ikv::fail(IKV_E_INVALID, "%s: config->page_size is %u; it must be a power of two in [8, 128]", fn,

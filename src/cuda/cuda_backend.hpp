@@ -27,5 +27,10 @@ void cuda_decoder_state_destroy(CudaDecoderState *state);
 ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, StepLists &lists,
                        uint64_t *bytes_read);
 
+// The token runs the last successful (eager) cuda_decode on this state read
+// for sequence index b, kv-head h (ikv_decoder_last_selection): from the host
+// entries, or with top-k copied from the device after waiting for its stream.
+ikv_status cuda_last_selection(const CudaDecoderState *state, uint32_t b, uint32_t h,
+                               std::vector<ikv_token_range> &runs);
 
 }  // namespace ikv

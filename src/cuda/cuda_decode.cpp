@@ -74,6 +74,13 @@ struct CudaDecoderState {
     uint8_t *dev = nullptr;
     uint64_t dev_bytes = 0;
     dvec<Entry> entries;  // every sequence's entries of the current call, one after another
+    dvec<uint64_t> entry_first;  // sequence b's entries: [entry_first[b], entry_first[b + 1])
+    // Where the last call's selection lives (ikv_decoder_last_selection):
+    // with top-k the per-(sequence, kv-head) lists in `dev`, else `entries`.
+    const cuda::DevPage *sel_pages = nullptr;
+    const uint32_t *sel_counts = nullptr;
+    uint32_t sel_stride = 0, sel_heads = 0;
+    cudaStream_t sel_stream = nullptr;
     cuda::MultiTokenGemm *gemm = nullptr;  // cuBLASLt state of the multi-token path, created on first use
 };
 
@@ -192,7 +199,8 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     sum.tokens.resize(B);
     sum.mandatory.resize(B);
     std::vector<uint32_t> counts(B), lens(B);
-    std::vector<uint64_t> first(B + 1, 0);  // sequence b's entries: [first[b], first[b + 1])
+    dvec<uint64_t> &first = s.entry_first;  // sequence b's entries: [first[b], first[b + 1])
+    first.assign(B + 1, 0);
     sum.max_count = 0;
     s.entries.clear();
     for (uint32_t b = 0; b < B; ++b) {
@@ -288,6 +296,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
     if (!cuda::head_dim_supported(D))
         return fail(IKV_E_UNSUPPORTED, "%s: head_dim %u is not built into the CUDA kernels (64, 128, 256)", kFn, D);
+    if (a.topk_mode == IKV_TOPK_MASS)
+        return fail(IKV_E_UNSUPPORTED, "%s: args->topk_mode IKV_TOPK_MASS is not built for CUDA pools yet", kFn);
     const int device = pool_device(pool);
     DeviceGuard guard(device);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), kFn, "cudaSetDevice");
@@ -314,6 +324,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     }
     lists.reuse = reuse;
     lists.keep = s.lists_half >= 0;
+    lists.captured = capturing;
     const ListSummary &sum = s.sum;
     const uint32_t stride = sum.stride;
     const bool topk = a.topk_token_budget > 0;
@@ -375,6 +386,12 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     p.lists = cuda::DevLists{d_pages, d_counts, stride, 1};
     uint64_t bytes = sum.bytes;
 
+    s.sel_pages = nullptr;  // set below with top-k
+    s.sel_counts = nullptr;
+    s.sel_stride = stride;
+    s.sel_heads = Hkv;
+    s.sel_stream = stream;
+
     // 3. Query-aware selection on the device.
     if (topk) {
         cuda::TopkParams t{};
@@ -394,6 +411,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         err = cuda::launch_score_topk(t, stream);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the page scoring / top-k kernels");
         p.lists = cuda::DevLists{t.out_pages, t.out_counts, stride, Hkv};
+        s.sel_pages = t.out_pages;
+        s.sel_counts = t.out_counts;
         // The exact selection stays on the device; bytes_read counts the summaries
         // scored plus the budget's worth of rows at the candidates' mean row cost.
         const uint64_t per_token = sum.all_tokens ? sum.bytes / sum.all_tokens : 0;
@@ -412,6 +431,30 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the decode kernels");
     }
     *bytes_read = bytes;
+    return IKV_OK;
+}
+
+ikv_status cuda_last_selection(const CudaDecoderState *state, uint32_t b, uint32_t h,
+                               std::vector<ikv_token_range> &runs) {
+    const char *fn = "ikv_decoder_last_selection";
+    const CudaDecoderState &s = *state;
+    runs.clear();
+    if (s.sel_pages == nullptr) {  // no top-k: every kv-head read the sequence's host entries
+        for (uint64_t i = s.entry_first[b]; i < s.entry_first[b + 1]; ++i) add_run(runs, s.entries[i].begin, s.entries[i].end);
+        return IKV_OK;
+    }
+    DeviceGuard guard(s.device);
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), fn, "cudaSetDevice");
+    cudaError_t err = cudaStreamSynchronize(s.sel_stream);
+    const uint64_t list = uint64_t(b) * s.sel_heads + h;
+    uint32_t count = 0;
+    if (err == cudaSuccess) err = cudaMemcpy(&count, s.sel_counts + list, sizeof count, cudaMemcpyDeviceToHost);
+    std::vector<cuda::DevPage> pages(count);
+    if (err == cudaSuccess && count > 0)
+        err = cudaMemcpy(pages.data(), s.sel_pages + list * s.sel_stride, count * sizeof(cuda::DevPage),
+                         cudaMemcpyDeviceToHost);
+    if (err != cudaSuccess) return cuda_fail(err, fn, "copying the selection from the device");
+    for (const cuda::DevPage &d : pages) add_run(runs, d.pos0 + d.begin, d.pos0 + d.end);
     return IKV_OK;
 }
 

@@ -77,7 +77,8 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
 
     // ---- top-k: Quest bounds of every (sequence, kv-head), blocks of entries in parallel ----
     // (one thread scoring every page was most of a top-k step: bench_decode's top-k rows)
-    const bool topk = a.topk_token_budget > 0;
+    const bool topk = topk_enabled(a);
+    const TopkRule rule = topk_rule(a);
     const uint64_t n_all = S.entries.size();
     if (topk) {
         constexpr uint32_t kBoundBlock = 256;  // entries per task
@@ -114,7 +115,7 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             const Entry *use = S.entries.data() + lo;
             uint32_t count = n;
             if (topk) {
-                select_topk(use, n, S.bounds.data() + h * n_all + lo, a.topk_token_budget, S.order, S.keep, S.picked);
+                select_topk(use, n, S.bounds.data() + h * n_all + lo, rule, S.order, S.keep, S.picked);
                 use = S.picked.data();
                 count = uint32_t(S.picked.size());
                 bytes += scored * summary_bound_bytes(D);
@@ -225,6 +226,12 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
     threads.parallel_for(BH, merge);
     *bytes_read = bytes;
     return IKV_OK;
+}
+
+void cpu_last_selection(const DecodeScratch &S, uint32_t bh, std::vector<ikv_token_range> &runs) {
+    runs.clear();
+    for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i)
+        add_run(runs, S.spans[i].pos0 + S.spans[i].begin, S.spans[i].pos0 + S.spans[i].end);
 }
 
 }  // namespace ikv

@@ -47,6 +47,10 @@ struct DecodeScratch {
 ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &scratch, const ikv_pool *pool,
                       const ikv_decode_args &args, StepLists &lists, uint64_t *bytes_read);
 
+// The token runs the last cpu_decode read for list bh = b * n_kv_heads + h
+// (its spans, still in scratch): ikv_decoder_last_selection.
+void cpu_last_selection(const DecodeScratch &scratch, uint32_t bh, std::vector<ikv_token_range> &runs);
+
 }  // namespace ikv
 
 struct ikv_decoder {
@@ -59,4 +63,10 @@ struct ikv_decoder {
     ikv::ListMemory lists;
     ikv::CudaDecoderState *cuda = nullptr;
     uint64_t last_bytes = 0;
+    // The last successful call, for ikv_decoder_last_selection: its shape,
+    // backend, and whether it was captured (its selection exists at replay only).
+    struct LastCall {
+        bool valid = false, cuda = false, captured = false;
+        uint32_t n_seqs = 0, n_kv_heads = 0;
+    } last;
 };

@@ -80,7 +80,40 @@ void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, con
     if (m) flush();
 }
 
-void select_topk(const Entry *in, uint32_t n, const float *bounds, uint32_t budget, dvec<uint32_t> &order,
+TopkRule topk_rule(const ikv_decode_args &a) {
+    TopkRule r;
+    r.budget = a.topk_token_budget;
+    r.mass = a.topk_mode == IKV_TOPK_MASS;
+    r.mass_share = a.topk_mass;
+    r.min_tokens = a.topk_min_tokens;
+    return r;
+}
+
+uint64_t mass_budget(const Entry *in, const float *bounds, const uint32_t *order, uint32_t n_order,
+                     uint64_t mandatory_tokens, const TopkRule &rule) {
+    // order is bound-descending with NaN last: the first bound is the largest.
+    const double top = n_order ? double(bounds[order[0]]) : 0.0;
+    auto weight = [&](uint32_t c) {
+        const double b = double(bounds[c]);
+        const double n = double(in[c].end - in[c].begin);
+        if (!std::isfinite(top)) return b == top ? n : 0.0;  // an infinite top bound takes its equals only
+        return b == b ? n * std::exp(b - top) : 0.0;           // NaN bounds weigh nothing
+    };
+    double total = 0.0;
+    for (uint32_t k = 0; k < n_order; ++k) total += weight(order[k]);
+    const double target = double(rule.mass_share) * total;
+    double taken_w = 0.0;
+    uint64_t tokens = mandatory_tokens;
+    for (uint32_t k = 0; k < n_order && taken_w < target; ++k) {  // the same sums in the same order as total
+        taken_w += weight(order[k]);
+        tokens += in[order[k]].end - in[order[k]].begin;
+    }
+    tokens = std::max<uint64_t>(tokens, rule.min_tokens);
+    if (rule.budget > 0) tokens = std::min<uint64_t>(tokens, rule.budget);
+    return tokens;
+}
+
+void select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, dvec<uint32_t> &order,
                  dvec<uint8_t> &keep, dvec<Entry> &out) {
     order.clear();
     uint64_t taken = 0;
@@ -101,6 +134,8 @@ void select_topk(const Entry *in, uint32_t n, const float *bounds, uint32_t budg
         if (!xn && x != y) return x > y;
         return a < b;
     });
+    const uint64_t budget =
+        rule.mass ? mass_budget(in, bounds, order.data(), uint32_t(order.size()), taken, rule) : rule.budget;
     keep.resize(n);
     for (uint32_t i = 0; i < n; ++i) keep[i] = in[i].mandatory;
     for (uint32_t c : order) {

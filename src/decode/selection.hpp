@@ -44,13 +44,43 @@ void split_signs(const float *q, uint64_t n, float *qpos, float *qneg);
 void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
                   uint32_t head, const float *qpos, const float *qneg, uint32_t group, float *bounds);
 
-// Query-aware top-k for one kv-head from the entries' bounds: keeps every
+// How a step's query-aware selection sizes its budget (ikv_decode_args'
+// topk_* fields; the header's ikv_topk_mode says the rule in full).
+struct TopkRule {
+    uint32_t budget = 0;      // fixed: the budget; mass: the upper limit (0 = none)
+    bool mass = false;        // IKV_TOPK_MASS
+    float mass_share = 0.0f;  // mass: estimated share to cover, (0, 1]
+    uint32_t min_tokens = 0;  // mass: the lower limit
+};
+
+// The rule of one ikv_decode call (top-k is off when neither mode applies).
+TopkRule topk_rule(const ikv_decode_args &a);
+inline bool topk_enabled(const ikv_decode_args &a) { return a.topk_token_budget > 0 || a.topk_mode == IKV_TOPK_MASS; }
+
+// Query-aware selection for one kv-head from the entries' bounds: keeps every
 // mandatory entry; ranks the others by bound, descending (ties: earlier
 // entry first; NaN last), and takes them while the tokens taken (mandatory ones
-// included) plus the entry's span stay within budget, stopping at the first
-// that does not fit. The result is in page order. order and keep are
-// scratch, reused across calls.
-void select_topk(const Entry *in, uint32_t n, const float *bounds, uint32_t budget, dvec<uint32_t> &order,
+// included) plus the entry's span stay within the budget, stopping at the
+// first that does not fit. The budget is rule.budget, or with rule.mass the
+// one the estimated mass share asks for (mass_budget). The result is in page
+// order. order and keep are scratch, reused across calls.
+void select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, dvec<uint32_t> &order,
                  dvec<uint8_t> &keep, dvec<Entry> &out);
+
+// IKV_TOPK_MASS's budget: mandatory tokens plus the tokens of the shortest
+// prefix of `order` (candidates by bound, descending) whose weights
+// n_i * exp(bound_i - max bound) reach mass_share of their sum, clamped to
+// [min_tokens, budget or unlimited]. Sums in double, in `order`.
+uint64_t mass_budget(const Entry *in, const float *bounds, const uint32_t *order, uint32_t n_order,
+                     uint64_t mandatory_tokens, const TopkRule &rule);
+
+// Adds [begin, end) to runs (ascending), merged into the last run when it
+// starts where that one ends: ikv_decoder_last_selection's form.
+inline void add_run(std::vector<ikv_token_range> &runs, uint32_t begin, uint32_t end) {
+    if (!runs.empty() && runs.back().end == begin)
+        runs.back().end = end;
+    else
+        runs.push_back({begin, end});
+}
 
 }  // namespace ikv

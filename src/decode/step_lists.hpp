@@ -36,6 +36,7 @@ struct StepKey {
 struct StepLists {
     bool reuse = false;  // in: the last call's lists (and snapshots) are this call's
     bool keep = false;   // out: this call's lists stay valid for a later call (set by the backend)
+    bool captured = false;  // out: the call was captured into a CUDA graph (set by the CUDA backend)
     std::vector<SeqSnapshot> *snaps = nullptr;  // sequence b's block table at the layer (once taken)
     const ikv_pool *pool = nullptr;
     const ikv_decode_args *args = nullptr;

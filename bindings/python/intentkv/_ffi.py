@@ -139,7 +139,8 @@ class DecodeArgs(Structure):
                 ("seqs", POINTER(c_uint32)), ("plans", POINTER(c_void_p)), ("n_query_tokens", c_uint32),
                 ("n_q_heads", c_uint32), ("q", c_void_p), ("q_dtype", c_int), ("out", c_void_p),
                 ("out_dtype", c_int), ("lse", POINTER(c_float)), ("scale", c_float), ("softcap", c_float),
-                ("topk_token_budget", c_uint32), ("stream", c_void_p)]
+                ("topk_token_budget", c_uint32), ("stream", c_void_p), ("topk_mode", c_int),
+                ("topk_mass", c_float), ("topk_min_tokens", c_uint32)]
 
 
 # (name, restype, argtypes). Handles are c_void_p; status is c_int.
@@ -214,6 +215,8 @@ _PROTOTYPES = [
     ("ikv_decode_args_default", DecodeArgs, []),
     ("ikv_decode", _S, [_V, _V, POINTER(DecodeArgs)]),
     ("ikv_decoder_last_bytes_read", _S, [_V, POINTER(c_uint64)]),
+    ("ikv_decoder_last_selection", _S, [_V, c_uint32, c_uint32, POINTER(TokenRange), ctypes.c_size_t,
+                                        POINTER(ctypes.c_size_t)]),
     ("ikv_decoder_get_stats", _S, [_V, POINTER(DecoderStats)]),
 ]
 

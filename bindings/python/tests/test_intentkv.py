@@ -82,6 +82,15 @@ class RoundTripTest(unittest.TestCase):
 
             tokens = sorted({t for p in plan.pages() for t in range(p.token_begin, p.token_end)})
             self.assertEqual(len(tokens), summary["tokens_selected"])
+            for h in range(N_KV_HEADS):  # what the step read: the plan's tokens, as maximal runs
+                runs = decoder.last_selection(0, h)
+                self.assertEqual([t for b, e in runs for t in range(b, e)], tokens)
+            # An adaptive selection inside the plan reads a subset of it, within its limits.
+            decoder.decode(pool, [seq], q, N_Q_HEADS, layer=layer, plans=[plan], topk_mass=0.5,
+                           topk_min_tokens=32, topk_token_budget=summary["tokens_selected"])
+            picked = [t for b, e in decoder.last_selection(0, 0) for t in range(b, e)]
+            mandatory = {t for p in plan.pages() if p.flags & 1 for t in range(p.token_begin, p.token_end)}
+            self.assertTrue(mandatory <= set(picked) <= set(tokens))
             ref = reference_attention(q, k_read, v_read, tokens, N_Q_HEADS, N_KV_HEADS, HEAD_DIM)
             num = math.sqrt(sum((a - b) ** 2 for a, b in zip(out, ref)))
             den = math.sqrt(sum(b * b for b in ref))

@@ -34,6 +34,9 @@ pub const IKV_FMT_COUNT: usize = 5;
 pub const IKV_FMT_AUTO: ikv_format = 255;
 
 pub type ikv_dtype = c_int;
+pub type ikv_topk_mode = c_int;
+pub const IKV_TOPK_FIXED: ikv_topk_mode = 0;
+pub const IKV_TOPK_MASS: ikv_topk_mode = 1;
 pub const IKV_DTYPE_F32: ikv_dtype = 0;
 pub const IKV_DTYPE_F16: ikv_dtype = 1;
 pub const IKV_DTYPE_BF16: ikv_dtype = 2;
@@ -327,6 +330,9 @@ pub struct ikv_decode_args {
     pub softcap: c_float,
     pub topk_token_budget: u32,
     pub stream: *mut c_void,
+    pub topk_mode: ikv_topk_mode,
+    pub topk_mass: c_float,
+    pub topk_min_tokens: u32,
 }
 
 extern "C" {
@@ -411,5 +417,8 @@ extern "C" {
     pub fn ikv_decode_args_default() -> ikv_decode_args;
     pub fn ikv_decode(decoder: *mut ikv_decoder, pool: *mut ikv_pool, args: *const ikv_decode_args) -> ikv_status;
     pub fn ikv_decoder_last_bytes_read(decoder: *const ikv_decoder, bytes_out: *mut u64) -> ikv_status;
+    pub fn ikv_decoder_last_selection(decoder: *const ikv_decoder, seq_index: u32, kv_head: u32,
+                                      ranges: *mut ikv_token_range, capacity: usize, n_out: *mut usize)
+                                      -> ikv_status;
     pub fn ikv_decoder_get_stats(decoder: *const ikv_decoder, out: *mut ikv_decoder_stats) -> ikv_status;
 }

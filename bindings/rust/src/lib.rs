@@ -585,12 +585,16 @@ pub struct DecodeRequest<'a> {
     pub scale: f32,
     pub softcap: f32,
     pub topk_token_budget: u32,
+    /// Adaptive budget (`IKV_TOPK_MASS`): `Some(share)` covers that estimated attention-mass share,
+    /// with `topk_token_budget` as the upper limit (0 = none) and `topk_min_tokens` the lower.
+    pub topk_mass: Option<f32>,
+    pub topk_min_tokens: u32,
 }
 
 impl<'a> DecodeRequest<'a> {
     pub fn new(seqs: &'a [SeqId], q: &'a [f32], n_q_heads: u32) -> DecodeRequest<'a> {
         DecodeRequest { layer: 0, seqs, plans: &[], n_query_tokens: 1, n_q_heads, q, scale: 0.0, softcap: 0.0,
-                        topk_token_budget: 0 }
+                        topk_token_budget: 0, topk_mass: None, topk_min_tokens: 0 }
     }
 }
 
@@ -646,6 +650,11 @@ impl Decoder {
         args.scale = req.scale;
         args.softcap = req.softcap;
         args.topk_token_budget = req.topk_token_budget;
+        if let Some(share) = req.topk_mass {
+            args.topk_mode = ffi::IKV_TOPK_MASS;
+            args.topk_mass = share;
+            args.topk_min_tokens = req.topk_min_tokens;
+        }
         // The pool is only read by decode (several decoders may decode one pool concurrently).
         check(unsafe { ffi::ikv_decode(self.raw, pool.raw, &args) })
     }
@@ -661,6 +670,19 @@ impl Decoder {
         let mut out = 0;
         check(unsafe { ffi::ikv_decoder_last_bytes_read(self.raw, &mut out) })?;
         Ok(out)
+    }
+
+    /// The token ranges the last successful decode read for `seq_index` (into its `seqs`) and
+    /// `kv_head`: maximal runs, ascending (plan, eviction and query-aware selection applied).
+    pub fn last_selection(&self, seq_index: u32, kv_head: u32) -> Result<Vec<ffi::ikv_token_range>> {
+        let mut n = 0usize;
+        check(unsafe { ffi::ikv_decoder_last_selection(self.raw, seq_index, kv_head, std::ptr::null_mut(), 0, &mut n) })?;
+        let mut runs = vec![ffi::ikv_token_range { begin: 0, end: 0 }; n];
+        check(unsafe {
+            ffi::ikv_decoder_last_selection(self.raw, seq_index, kv_head, runs.as_mut_ptr(), runs.len(), &mut n)
+        })?;
+        runs.truncate(n);
+        Ok(runs)
     }
 
     /// Counters since creation: steps, page lists built and reused (kept from the previous call:

@@ -114,6 +114,11 @@ fn route_fill_decode_matches_f64_reference() {
     tokens.sort_unstable();
     tokens.dedup();
     assert_eq!(tokens.len() as u32, summary.tokens_selected);
+    for h in 0..N_KV_HEADS as u32 {
+        // What the step read: the plan's tokens, as maximal runs.
+        let read: Vec<u32> = decoder.last_selection(0, h).unwrap().iter().flat_map(|r| r.begin..r.end).collect();
+        assert_eq!(read, tokens);
+    }
     let want = reference(&q, &k_read, &v_read, &tokens, N_Q_HEADS, N_KV_HEADS, HEAD_DIM);
     let err = rel_error(&out, &want);
     assert!(err < 1e-5, "relative error {err}");

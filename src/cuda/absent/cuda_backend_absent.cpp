@@ -10,5 +10,8 @@ ikv_status cuda_decode(CudaDecoderState **, ikv_pool *, const ikv_decode_args *,
     return fail(IKV_E_NO_DEVICE, "ikv_decode: this build of intentkv has no CUDA backend");
 }
 
+ikv_status cuda_last_selection(const CudaDecoderState *, uint32_t, uint32_t, std::vector<ikv_token_range> &) {
+    return fail(IKV_E_NO_DEVICE, "ikv_decoder_last_selection: this build of intentkv has no CUDA backend");
+}
 
 }  // namespace ikv
