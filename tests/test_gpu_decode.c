@@ -203,12 +203,31 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     a.out = out_cpu;
     a.lse = lse_cpu;
     IKVT_OK(ikv_decode(dec, cpu, &a));
+    /* What each (sequence, kv-head) read on the CPU; the CUDA step must read the same. */
+    enum { kMaxRuns = 4096 };
+    ikv_token_range *runs_cpu = malloc(sizeof(ikv_token_range) * kMaxRuns * B * HKV);
+    size_t n_runs_cpu[4 * HKV];
+    for (uint32_t i = 0; i < B * HKV; ++i)
+        IKVT_OK(ikv_decoder_last_selection(dec, i / HKV, i % HKV, runs_cpu + (size_t)i * kMaxRuns, kMaxRuns,
+                                           &n_runs_cpu[i]));
     void *dq = ikvt_dev_upload(qin, q_bytes), *dout = ikvt_dev_upload(NULL, 4 * n_out), *dlse = ikvt_dev_upload(NULL, 4 * n_lse);
     a.seqs = sg;
     a.q = dq;
     a.out = dout;
     a.lse = dlse;
     IKVT_OK(ikv_decode(dec, gpu, &a));
+    for (uint32_t i = 0; i < B * HKV; ++i) {
+        size_t n = 0;
+        IKVT_OK(ikv_decoder_last_selection(dec, i / HKV, i % HKV, NULL, 0, &n));
+        assert_int_equal(n, n_runs_cpu[i]);
+        ikv_token_range *got = malloc(sizeof(ikv_token_range) * (n + 1));
+        size_t n_got = 0;
+        IKVT_OK(ikv_decoder_last_selection(dec, i / HKV, i % HKV, got, n, &n_got));
+        assert_int_equal(n_got, n);
+        assert_memory_equal(got, runs_cpu + (size_t)i * kMaxRuns, sizeof(ikv_token_range) * n);
+        free(got);
+    }
+    free(runs_cpu);
     assert_int_equal(ikvt_rt.sync_(), 0);
     assert_int_equal(ikvt_rt.memcpy_(out_gpu, dout, 4 * n_out, IKVT_D2H), 0);
     assert_int_equal(ikvt_rt.memcpy_(lse_gpu, dlse, 4 * n_lse, IKVT_D2H), 0);
@@ -361,6 +380,11 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
     const ikv_status st = ikv_decode(dec, gpu, &a);
     assert_int_equal(ikvt_rt.end_capture_(stream, &graph), 0);
     IKVT_OK(st);
+    size_t n_runs = 0;
+    IKVT_EXPECT_STATUS(ikv_decoder_last_selection(dec, 0, 0, NULL, 0, &n_runs), IKV_E_STATE, "captured");
+    a.topk_mode = IKV_TOPK_MASS; /* adaptive budgets are CPU-only for now: refused, nothing enqueued */
+    IKVT_EXPECT_STATUS(ikv_decode(dec, gpu, &a), IKV_E_UNSUPPORTED, "IKV_TOPK_MASS");
+    a.topk_mode = IKV_TOPK_FIXED;
     assert_int_equal(ikvt_rt.graph_instantiate_(&exec, graph, 0), 0);
     assert_int_equal(ikvt_rt.graph_launch_(exec, stream), 0);
     assert_int_equal(ikvt_rt.graph_launch_(exec, stream), 0); /* replays repeat */
