@@ -5,8 +5,10 @@
 #   2. the pool and layout tests again under AddressSanitizer + UBSan;
 #   3. the NEON kernel cross-compiled for aarch64 and checked against the
 #      scalar kernel under qemu-user;
-#   4. the Python (ctypes) and Rust bindings' tests against the build;
-#   5. install into a temporary prefix and build an outside C program against
+#   4. the selection-quality harness (bench/quality): its user-format tests and
+#      its properties on small real (MiniLM) and synthetic sets;
+#   5. the Python (ctypes) and Rust bindings' tests against the build;
+#   6. install into a temporary prefix and build an outside C program against
 #      it with pkg-config only, and another with find_package(intentkv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,12 @@ BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DIKV_ENABLE_CUDA=OF
 
 echo "== NEON kernel: aarch64 cross build, checked under qemu-user =="
 bash scripts/check_neon_build.sh
+
+echo "== selection-quality harness: user tensor format, and its properties on small real and synthetic sets =="
+bash scripts/install_python_deps.sh
+INTENTKV_LIB="$PWD/build/libintentkv.so" python3 -m unittest bench/quality/test_quality.py
+INTENTKV_LIB="$PWD/build/libintentkv.so" python3 bench/quality/run_quality.py --small --check \
+  --data real-single,real-multidoc-8k,synth-32k | grep -E "^==|harness properties|VIOLATION"
 
 echo "== bindings: Python (ctypes) and Rust =="
 bash scripts/test_bindings.sh build

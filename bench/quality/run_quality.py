@@ -1,0 +1,123 @@
+"""Run the selection-quality harness (bench/quality/harness.py) on data sets and
+report; scripts/quality.sh calls it with the shipped data.
+
+  python3 bench/quality/run_quality.py                      every set, full size
+  python3 bench/quality/run_quality.py --data synth-32k     one set
+  python3 bench/quality/run_quality.py --tensors my.safetensors [--layout my.json]
+  python3 bench/quality/run_quality.py --small --check      CI: small sets, properties only
+
+Ends with one line per (data, method, budget):
+  quality: data=<set> method=<name> budget=<share> recall_mean=<x> recall_p5=<x> err_mean=<x> bytes=<share>
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import harness  # noqa: E402
+import synthetic  # noqa: E402
+import user_tensors  # noqa: E402
+
+METHODS = ("dense", "oracle", "random", "sinks+recent", "plan", "quest", "plan+quest", "mass-0.9")
+REAL_SETS = ("real-single", "real-multidoc-8k", "real-multidoc-32k")
+SYNTH_SETS = ("synth-32k", "synth-128k")
+
+
+def build_cases(name, small):
+    """The named data set as a list of contexts (small: reduced sizes for CI)."""
+    if name.startswith("synth-"):
+        tokens = int(name[6:-1]) * 1024
+        return [synthetic.synthetic_case(8192 if small else tokens, seed=tokens, n_queries=2 if small else 8)]
+    import real_sets  # needs the MiniLM model package: imported only when asked for
+    if name == "real-single":
+        return real_sets.single_passages(n_passages=1 if small else 8, n_queries=4 if small else 16,
+                                         layers=(0, 5) if small else None)
+    if name.startswith("real-multidoc-"):
+        n_docs = int(name[len("real-multidoc-"):-1]) * 2  # 512-token passages
+        return real_sets.multidoc(n_docs=4 if small else n_docs, n_queries=4 if small else 16,
+                                  layers=(0, 5) if small else None)
+    raise SystemExit("unknown data set %r; known: %s" % (name, ", ".join(REAL_SETS + SYNTH_SETS)))
+
+
+def format_table(name, note, summary):
+    lines = ["", "== %s (%s) ==" % (name, note),
+             "%-14s %7s %11s %9s %9s %9s %7s %8s" % ("method", "budget", "recall_mean", "recall_p5", "err_mean",
+                                                    "err_p95", "bytes", "needles")]
+    for (method, budget), s in sorted(summary.items(), key=lambda kv: (kv[0][1], METHODS.index(kv[0][0])
+                                                                          if kv[0][0] in METHODS else 99)):
+        lines.append("%-14s %7.4f %11.4f %9.4f %9.4f %9.4f %7.4f %8s" % (
+            method, budget, s["recall_mean"], s["recall_p5"], s["err_mean"], s["err_p95"], s["bytes"],
+            "-" if s["needles"] is None else "%.3f" % s["needles"]))
+    return "\n".join(lines)
+
+
+def quality_lines(name, summary):
+    return ["quality: data=%s method=%s budget=%g recall_mean=%.4f recall_p5=%.4f err_mean=%.4f bytes=%.4f" % (
+        name, method, budget, s["recall_mean"], s["recall_p5"], s["err_mean"], s["bytes"])
+        for (method, budget), s in sorted(summary.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=",".join(REAL_SETS + SYNTH_SETS), help="comma-separated data sets")
+    ap.add_argument("--tensors", help="a safetensors file of your own Q/K/V (docs in bench/quality/user_tensors.py)")
+    ap.add_argument("--layout", help="optional layout JSON for --tensors")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--small", action="store_true", help="reduced sizes (CI)")
+    ap.add_argument("--check", action="store_true", help="check the harness's properties; exit 1 on a violation")
+    ap.add_argument("--plot", help="write recall vs budget per method (PNG) here")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args(argv)
+    harness._load_lib()
+    methods = tuple(m for m in args.methods.split(",") if m)
+    names = [] if args.tensors else [n for n in args.data.split(",") if n]
+    all_summaries, all_lines, violations = {}, [], []
+    cases = [(n, None) for n in names]
+    if args.tensors:
+        cases = [("user", args.tensors)]
+    for name, path in cases:
+        t0 = time.time()
+        try:
+            contexts = [user_tensors.load_case(path, args.layout)] if path else build_cases(name, args.small)
+        except user_tensors.TensorFileError as e:
+            print("run_quality: %s" % e, file=sys.stderr)
+            return 2
+        checks = [] if args.check else None
+        results = {}
+        for case in contexts:
+            try:
+                harness.merge(results, harness.evaluate(case, methods, checks=checks, n_threads=args.threads))
+            except harness.ikv.IntentKVError as e:  # e.g. a user layout the library refuses
+                print("run_quality: %s: %s" % (case.name, e), file=sys.stderr)
+                return 2
+        summary = harness.summarize(results)
+        name = contexts[0].name
+        all_summaries[name] = summary
+        print(format_table(name, contexts[0].note, summary))
+        print("(%s: %.1f s)" % (name, time.time() - t0), flush=True)
+        all_lines += quality_lines(name, summary)
+        if checks is not None:
+            violations += checks
+    if args.plot:
+        import plot
+        plot.recall_vs_budget(all_summaries, args.plot)
+        print("plot: %s" % args.plot)
+    print()
+    print("\n".join(all_lines))
+    if args.check:
+        failed = {(c, m, b) for (c, m, b), _ in violations}
+        for _, message in violations[:20]:
+            print("VIOLATION: " + message)
+        n_rows = sum(len(s) for s in all_summaries.values())
+        print("harness properties over (data, method, budget) rows: %d passed, %d failed" % (n_rows - len(failed),
+                                                                                           len(failed)))
+        return 1 if failed else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
