@@ -787,6 +787,30 @@ typedef enum ikv_topk_mode {
 } ikv_topk_mode;
 
 /**
+ * What query-aware selection ranks candidate pages by (ikv_decode_args.topk_score).
+ *
+ * IKV_TOPK_SCORE_QUEST (default): the Quest upper bound of topk_token_budget's
+ * description. IKV_TOPK_SCORE_HYBRID: for each query head g of the kv-group,
+ * with q_g scaled as for attention (scale),
+ *   s_ig = (sum_d max(q_gd*kmin_d, q_gd*kmax_d) + sum_d q_gd*kmean_d) / 2,
+ * the mean of the page's logit ceiling and of the logit of its mean key
+ * (k_mean of ikv_seq_page_summary); each head's scores are then shifted by
+ * that head's largest s over the candidates (the non-mandatory entries of
+ * the sequence), and the page's score is max_g of the shifted s_ig. Why: the
+ * bound alone favours pages whose keys spread widely, and a max over raw
+ * bounds lets the one head whose logits run highest take the whole budget;
+ * shifted, every head's best page scores 0 and the group's heads share the
+ * budget (bench/RESULTS.md section 6 measures both). It reads k_mean too:
+ * 6 * head_dim summary bytes per page and kv-head instead of 4. Every other
+ * rule (mandatory entries, ties, NaN last, the budget of ikv_topk_mode, with
+ * this score in place of the bound) is unchanged.
+ */
+typedef enum ikv_topk_score {
+    IKV_TOPK_SCORE_QUEST = 0,
+    IKV_TOPK_SCORE_HYBRID = 1
+} ikv_topk_score;
+
+/**
  * One decode step at one layer for a batch of sequences.
  *
  * Queries: q[((b * n_query_tokens + t) * n_q_heads + h) * head_dim + d] in
@@ -866,6 +890,7 @@ typedef struct ikv_decode_args {
     ikv_topk_mode topk_mode;
     float topk_mass;              /**< IKV_TOPK_MASS: estimated attention-mass share to cover, in (0, 1]; default 0.9 */
     uint32_t topk_min_tokens;     /**< IKV_TOPK_MASS: fewest tokens a selection keeps (mandatory ones count); default 0 */
+    ikv_topk_score topk_score;    /**< what pages are ranked by: IKV_TOPK_SCORE_QUEST (default) or _HYBRID */
 } ikv_decode_args;
 
 IKV_API ikv_decode_args ikv_decode_args_default(void);
@@ -875,7 +900,7 @@ IKV_API ikv_decode_args ikv_decode_args_default(void);
  * IKV_E_NOT_FOUND (a sequence), IKV_E_RANGE (layer), IKV_E_INVALID (heads,
  * n_query_tokens, dtypes, a plan of another page size, n_query_tokens > length,
  * topk_mode, topk_mass outside (0, 1], topk_min_tokens above a non-zero
- * topk_token_budget), IKV_E_UNSUPPORTED (IKV_TOPK_MASS on a CUDA pool: not
+ * topk_token_budget, topk_score), IKV_E_UNSUPPORTED (IKV_TOPK_MASS on a CUDA pool: not
  * built yet), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args);
@@ -886,7 +911,8 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
  * one page it read, the K and V rows plus that page's scales (per-channel K
  * scales of INT8/INT4 count once per run). With top-k selection the key
  * summaries' k_min and k_max it scores count too (4 * head_dim bytes per page
- * and kv-head: the CPU scores the non-mandatory entries, CUDA every entry);
+ * and kv-head, 6 * head_dim with k_mean under IKV_TOPK_SCORE_HYBRID: the CPU
+ * scores the non-mandatory entries, CUDA every entry);
  * on CUDA the selection never leaves the device, so the rows count as the
  * budget's tokens at the entries' mean row cost (an estimate; the CPU count
  * is exact). Errors: IKV_E_NULL.

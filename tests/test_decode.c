@@ -207,6 +207,7 @@ typedef struct mass_rule {
     int on;
     double share, scale;
     uint32_t min_tokens, max_tokens;
+    int hybrid; /* IKV_TOPK_SCORE_HYBRID ranks (with or without the mass rule) */
 } mass_rule;
 
 static uint64_t mass_rule_budget(const mass_rule *m, const rank_item *rk, size_t nr, const uint32_t *eb,
@@ -262,7 +263,8 @@ static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t la
     }
     uint8_t *sel = calloc((size_t)H * length + 1, 1);
     rank_item *rk = malloc((n + 1) * sizeof *rk);
-    float *kmin = malloc(D * sizeof *kmin), *kmax = malloc(D * sizeof *kmax);
+    float *kmin = malloc(D * sizeof *kmin), *kmax = malloc(D * sizeof *kmax), *kmean = malloc(D * sizeof *kmean);
+    double *srow = malloc(((size_t)n * group + 1) * sizeof *srow), *stop = malloc(group * sizeof *stop);
     for (uint32_t h = 0; h < H; ++h) {
         size_t nr = 0;
         uint64_t taken = 0;
@@ -272,20 +274,34 @@ static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t la
                 for (uint32_t t = eb[i]; t < ee[i]; ++t) sel[(size_t)h * length + t] = 1;
                 continue;
             }
-            IKVT_OK(ikv_seq_page_summary(pool, seq, layer, h, ep[i], kmin, kmax, NULL, NULL));
+            IKVT_OK(ikv_seq_page_summary(pool, seq, layer, h, ep[i], kmin, kmax, kmean, NULL));
             double best = -INFINITY;
             for (uint32_t g = 0; g < group; ++g) {
-                double sum = 0;
+                double sum = 0, mid = 0;
                 for (uint32_t d = 0; d < D; ++d) {
                     const double qv = dtype_get(q, q_dtype, (size_t)(h * group + g) * D + d);
                     const double a = qv * kmin[d], b = qv * kmax[d];
                     sum += a > b ? a : b;
+                    mid += qv * kmean[d];
                 }
+                srow[nr * group + g] = 0.5 * (sum + mid);
                 if (sum > best) best = sum;
             }
             rk[nr].bound = best;
             rk[nr].index = i;
             ++nr;
+        }
+        if (mass->hybrid) { /* each head shifted by its largest s, then the max over heads */
+            for (uint32_t g = 0; g < group; ++g) {
+                stop[g] = -INFINITY;
+                for (size_t j = 0; j < nr; ++j) stop[g] = srow[j * group + g] > stop[g] ? srow[j * group + g] : stop[g];
+            }
+            for (size_t j = 0; j < nr; ++j) {
+                double best = -INFINITY;
+                for (uint32_t g = 0; g < group; ++g)
+                    if (srow[j * group + g] - stop[g] > best) best = srow[j * group + g] - stop[g];
+                rk[j].bound = best;
+            }
         }
         qsort(rk, nr, sizeof *rk, cmp_rank);
         if (mass->on) budget = (uint32_t)mass_rule_budget(mass, rk, nr, eb, ee, taken);
@@ -299,6 +315,9 @@ static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t la
     free(rk);
     free(kmin);
     free(kmax);
+    free(kmean);
+    free(srow);
+    free(stop);
     free(eb);
     free(ee);
     free(ep);
@@ -402,7 +421,7 @@ static void expect_last_selection(const ikv_decoder *dec, uint32_t seq_index, co
 static void run_step(const step_cfg *c) {
     ikvt_rng rng = {c->seed};
     pool_fix f;
-    const int selective = c->topk > 0 || c->mass.on;
+    const int selective = c->topk > 0 || c->mass.on;  /* mass.hybrid alone changes nothing without top-k */
     fix_init(&f, c->layers, c->H, c->D, c->P, c->fmt, c->length, &rng, selective);
     for (size_t i = 0; i < c->n_evict; ++i) IKVT_OK(ikv_seq_evict(f.pool, f.seq, c->evict[i].begin, c->evict[i].end));
     ikv_plan *plan = NULL;
@@ -442,6 +461,7 @@ static void run_step(const step_cfg *c) {
         a.scale = c->scale;
         a.softcap = c->softcap;
         a.topk_token_budget = c->topk;
+        if (c->mass.hybrid) a.topk_score = IKV_TOPK_SCORE_HYBRID;
         if (c->mass.on) {
             a.topk_mode = IKV_TOPK_MASS;
             a.topk_mass = (float)c->mass.share;
@@ -657,6 +677,33 @@ static void test_topk_mass_selection(void **state) {
             c.ranges = with_plan ? ranges : NULL;
             c.n_ranges = 3;
             c.seed = 1900 + i * 2 + with_plan;
+            run_step(&c);
+        }
+}
+
+/* IKV_TOPK_SCORE_HYBRID: per-head shifted (bound + mean logit) / 2, with the
+ * fixed budget and with the mass rule, with and without a plan, GQA groups of
+ * 1-8; the selection is the reference's exactly. */
+static void test_topk_hybrid_score(void **state) {
+    (void)state;
+    static const ikv_token_range ranges[] = {{0, 20}, {33, 140}, {150, 380}};
+    const uint32_t budgets[] = {40, 100, 200, 0};
+    for (int i = 0; i < 4; ++i)
+        for (int with_plan = 0; with_plan < 2; ++with_plan) {
+            step_cfg c = base_cfg();
+            c.length = 390;
+            c.H = 2;
+            c.group = 1u << (i % 4);
+            c.D = i == 2 ? 32 : 64;
+            c.q_sigma = 2.0f;
+            c.mass.hybrid = 1;
+            c.mass.on = i == 3;
+            c.mass.share = 0.8;
+            c.topk = budgets[i];
+            c.fmt = (ikv_format)((i + 2 * with_plan) % IKV_FMT_COUNT);
+            c.ranges = with_plan ? ranges : NULL;
+            c.n_ranges = 3;
+            c.seed = 2900 + i * 2 + with_plan;
             run_step(&c);
         }
 }
@@ -1006,6 +1053,9 @@ static void test_bad_inputs(void **state) {
     RESET_ARGS();
     a.topk_mode = (ikv_topk_mode)2;
     IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "topk_mode");
+    RESET_ARGS();
+    a.topk_score = (ikv_topk_score)-3;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "topk_score");
     const float bad_mass[] = {0.0f, -0.5f, 1.5f, NAN};
     for (int i = 0; i < 4; ++i) {
         RESET_ARGS();
@@ -1115,6 +1165,7 @@ int main(void) {
         cmocka_unit_test(test_other_layer),
         cmocka_unit_test(test_topk_selection),
         cmocka_unit_test(test_topk_mass_selection),
+        cmocka_unit_test(test_topk_hybrid_score),
         cmocka_unit_test(test_lse_merges_disjoint_plans),
         cmocka_unit_test(test_selected_equals_dense_on_those_tokens),
         cmocka_unit_test(test_empty_selection),

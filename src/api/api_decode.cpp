@@ -58,6 +58,10 @@ ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListM
     const int mode = ikv::raw_enum(a.topk_mode);
     if (mode != IKV_TOPK_FIXED && mode != IKV_TOPK_MASS)
         return ikv::fail(IKV_E_INVALID, "%s: args->topk_mode %d is not IKV_TOPK_FIXED or IKV_TOPK_MASS", fn, mode);
+    const int score = ikv::raw_enum(a.topk_score);
+    if (score != IKV_TOPK_SCORE_QUEST && score != IKV_TOPK_SCORE_HYBRID)
+        return ikv::fail(IKV_E_INVALID, "%s: args->topk_score %d is not IKV_TOPK_SCORE_QUEST or IKV_TOPK_SCORE_HYBRID",
+                         fn, score);
     if (mode == IKV_TOPK_MASS) {
         if (!(a.topk_mass > 0.0f && a.topk_mass <= 1.0f))
             return ikv::fail(IKV_E_INVALID, "%s: args->topk_mass %g is outside (0, 1] (IKV_TOPK_MASS)", fn,
@@ -138,6 +142,7 @@ IKV_API ikv_decode_args ikv_decode_args_default(void) {
     a.topk_mode = IKV_TOPK_FIXED;
     a.topk_mass = 0.9f;
     a.topk_min_tokens = 0;
+    a.topk_score = IKV_TOPK_SCORE_QUEST;
     return a;
 }
 

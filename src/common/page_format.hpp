@@ -121,6 +121,8 @@ struct PageShape {
 IKV_HD uint64_t summary_record_bytes(const PageShape &s) { return 3ull * 2ull * s.head_dim; }
 // Bytes query-aware scoring reads of one record: k_min and k_max.
 IKV_HD uint64_t summary_bound_bytes(uint32_t head_dim) { return 2ull * 2ull * head_dim; }
+// ... and with k_mean, as IKV_TOPK_SCORE_HYBRID reads them.
+IKV_HD uint64_t summary_hybrid_bytes(uint32_t head_dim) { return 3ull * 2ull * head_dim; }
 
 // Byte offset of sub-page (layer, head) inside a page of format f.
 IKV_HD uint64_t subpage_offset(const PageShape &s, ikv_format f, uint32_t layer, uint32_t head) {

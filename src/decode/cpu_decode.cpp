@@ -80,14 +80,25 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
     const bool topk = topk_enabled(a);
     const TopkRule rule = topk_rule(a);
     const uint64_t n_all = S.entries.size();
+    const bool hybrid = a.topk_score == IKV_TOPK_SCORE_HYBRID;
     if (topk) {
         constexpr uint32_t kBoundBlock = 256;  // entries per task
         const uint64_t GD = uint64_t(group) * D;  // rows 0..group-1 of each (b, h): query token 0
-        S.qsigns.resize(uint64_t(BH) * 2 * GD);
-        for (uint32_t bh = 0; bh < BH; ++bh)
-            split_signs(S.q.data() + uint64_t(bh) * RD, GD, S.qsigns.data() + bh * 2 * GD,
-                        S.qsigns.data() + bh * 2 * GD + GD);
+        // Per (b, h): q+ | q- (| q): the hybrid takes them halved, with the query itself.
+        const uint32_t parts = hybrid ? 3 : 2;
+        S.qsigns.resize(uint64_t(BH) * parts * GD);
+        for (uint32_t bh = 0; bh < BH; ++bh) {
+            float *qs = S.qsigns.data() + bh * parts * GD;
+            const float *q = S.q.data() + uint64_t(bh) * RD;
+            split_signs(q, GD, qs, qs + GD);
+            if (hybrid)
+                for (uint64_t e = 0; e < GD; ++e) {
+                    qs[e] *= 0.5f, qs[GD + e] *= 0.5f;
+                    qs[2 * GD + e] = 0.5f * q[e];
+                }
+        }
         S.bounds.resize(n_all * H);
+        if (hybrid) S.rows.resize(n_all * H * group);
         S.bound_tasks.clear();
         for (uint32_t b = 0; b < B; ++b)
             for (uint32_t h = 0; h < H; ++h)
@@ -95,11 +106,21 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                     S.bound_tasks.push_back({b, h, e0, std::min(e0 + kBoundBlock, S.entry_lo[b + 1])});
         auto score = [&](std::size_t i, unsigned) {
             const DecodeScratch::BoundTask &t = S.bound_tasks[i];
-            const float *qs = S.qsigns.data() + (uint64_t(t.b) * H + t.h) * 2 * GD;
-            quest_bounds(S.entries.data() + t.e0, t.e1 - t.e0, snaps[t.b], shape, a.layer, t.h, qs, qs + GD, group,
-                         S.bounds.data() + t.h * n_all + t.e0);
+            const float *qs = S.qsigns.data() + (uint64_t(t.b) * H + t.h) * parts * GD;
+            const ScoreQuery sq{qs, qs + GD, hybrid ? qs + 2 * GD : nullptr, group};
+            quest_bounds(S.entries.data() + t.e0, t.e1 - t.e0, snaps[t.b], shape, a.layer, t.h, sq,
+                         S.bounds.data() + t.h * n_all + t.e0,
+                         hybrid ? S.rows.data() + (t.h * n_all + t.e0) * group : nullptr);
         };
         threads.parallel_for(S.bound_tasks.size(), score);
+        if (hybrid) {  // each head's shift needs all of its sequence's entries: a second pass
+            auto combine = [&](std::size_t bh, unsigned) {
+                const uint32_t b = uint32_t(bh) / H, h = uint32_t(bh) % H, lo = S.entry_lo[b];
+                hybrid_combine(S.entries.data() + lo, S.entry_lo[b + 1] - lo, S.rows.data() + (h * n_all + lo) * group,
+                               group, S.bounds.data() + h * n_all + lo);
+            };
+            threads.parallel_for(BH, combine);
+        }
     }
 
     // ---- selection -> spans per (b, h) ----
@@ -118,7 +139,7 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                 select_topk(use, n, S.bounds.data() + h * n_all + lo, rule, S.order, S.keep, S.picked);
                 use = S.picked.data();
                 count = uint32_t(S.picked.size());
-                bytes += scored * summary_bound_bytes(D);
+                bytes += scored * (hybrid ? summary_hybrid_bytes(D) : summary_bound_bytes(D));
             }
             for (const Entry *e = use; e < use + count; ++e) {
                 const PageRef &ref = snap.pages[e->page];

@@ -21,8 +21,9 @@ struct DecodeScratch {
     dvec<float> q;          // [B*H][R][D] scaled fp32 queries, grouped by kv-head
     dvec<Entry> entries, picked;  // entries: every sequence's, at entry_lo[b]
     dvec<uint32_t> entry_lo;      // [B + 1]
-    dvec<float> bounds;           // top-k: [H][entries] Quest bounds
-    dvec<float> qsigns;           // top-k: [B*H][2][group][D] q+ then q- of query token 0
+    dvec<float> bounds;           // top-k: [H][entries] Quest bounds (or hybrid scores)
+    dvec<float> rows;             // hybrid top-k: [H][entries][group] per-head sums before the shift
+    dvec<float> qsigns;           // top-k: [B*H][2 or 3][group][D] q+, q- (hybrid: halved, then q/2) of query token 0
     dvec<uint32_t> order;         // top-k: select_topk scratch
     dvec<uint8_t> keep;
     struct BoundTask {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "cpu/attn_kernel.hpp"
 #include "cpu/dispatch.hpp"
@@ -55,18 +56,28 @@ void split_signs(const float *q, uint64_t n, float *qpos, float *qneg) {
 }
 
 void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
-                  uint32_t head, const float *qpos, const float *qneg, uint32_t group, float *bounds) {
-    const uint32_t D = shape.head_dim;
+                  uint32_t head, const ScoreQuery &q, float *bounds, float *rows) {
+    const uint32_t D = shape.head_dim, group = q.group;
     const CpuKernels &K = cpu_kernels();
     constexpr uint32_t kBatch = 64;  // records per kernel call
     const uint8_t *recs[kBatch];
     uint32_t idx[kBatch];
     float out[kBatch];
     uint32_t m = 0;
+    // hybrid: a batch's [m][group] sums (a worker thread's scratch: no allocation once grown)
+    thread_local std::vector<float> row_out;
+    if (q.qmid && row_out.size() < uint64_t(kBatch) * group) row_out.resize(uint64_t(kBatch) * group);
     auto flush = [&] {
-        QuestTask t{recs, m, qpos, qneg, group, D, out};
+        QuestTask t{recs, m, q.qpos, q.qneg, group, D, out};
+        t.qmid = q.qmid;
+        t.rows = row_out.data();
         K.quest_bounds(t);
-        for (uint32_t k = 0; k < m; ++k) bounds[idx[k]] = out[k];
+        for (uint32_t k = 0; k < m; ++k) {
+            if (q.qmid)
+                std::copy_n(row_out.data() + uint64_t(k) * group, group, rows + uint64_t(idx[k]) * group);
+            else
+                bounds[idx[k]] = out[k];
+        }
         m = 0;
     };
     for (uint32_t i = 0; i < n; ++i) {
@@ -111,6 +122,23 @@ uint64_t mass_budget(const Entry *in, const float *bounds, const uint32_t *order
     tokens = std::max<uint64_t>(tokens, rule.min_tokens);
     if (rule.budget > 0) tokens = std::min<uint64_t>(tokens, rule.budget);
     return tokens;
+}
+
+void hybrid_combine(const Entry *entries, uint32_t n, const float *rows, uint32_t group, float *bounds) {
+    thread_local std::vector<float> top;  // each head's largest s
+    top.assign(group, -INFINITY);
+    for (uint32_t i = 0; i < n; ++i)
+        if (!entries[i].mandatory)
+            for (uint32_t g = 0; g < group; ++g) top[g] = std::max(top[g], rows[uint64_t(i) * group + g]);  // NaN never wins
+    for (uint32_t i = 0; i < n; ++i) {
+        float best = -INFINITY;
+        if (!entries[i].mandatory)
+            for (uint32_t g = 0; g < group; ++g) {
+                const float s = rows[uint64_t(i) * group + g] - top[g];
+                if (s > best) best = s;
+            }
+        bounds[i] = best;
+    }
 }
 
 void select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, dvec<uint32_t> &order,

@@ -34,15 +34,29 @@ void collect_entries(const SeqSnapshot &snap, const ikv_plan *plan, uint32_t P, 
 // form the Quest-bound kernel takes.
 void split_signs(const float *q, uint64_t n, float *qpos, float *qneg);
 
-// Quest bounds of n entries of one sequence for one kv-head, with the active
-// ISA's kernel (cpu/attn_kernel.hpp quest_bounds): bounds[i] =
-//   max_g sum_d max(q_gd * kmin_d, q_gd * kmax_d)
-// from entry i's page key summary (bf16, outward-rounded); mandatory entries
-// get -inf (they are never ranked). qpos/qneg: split_signs of the group's
-// `group` rows of D floats (query heads at the first query token, scaled).
-// No allocation.
+// The group's query in the forms the scoring kernel takes (query heads at
+// the first query token, scaled): qpos/qneg from split_signs, `group` rows of
+// D floats each; for IKV_TOPK_SCORE_HYBRID the three are halved and qmid
+// holds the halved query itself (nullptr: Quest).
+struct ScoreQuery {
+    const float *qpos, *qneg, *qmid;
+    uint32_t group;
+};
+
+// Scores of n entries of one sequence for one kv-head, with the active ISA's
+// kernel (cpu/attn_kernel.hpp quest_bounds), from each entry's page key
+// summary (bf16, outward-rounded). Quest: bounds[i] =
+//   max_g sum_d max(q_gd * kmin_d, q_gd * kmax_d);
+// hybrid (q.qmid set): rows[i * group + g] = s_ig of the header's
+// IKV_TOPK_SCORE_HYBRID, before the shift (hybrid_combine makes the bounds).
+// Mandatory entries get -inf (they are never ranked). No allocation.
 void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
-                  uint32_t head, const float *qpos, const float *qneg, uint32_t group, float *bounds);
+                  uint32_t head, const ScoreQuery &q, float *bounds, float *rows);
+
+// IKV_TOPK_SCORE_HYBRID's bounds of one (sequence, kv-head) from its rows:
+// each head's s shifted by its largest over the non-mandatory entries, then
+// bounds[i] = max_g; mandatory entries get -inf, NaN sums never win.
+void hybrid_combine(const Entry *entries, uint32_t n, const float *rows, uint32_t group, float *bounds);
 
 // How a step's query-aware selection sizes its budget (ikv_decode_args'
 // topk_* fields; the header's ikv_topk_mode says the rule in full).

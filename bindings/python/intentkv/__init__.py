@@ -20,7 +20,7 @@ from ctypes import byref, c_float, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 from . import _ffi
 from ._ffi import IKV_ALL_LAYERS, IKV_MAX_QUERY_TOKENS, IKV_PAGE_MANDATORY, IKV_PAGE_PARTIAL, load
 
-__all__ = ["load", "IntentKVError", "Format", "DType", "TopkMode", "Kind", "Policy", "Reason", "OverBudget", "Layout",
+__all__ = ["load", "IntentKVError", "Format", "DType", "TopkMode", "TopkScore", "Kind", "Policy", "Reason", "OverBudget", "Layout",
            "Router", "Plan", "Pool", "Decoder", "runtime_info", "version", "version_string",
            "IKV_ALL_LAYERS", "IKV_MAX_QUERY_TOKENS", "IKV_PAGE_MANDATORY", "IKV_PAGE_PARTIAL"]
 
@@ -37,6 +37,11 @@ class DType(enum.IntEnum):
 class TopkMode(enum.IntEnum):
     FIXED = 0
     MASS = 1
+
+
+class TopkScore(enum.IntEnum):
+    QUEST = 0
+    HYBRID = 1
 
 
 class Kind(enum.IntEnum):
@@ -504,11 +509,13 @@ class Decoder(_Handle):
         _check(_ffi.lib().ikv_decoder_create(byref(config), byref(self._ptr)))
 
     def decode(self, pool, seqs, q, n_q_heads, layer=0, plans=None, n_query_tokens=1, scale=0.0, softcap=0.0,
-               topk_token_budget=0, topk_mass=None, topk_min_tokens=0, return_lse=False):
+               topk_token_budget=0, topk_mass=None, topk_min_tokens=0, topk_score=TopkScore.QUEST,
+               return_lse=False):
         """Float32 queries [seq][query_token][q_head][head_dim] -> output array('f') of the same shape
         (and lse array('f') [seq][query_token][q_head] when return_lse).
         topk_mass=share selects adaptively (IKV_TOPK_MASS): pages until that estimated share of the
-        attention mass, within [topk_min_tokens, topk_token_budget or unlimited] tokens."""
+        attention mass, within [topk_min_tokens, topk_token_budget or unlimited] tokens.
+        topk_score ranks pages by the Quest bound (QUEST) or IKV_TOPK_SCORE_HYBRID (HYBRID)."""
         seqs = [seqs] if isinstance(seqs, int) else list(seqs)
         head_dim = pool._config["head_dim"]
         n_rows = len(seqs) * n_query_tokens * n_q_heads
@@ -531,6 +538,7 @@ class Decoder(_Handle):
         args.q, args.q_dtype, args.out, args.out_dtype = qb.ptr, DType.F32, ob.ptr, DType.F32
         args.lse = ctypes.cast(lb.ptr, POINTER(c_float)) if lb else None
         args.scale, args.softcap, args.topk_token_budget = scale, softcap, topk_token_budget
+        args.topk_score = int(topk_score)
         if topk_mass is not None:
             args.topk_mode, args.topk_mass, args.topk_min_tokens = TopkMode.MASS, topk_mass, topk_min_tokens
         _check(_ffi.lib().ikv_decode(self.handle, pool.handle, byref(args)))

@@ -140,7 +140,7 @@ class DecodeArgs(Structure):
                 ("n_q_heads", c_uint32), ("q", c_void_p), ("q_dtype", c_int), ("out", c_void_p),
                 ("out_dtype", c_int), ("lse", POINTER(c_float)), ("scale", c_float), ("softcap", c_float),
                 ("topk_token_budget", c_uint32), ("stream", c_void_p), ("topk_mode", c_int),
-                ("topk_mass", c_float), ("topk_min_tokens", c_uint32)]
+                ("topk_mass", c_float), ("topk_min_tokens", c_uint32), ("topk_score", c_int)]
 
 
 # (name, restype, argtypes). Handles are c_void_p; status is c_int.

@@ -87,7 +87,8 @@ class RoundTripTest(unittest.TestCase):
                 self.assertEqual([t for b, e in runs for t in range(b, e)], tokens)
             # An adaptive selection inside the plan reads a subset of it, within its limits.
             decoder.decode(pool, [seq], q, N_Q_HEADS, layer=layer, plans=[plan], topk_mass=0.5,
-                           topk_min_tokens=32, topk_token_budget=summary["tokens_selected"])
+                           topk_min_tokens=32, topk_token_budget=summary["tokens_selected"],
+                           topk_score=ikv.TopkScore.HYBRID)
             picked = [t for b, e in decoder.last_selection(0, 0) for t in range(b, e)]
             mandatory = {t for p in plan.pages() if p.flags & 1 for t in range(p.token_begin, p.token_end)}
             self.assertTrue(mandatory <= set(picked) <= set(tokens))

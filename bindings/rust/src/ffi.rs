@@ -37,6 +37,9 @@ pub type ikv_dtype = c_int;
 pub type ikv_topk_mode = c_int;
 pub const IKV_TOPK_FIXED: ikv_topk_mode = 0;
 pub const IKV_TOPK_MASS: ikv_topk_mode = 1;
+pub type ikv_topk_score = c_int;
+pub const IKV_TOPK_SCORE_QUEST: ikv_topk_score = 0;
+pub const IKV_TOPK_SCORE_HYBRID: ikv_topk_score = 1;
 pub const IKV_DTYPE_F32: ikv_dtype = 0;
 pub const IKV_DTYPE_F16: ikv_dtype = 1;
 pub const IKV_DTYPE_BF16: ikv_dtype = 2;
@@ -333,6 +336,7 @@ pub struct ikv_decode_args {
     pub topk_mode: ikv_topk_mode,
     pub topk_mass: c_float,
     pub topk_min_tokens: u32,
+    pub topk_score: ikv_topk_score,
 }
 
 extern "C" {

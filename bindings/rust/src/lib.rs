@@ -589,12 +589,15 @@ pub struct DecodeRequest<'a> {
     /// with `topk_token_budget` as the upper limit (0 = none) and `topk_min_tokens` the lower.
     pub topk_mass: Option<f32>,
     pub topk_min_tokens: u32,
+    /// What pages are ranked by: `ffi::IKV_TOPK_SCORE_QUEST` (default) or `ffi::IKV_TOPK_SCORE_HYBRID`.
+    pub topk_score: ffi::ikv_topk_score,
 }
 
 impl<'a> DecodeRequest<'a> {
     pub fn new(seqs: &'a [SeqId], q: &'a [f32], n_q_heads: u32) -> DecodeRequest<'a> {
         DecodeRequest { layer: 0, seqs, plans: &[], n_query_tokens: 1, n_q_heads, q, scale: 0.0, softcap: 0.0,
-                        topk_token_budget: 0, topk_mass: None, topk_min_tokens: 0 }
+                        topk_token_budget: 0, topk_mass: None, topk_min_tokens: 0,
+                        topk_score: ffi::IKV_TOPK_SCORE_QUEST }
     }
 }
 
@@ -650,6 +653,7 @@ impl Decoder {
         args.scale = req.scale;
         args.softcap = req.softcap;
         args.topk_token_budget = req.topk_token_budget;
+        args.topk_score = req.topk_score;
         if let Some(share) = req.topk_mass {
             args.topk_mode = ffi::IKV_TOPK_MASS;
             args.topk_mass = share;
