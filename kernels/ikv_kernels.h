@@ -134,18 +134,25 @@ struct TopkParams {
     uint32_t max_candidates;  // upper bound of candidates.counts[i], <= kMaxTopkCandidates
     uint32_t token_budget;
     float *scores;            // device scratch [n_seqs * n_kv_heads * max_candidates]
+    // IKV_TOPK_SCORE_HYBRID: rows is device scratch [n_seqs * n_kv_heads * group * max_candidates]
+    // for the per-head sums before their shift (nullptr: Quest bounds).
+    bool hybrid;
+    float *rows;
     DevPage *out_pages;       // device [n_seqs * n_kv_heads * max_candidates]
     uint32_t *out_counts;     // device [n_seqs * n_kv_heads]
 };
 
 // Quest upper bound per candidate page and kv-head (max over the group's
-// query heads of sum_d max(q_d*kmin_d, q_d*kmax_d)), then per (seq, kv-head)
+// query heads of sum_d max(q_d*kmin_d, q_d*kmax_d); with p.hybrid the
+// header's IKV_TOPK_SCORE_HYBRID score: a third kernel shifts each head's
+// sums by its best over the non-mandatory candidates), then per (seq, kv-head)
 // the mandatory pages plus the best others in descending bound order (ties:
 // lower list index first) while the running token count (mandatory first)
 // stays within token_budget; the first page that does not fit ends the
 // selection. Output lists keep candidate order. Writes out_pages/out_counts
 // as a DevLists with stride max_candidates and list_heads n_kv_heads.
 cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream);
+constexpr uint32_t kMaxHybridGroup = 256;  // query heads per kv-head the hybrid score's shift handles
 
 // ------------------------------------------------------ quantize-on-write --
 // Quantize one layer of a page from fp32 rows in device memory: k, v are

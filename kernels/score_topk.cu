@@ -82,17 +82,17 @@ struct ScoreGeom {
 };
 
 // One lane's share of a page's bound record: kVec 16-byte vectors of k_min
-// and of k_max (bf16).
-template <int D>
+// and of k_max (bf16), and of k_mean for the hybrid score (kHybrid).
+template <int D, bool kHybrid>
 struct BoundSlice {
-    uint4 mn[ScoreGeom<D>::kVec], mx[ScoreGeom<D>::kVec];
+    uint4 mn[ScoreGeom<D>::kVec], mx[ScoreGeom<D>::kVec], md[kHybrid ? ScoreGeom<D>::kVec : 1];
 };
 
 // Issue the loads of lane part j of candidate pg's record (zeros when !active:
 // the lane still joins its page's shuffles).
-template <int D>
+template <int D, bool kHybrid>
 __device__ __forceinline__ void load_slice(const TopkParams &p, const DevPage &pg, bool active, uint32_t head,
-                                           uint32_t j, BoundSlice<D> &b) {
+                                           uint32_t j, BoundSlice<D, kHybrid> &b) {
     using Geo = ScoreGeom<D>;
     if (active) {
         const uint4 *rec = reinterpret_cast<const uint4 *>(
@@ -101,10 +101,14 @@ __device__ __forceinline__ void load_slice(const TopkParams &p, const DevPage &p
         for (int i = 0; i < Geo::kVec; ++i) {
             b.mn[i] = rec[i * Geo::kLanes + j];
             b.mx[i] = rec[D / 8 + i * Geo::kLanes + j];
+            if (kHybrid) b.md[i] = rec[2 * D / 8 + i * Geo::kLanes + j];
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < Geo::kVec; ++i) b.mn[i] = b.mx[i] = make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < Geo::kVec; ++i) {
+            b.mn[i] = b.mx[i] = make_uint4(0, 0, 0, 0);
+            if (kHybrid) b.md[i] = make_uint4(0, 0, 0, 0);
+        }
     }
 }
 
@@ -115,10 +119,14 @@ __device__ __forceinline__ void load_slice(const TopkParams &p, const DevPage &p
 // computed ~600 instructions with nothing in flight; ncu at B = 32, 128K
 // showed 16 resident warps per SM (100 registers) issuing 0.30 per scheduler
 // cycle and DRAM at 59%. The q staging is also paid once per block now.
-template <int D>
+// kHybrid (IKV_TOPK_SCORE_HYBRID): the query is staged halved with a third
+// part, q/2 against k_mean, and each head's sum goes to p.rows (the shift
+// that makes the score is hybrid_combine_kernel's).
+template <int D, bool kHybrid>
 __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkParams p) {
     using Geo = ScoreGeom<D>;
-    extern __shared__ __align__(16) float qs[];  // [G][2][D]: q+ then q- of query token 0 of the group
+    constexpr uint32_t kParts = kHybrid ? 3 : 2;
+    extern __shared__ __align__(16) float qs[];  // [G][kParts][D]: q+ then q- (then q) of query token 0 of the group
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t j = lane % Geo::kLanes;  // the lane's part of its page
     const uint32_t head = blockIdx.y, seq = blockIdx.z;
@@ -136,30 +144,33 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
     // lane j is the record's vector i*kLanes + j: a page's lanes read
     // 16*kLanes contiguous bytes per load.
     uint32_t grp = blockIdx.x;
-    BoundSlice<D> cur;
-    load_slice<D>(p, entry(grp), cand(grp) < count, head, j, cur);
+    BoundSlice<D, kHybrid> cur;
+    load_slice<D, kHybrid>(p, entry(grp), cand(grp) < count, head, j, cur);
     DevPage next = entry(grp + gridDim.x);
+    const float half = kHybrid ? 0.5f : 1.0f;
     for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) {
-        const float x = load_q(p.q, p.q_dtype, q0 + e);
+        const float x = load_q(p.q, p.q_dtype, q0 + e) * half;
         const uint32_t g = e / D, d = e % D;
-        qs[g * 2 * D + d] = fmaxf(x, 0.0f);
-        qs[g * 2 * D + D + d] = fminf(x, 0.0f);
+        qs[g * kParts * D + d] = fmaxf(x, 0.0f);
+        qs[g * kParts * D + D + d] = fminf(x, 0.0f);
+        if (kHybrid) qs[g * kParts * D + 2 * D + d] = x;
     }
     __syncthreads();
     for (; grp * Geo::kPagesPerBlock < count; grp += gridDim.x) {  // uniform over the block
         const uint32_t c = cand(grp), gn = grp + gridDim.x;
-        BoundSlice<D> nxt;
-        load_slice<D>(p, next, cand(gn) < count, head, j, nxt);
+        BoundSlice<D, kHybrid> nxt;
+        load_slice<D, kHybrid>(p, next, cand(gn) < count, head, j, nxt);
         next = entry(gn + gridDim.x);
-        float lo[Geo::kVec * 8], hi[Geo::kVec * 8];
+        float lo[Geo::kVec * 8], hi[Geo::kVec * 8], mid[kHybrid ? Geo::kVec * 8 : 1];
 #pragma unroll
         for (int i = 0; i < Geo::kVec; ++i) {
             bf16x8_to_f32(cur.mn[i], lo + 8 * i);
             bf16x8_to_f32(cur.mx[i], hi + 8 * i);
+            if (kHybrid) bf16x8_to_f32(cur.md[i], mid + 8 * i);
         }
         float best = -INFINITY;
         for (uint32_t g = 0; g < G; ++g) {
-            const float *qp = qs + g * 2 * D, *qn = qp + D;
+            const float *qp = qs + g * kParts * D, *qn = qp + D;
             float acc[Geo::kVec];
 #pragma unroll
             for (int i = 0; i < Geo::kVec; ++i) {
@@ -172,15 +183,64 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
                 a = fmaf(p1.x, h[4], a), a = fmaf(p1.y, h[5], a), a = fmaf(p1.z, h[6], a), a = fmaf(p1.w, h[7], a);
                 a = fmaf(n0.x, l[0], a), a = fmaf(n0.y, l[1], a), a = fmaf(n0.z, l[2], a), a = fmaf(n0.w, l[3], a);
                 a = fmaf(n1.x, l[4], a), a = fmaf(n1.y, l[5], a), a = fmaf(n1.z, l[6], a), a = fmaf(n1.w, l[7], a);
+                if (kHybrid) {
+                    const float4 m0 = *reinterpret_cast<const float4 *>(qn + D + ch);
+                    const float4 m1 = *reinterpret_cast<const float4 *>(qn + D + ch + 4);
+                    const float *m = mid + 8 * i;
+                    a = fmaf(m0.x, m[0], a), a = fmaf(m0.y, m[1], a), a = fmaf(m0.z, m[2], a), a = fmaf(m0.w, m[3], a);
+                    a = fmaf(m1.x, m[4], a), a = fmaf(m1.y, m[5], a), a = fmaf(m1.z, m[6], a), a = fmaf(m1.w, m[7], a);
+                }
                 acc[i] = a;
             }
             float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
 #pragma unroll
             for (int o = Geo::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+            if (kHybrid && c < count && j == 0)
+                p.rows[((uint64_t(seq) * Hkv + head) * G + g) * p.max_candidates + c] = s;
             best = fmaxf(best, s);
         }
-        if (c < count && j == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
+        if (!kHybrid && c < count && j == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
         cur = nxt;
+    }
+}
+
+// IKV_TOPK_SCORE_HYBRID's shift, one block per (kv-head, sequence): each
+// query head's largest sum over the non-mandatory candidates (a NaN never
+// wins: fmaxf), then score = max_g (rows_g - top_g), as
+// decode/selection.cpp's hybrid_combine computes it on the CPU.
+constexpr int kCombineThreads = 256;
+__global__ void __launch_bounds__(kCombineThreads) hybrid_combine_kernel(const TopkParams p) {
+    __shared__ float part[kCombineThreads / 32];
+    __shared__ float top[kMaxHybridGroup];
+    const uint32_t head = blockIdx.x, seq = blockIdx.y, Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
+    pdl_wait();
+    pdl_launch_dependents();
+    const uint32_t count = p.candidates.counts[seq];
+    const DevPage *cands = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
+    const float *rows = p.rows + (uint64_t(seq) * Hkv + head) * G * p.max_candidates;
+    for (uint32_t g = 0; g < G; ++g) {
+        float m = -INFINITY;
+        for (uint32_t c = threadIdx.x; c < count; c += blockDim.x)
+            if (!(cands[c].flags & IKV_PAGE_MANDATORY)) m = fmaxf(m, rows[uint64_t(g) * p.max_candidates + c]);
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+        if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = m;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float t = -INFINITY;
+            for (int w = 0; w < kCombineThreads / 32; ++w) t = fmaxf(t, part[w]);
+            top[g] = t;
+        }
+        __syncthreads();
+    }
+    float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
+    for (uint32_t c = threadIdx.x; c < count; c += blockDim.x) {
+        float best = -INFINITY;
+        if (!(cands[c].flags & IKV_PAGE_MANDATORY))
+            for (uint32_t g = 0; g < G; ++g) {
+                const float s = rows[uint64_t(g) * p.max_candidates + c] - top[g];
+                if (s > best) best = s;
+            }
+        scores[c] = best;
     }
 }
 
@@ -536,7 +596,7 @@ bool select_on_clusters(const TopkParams &p) {
     });
 }
 
-template <int D>
+template <int D, bool kHybrid>
 cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
     // Blocks per (kv-head, sequence): about kScoreBlocks in all, so that a
     // block walks several groups with the next one's loads in flight (B >= 8),
@@ -546,19 +606,28 @@ cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
     const uint32_t heads = p.shape.n_kv_heads * p.n_seqs;
     const uint32_t bx = std::max(1u, std::min(groups, (kScoreBlocks + heads - 1) / heads));
     const dim3 grid(bx, p.shape.n_kv_heads, p.n_seqs);
-    const int qbytes = int(p.n_q_heads / p.shape.n_kv_heads * D * 8);  // q+ and q- of the group
+    const int qbytes = int(p.n_q_heads / p.shape.n_kv_heads * D * 4 * (kHybrid ? 3 : 2));  // q+, q- (q) of the group
     if (qbytes > 48 * 1024) {  // very wide groups only
-        const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(score_kernel<D>),
+        const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(score_kernel<D, kHybrid>),
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, qbytes);
         if (err != cudaSuccess) return err;
     }
-    return launch_pdl(score_kernel<D>, grid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
+    cudaError_t err = launch_pdl(score_kernel<D, kHybrid>, grid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
+    if (err != cudaSuccess || !kHybrid) return err;
+    return launch_pdl(hybrid_combine_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kCombineThreads), size_t(0),
+                      stream, p);
+}
+
+template <int D>
+cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
+    return p.hybrid ? launch_score<D, true>(p, stream) : launch_score<D, false>(p, stream);
 }
 
 }  // namespace
 
 cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream) {
-    if (p.max_candidates == 0 || p.max_candidates > kMaxTopkCandidates || p.candidates.list_heads != 1)
+    if (p.max_candidates == 0 || p.max_candidates > kMaxTopkCandidates || p.candidates.list_heads != 1 ||
+        (p.hybrid && (p.rows == nullptr || p.n_q_heads / p.shape.n_kv_heads > kMaxHybridGroup)))
         return cudaErrorInvalidValue;
     uint32_t npad = 1;
     while (npad < p.max_candidates) npad <<= 1;

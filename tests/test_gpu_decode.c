@@ -143,6 +143,7 @@ typedef struct {
     const ikv_plan *plan;
     uint32_t topk;
     ikv_dtype q_dtype; /* F32 or F16 (q must then hold f16-representable values) */
+    int hybrid;        /* top-k ranks by IKV_TOPK_SCORE_HYBRID */
 } step_cfg;
 
 /* Tolerance (rel. L2 of out vs the CPU decode and vs float64) of a step of T
@@ -193,6 +194,7 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     a.q_dtype = cfg.q_dtype == IKV_DTYPE_F16 ? IKV_DTYPE_F16 : IKV_DTYPE_F32;
     a.out_dtype = IKV_DTYPE_F32;
     a.topk_token_budget = cfg.topk;
+    a.topk_score = cfg.hybrid ? IKV_TOPK_SCORE_HYBRID : IKV_TOPK_SCORE_QUEST;
     float *out_cpu = malloc(4 * n_out), *lse_cpu = malloc(4 * n_lse);
     uint16_t *qh = malloc(2 * n_out);
     ikvt_to_f16(q, qh, n_out);
@@ -260,15 +262,17 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
         /* Dense (T = 1), causal multi-token (T = 3), a plan with partial pages, and top-k;
          * F32 queries and F16 queries (these short steps run SIMT by default; CTest forces
          * each compute path through IKV_CUDA_DECODE_COMPUTE). */
-        for (int variant = 0; variant < 8; ++variant) {
-            step_cfg cfg = {variant % 4 == 1 ? 3u : 1u, NULL, 0, variant < 4 ? IKV_DTYPE_F32 : IKV_DTYPE_F16};
+        /* Variants 8-9: top-k by IKV_TOPK_SCORE_HYBRID, dense and inside the plan. */
+        for (int variant = 0; variant < 10; ++variant) {
+            step_cfg cfg = {variant % 4 == 1 && variant < 8 ? 3u : 1u, NULL, 0,
+                            variant < 4 || variant == 8 ? IKV_DTYPE_F32 : IKV_DTYPE_F16, variant >= 8};
             ikv_plan *plan = NULL;
             ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
-            if (variant % 4 == 2) {
+            if (variant % 4 == 2 || variant == 9) {
                 IKVT_OK(ikv_plan_from_ranges(ranges, 3, 97, P, fmts[fi], &plan));
                 cfg.plan = plan;
             }
-            if (variant % 4 == 3) cfg.topk = 64;
+            if (variant % 4 == 3 || variant >= 8) cfg.topk = variant == 9 ? 40 : 64;
             const size_t n_out = (size_t)B * cfg.T * HQ * D;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * cfg.T * HQ);
             ikvt_fill_normal(&rng, q, n_out, 1.0f);
@@ -281,7 +285,7 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
             const double vs_cpu = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
             if (!(vs_cpu <= step_tol(cfg.T, cfg.q_dtype)))
                 fail_msg("format %d variant %d vs CPU: rel L2 %.3g", (int)fmts[fi], variant, vs_cpu);
-            if (variant % 4 != 3) /* top-k has no independent float64 selection here; it is compared with the CPU */
+            if (cfg.topk == 0) /* top-k has no independent float64 selection here; it is compared with the CPU */
                 expect_reference(gpu, sg, lens, B, plan ? ranges : NULL, plan ? 3 : 0, cfg.T, q, out, NULL,
                                  step_tol(cfg.T, cfg.q_dtype));
             free(q), free(out), free(lse);
@@ -315,7 +319,7 @@ static void test_long_multi_token_step(void **state) {
         for (int planned = 0; planned < 2; ++planned) {
             ikv_plan *plan = NULL;
             if (planned) IKVT_OK(ikv_plan_from_ranges(ranges, 3, 400, P, fmts[fi], &plan));
-            step_cfg cfg = {T, plan, 0, IKV_DTYPE_F32};
+            step_cfg cfg = {T, plan, 0, IKV_DTYPE_F32, 0};
             const size_t per = (size_t)T * HQ * D, n_out = B * per;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * T * HQ);
             ikvt_fill_normal(&rng, q, n_out, 1.0f);

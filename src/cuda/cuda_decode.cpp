@@ -298,6 +298,9 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         return fail(IKV_E_UNSUPPORTED, "%s: head_dim %u is not built into the CUDA kernels (64, 128, 256)", kFn, D);
     if (a.topk_mode == IKV_TOPK_MASS)
         return fail(IKV_E_UNSUPPORTED, "%s: args->topk_mode IKV_TOPK_MASS is not built for CUDA pools yet", kFn);
+    if (a.topk_score == IKV_TOPK_SCORE_HYBRID && a.n_q_heads / Hkv > cuda::kMaxHybridGroup)
+        return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_HYBRID on a CUDA pool handles at most %u query heads per "
+                    "kv-head, the call has %u", kFn, cuda::kMaxHybridGroup, a.n_q_heads / Hkv);
     const int device = pool_device(pool);
     DeviceGuard guard(device);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), kFn, "cudaSetDevice");
@@ -373,7 +376,10 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint64_t off_scores = 0;
     const uint64_t off_sel = off_scores + (topk ? align256(4ull * B * Hkv * stride) : 0);
     const uint64_t off_selc = off_sel + (topk ? align256(uint64_t(B) * Hkv * stride * sizeof(cuda::DevPage)) : 0);
-    const uint64_t off_ws = off_selc + (topk ? align256(4ull * B * Hkv) : 0);
+    const bool hybrid = topk && a.topk_score == IKV_TOPK_SCORE_HYBRID;
+    const uint32_t group = a.n_q_heads / Hkv;
+    const uint64_t off_rows = off_selc + (topk ? align256(4ull * B * Hkv) : 0);
+    const uint64_t off_ws = off_rows + (hybrid ? align256(4ull * B * Hkv * group * stride) : 0);
     const uint64_t total = off_ws + align256(gemm ? cuda::multi_token_workspace_bytes(p, max_tokens)
                                                   : cuda::decode_workspace_bytes(p, p.n_splits));
     err = grow_device(&s.dev, &s.dev_bytes, total, stream);  // stream-ordered: no host synchronization
@@ -408,6 +414,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         t.scores = reinterpret_cast<float *>(s.dev + off_scores);
         t.out_pages = reinterpret_cast<cuda::DevPage *>(s.dev + off_sel);
         t.out_counts = reinterpret_cast<uint32_t *>(s.dev + off_selc);
+        t.hybrid = hybrid;
+        t.rows = hybrid ? reinterpret_cast<float *>(s.dev + off_rows) : nullptr;
         err = cuda::launch_score_topk(t, stream);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the page scoring / top-k kernels");
         p.lists = cuda::DevLists{t.out_pages, t.out_counts, stride, Hkv};
@@ -417,7 +425,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         // scored plus the budget's worth of rows at the candidates' mean row cost.
         const uint64_t per_token = sum.all_tokens ? sum.bytes / sum.all_tokens : 0;
         bytes = std::min<uint64_t>(sum.all_tokens, uint64_t(a.topk_token_budget) * B) * per_token +
-                sum.n_entries * Hkv * summary_bound_bytes(D);
+                sum.n_entries * Hkv * (hybrid ? summary_hybrid_bytes(D) : summary_bound_bytes(D));
     }
 
     // 4. Fused decode + split-K merge, or the multi-token GEMM path.
