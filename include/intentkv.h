@@ -737,6 +737,73 @@ IKV_API ikv_status ikv_seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, ui
 
 typedef struct ikv_decoder ikv_decoder;
 
+/**
+ * Query memory (after IntentKV): what earlier turns of each sequence asked,
+ * so that query-aware selection does not drop what mattered a turn ago
+ * because of one unusual query now.
+ *
+ * For each sequence it remembers, and each layer and query head, the memory
+ * holds a query m: the turns' mean queries averaged with weights decay^age
+ * (the last ended turn weighs 1, the one before decay, ...). A decode that
+ * passes the memory (ikv_decode_args.query_memory) with query-aware
+ * selection on scores each candidate page with the memory's queries too, as
+ * `group` more query heads of the kv-group whose scores count log(decay)
+ * lower: a page's score is max(score with the current queries, score with
+ * the memory's + log(decay)), i.e. the memory's attention-weight estimate
+ * counts decay times (Quest: bounds; hybrid: each row shifted by its best
+ * first). Sequences the memory has no ended turn for score as without it.
+ *
+ * The engine tells the memory what a turn asked (ikv_query_memory_remember,
+ * per layer, any number of query tokens; their mean is the turn's query) and
+ * when the turn ends (ikv_query_memory_end_turn). CPU pools only for now.
+ * Host memory: n_layers * n_q_heads * head_dim * 8 bytes per sequence.
+ * Thread-safety: calls that change a memory need exclusive access to it; a
+ * decode reads it, so no change may run while a decode that uses it runs.
+ */
+typedef struct ikv_query_memory ikv_query_memory;
+
+typedef struct ikv_query_memory_config {
+    uint32_t struct_size;
+    uint32_t n_q_heads;  /**< the model's query heads: a positive multiple of the pool's n_kv_heads */
+    float decay;         /**< weight of a turn one turn older, in (0, 1); default 0.5 */
+} ikv_query_memory_config;
+
+/** n_q_heads 0 (must be set), decay 0.5. */
+IKV_API ikv_query_memory_config ikv_query_memory_default_config(void);
+
+/**
+ * A memory for the sequences of pool (it takes n_layers and head_dim from
+ * the pool; it is used only with that pool). The pool must outlive it.
+ * Errors: IKV_E_NULL, IKV_E_INVALID (struct_size, n_q_heads, decay),
+ * IKV_E_UNSUPPORTED (a CUDA pool), IKV_E_NOMEM.
+ */
+IKV_API ikv_status ikv_query_memory_create(const ikv_pool *pool, const ikv_query_memory_config *config,
+                                           ikv_query_memory **out);
+IKV_API void ikv_query_memory_destroy(ikv_query_memory *memory);
+
+/**
+ * Add n_tokens query tokens of sequence seq at layer to the current turn:
+ * q[(t * n_q_heads + h) * head_dim + d] in q_dtype (host memory), unscaled,
+ * as passed to ikv_decode. Errors: IKV_E_NULL, IKV_E_RANGE (layer),
+ * IKV_E_INVALID (n_tokens 0, q_dtype, a non-finite value), IKV_E_NOMEM.
+ */
+IKV_API ikv_status ikv_query_memory_remember(ikv_query_memory *memory, ikv_seq_id seq, uint32_t layer,
+                                             const void *q, ikv_dtype q_dtype, uint32_t n_tokens);
+
+/**
+ * End seq's current turn: for each layer with remembered queries, the
+ * turn's mean query joins m (m = (mean + decay * W * m) / (1 + decay * W),
+ * W = 1 + decay * W); layers without any keep theirs. A sequence with
+ * nothing remembered is left as it is. Errors: IKV_E_NULL.
+ */
+IKV_API ikv_status ikv_query_memory_end_turn(ikv_query_memory *memory, ikv_seq_id seq);
+
+/** Forget seq (all turns, and its current one), e.g. when the sequence is destroyed. Errors: IKV_E_NULL. */
+IKV_API ikv_status ikv_query_memory_forget(ikv_query_memory *memory, ikv_seq_id seq);
+
+/** Forget every sequence. Errors: IKV_E_NULL. */
+IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
+
 typedef struct ikv_decoder_config {
     uint32_t struct_size;
     uint32_t n_threads;         /**< CPU worker threads incl. the caller; 0 = hardware threads; default 0 */
@@ -891,6 +958,7 @@ typedef struct ikv_decode_args {
     float topk_mass;              /**< IKV_TOPK_MASS: estimated attention-mass share to cover, in (0, 1]; default 0.9 */
     uint32_t topk_min_tokens;     /**< IKV_TOPK_MASS: fewest tokens a selection keeps (mandatory ones count); default 0 */
     ikv_topk_score topk_score;    /**< what pages are ranked by: IKV_TOPK_SCORE_QUEST (default) or _HYBRID */
+    const ikv_query_memory *query_memory; /**< optional, with query-aware selection: see ikv_query_memory */
 } ikv_decode_args;
 
 IKV_API ikv_decode_args ikv_decode_args_default(void);
@@ -900,7 +968,8 @@ IKV_API ikv_decode_args ikv_decode_args_default(void);
  * IKV_E_NOT_FOUND (a sequence), IKV_E_RANGE (layer), IKV_E_INVALID (heads,
  * n_query_tokens, dtypes, a plan of another page size, n_query_tokens > length,
  * topk_mode, topk_mass outside (0, 1], topk_min_tokens above a non-zero
- * topk_token_budget, topk_score), IKV_E_UNSUPPORTED (IKV_TOPK_MASS on a CUDA pool: not
+ * topk_token_budget, topk_score, a query_memory of another pool or other
+ * n_q_heads), IKV_E_UNSUPPORTED (IKV_TOPK_MASS on a CUDA pool: not
  * built yet), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args);

@@ -208,6 +208,10 @@ typedef struct mass_rule {
     double share, scale;
     uint32_t min_tokens, max_tokens;
     int hybrid; /* IKV_TOPK_SCORE_HYBRID ranks (with or without the mass rule) */
+    /* A query memory's queries [q_head][D] (unscaled; NULL: none): `group` more rows per
+     * kv-head whose scores count log(decay) lower in the scaled domain. */
+    const double *mem_q;
+    double decay;
 } mass_rule;
 
 static uint64_t mass_rule_budget(const mass_rule *m, const rank_item *rk, size_t nr, const uint32_t *eb,
@@ -264,7 +268,10 @@ static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t la
     uint8_t *sel = calloc((size_t)H * length + 1, 1);
     rank_item *rk = malloc((n + 1) * sizeof *rk);
     float *kmin = malloc(D * sizeof *kmin), *kmax = malloc(D * sizeof *kmax), *kmean = malloc(D * sizeof *kmean);
-    double *srow = malloc(((size_t)n * group + 1) * sizeof *srow), *stop = malloc(group * sizeof *stop);
+    const uint32_t nrow = mass->mem_q ? 2 * group : group; /* the group's heads, then the memory's */
+    double *srow = malloc(((size_t)n * nrow + 1) * sizeof *srow), *stop = malloc(nrow * sizeof *stop);
+    double *off = malloc(nrow * sizeof *off);
+    for (uint32_t r = 0; r < nrow; ++r) off[r] = r < group ? 0.0 : log(mass->decay) / mass->scale; /* unscaled domain */
     for (uint32_t h = 0; h < H; ++h) {
         size_t nr = 0;
         uint64_t taken = 0;
@@ -276,30 +283,32 @@ static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t la
             }
             IKVT_OK(ikv_seq_page_summary(pool, seq, layer, h, ep[i], kmin, kmax, kmean, NULL));
             double best = -INFINITY;
-            for (uint32_t g = 0; g < group; ++g) {
+            for (uint32_t r = 0; r < nrow; ++r) {
+                const uint32_t g = r % group;
                 double sum = 0, mid = 0;
                 for (uint32_t d = 0; d < D; ++d) {
-                    const double qv = dtype_get(q, q_dtype, (size_t)(h * group + g) * D + d);
+                    const double qv = r < group ? dtype_get(q, q_dtype, (size_t)(h * group + g) * D + d)
+                                                : mass->mem_q[(size_t)(h * group + g) * D + d];
                     const double a = qv * kmin[d], b = qv * kmax[d];
                     sum += a > b ? a : b;
                     mid += qv * kmean[d];
                 }
-                srow[nr * group + g] = 0.5 * (sum + mid);
-                if (sum > best) best = sum;
+                srow[nr * nrow + r] = 0.5 * (sum + mid);
+                if (sum + off[r] > best) best = sum + off[r];
             }
             rk[nr].bound = best;
             rk[nr].index = i;
             ++nr;
         }
-        if (mass->hybrid) { /* each head shifted by its largest s, then the max over heads */
-            for (uint32_t g = 0; g < group; ++g) {
-                stop[g] = -INFINITY;
-                for (size_t j = 0; j < nr; ++j) stop[g] = srow[j * group + g] > stop[g] ? srow[j * group + g] : stop[g];
+        if (mass->hybrid) { /* each row shifted by its largest s (+ its offset), then the max over rows */
+            for (uint32_t r = 0; r < nrow; ++r) {
+                stop[r] = -INFINITY;
+                for (size_t j = 0; j < nr; ++j) stop[r] = srow[j * nrow + r] > stop[r] ? srow[j * nrow + r] : stop[r];
             }
             for (size_t j = 0; j < nr; ++j) {
                 double best = -INFINITY;
-                for (uint32_t g = 0; g < group; ++g)
-                    if (srow[j * group + g] - stop[g] > best) best = srow[j * group + g] - stop[g];
+                for (uint32_t r = 0; r < nrow; ++r)
+                    if (srow[j * nrow + r] - stop[r] + off[r] > best) best = srow[j * nrow + r] - stop[r] + off[r];
                 rk[j].bound = best;
             }
         }
@@ -318,6 +327,7 @@ static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t la
     free(kmean);
     free(srow);
     free(stop);
+    free(off);
     free(eb);
     free(ee);
     free(ep);
@@ -338,6 +348,7 @@ typedef struct step_cfg {
     ikv_dtype q_dtype, out_dtype;
     uint32_t topk, layer;
     mass_rule mass; /* mass.on: IKV_TOPK_MASS with topk as its upper limit */
+    uint32_t memory_turns; /* > 0: a query memory of that many remembered turns joins the selection */
     uint64_t seed;
 } step_cfg;
 
@@ -417,6 +428,39 @@ static void expect_last_selection(const ikv_decoder *dec, uint32_t seq_index, co
     free(runs);
 }
 
+/* A query memory for the step's sequence with c->memory_turns turns of 1-3
+ * random query tokens each at c->layer (and one at another layer, which must
+ * not count), and in mass->mem_q the query it should hold, computed plainly:
+ * the turns' means weighted decay^age, m = (mean + d W m) / (1 + d W). */
+static ikv_query_memory *remember_turns(ikv_pool *pool, ikv_seq_id seq, const step_cfg *c, uint32_t nq,
+                                        ikvt_rng *rng, mass_rule *mass) {
+    ikv_query_memory_config mc = ikv_query_memory_default_config();
+    mc.n_q_heads = nq;
+    mc.decay = 0.6f;
+    ikv_query_memory *memory = NULL;
+    IKVT_OK(ikv_query_memory_create(pool, &mc, &memory));
+    const size_t row = (size_t)nq * c->D;
+    double *m = calloc(row, sizeof *m), w = 0;
+    float *q = malloc(3 * row * sizeof *q);
+    for (uint32_t turn = 0; turn < c->memory_turns; ++turn) {
+        const uint32_t n = 1 + turn % 3;
+        ikvt_fill_normal(rng, q, n * row, c->q_sigma);
+        IKVT_OK(ikv_query_memory_remember(memory, seq, c->layer, q, IKV_DTYPE_F32, n));
+        if (c->layers > 1) IKVT_OK(ikv_query_memory_remember(memory, seq, (c->layer + 1) % c->layers, q, IKV_DTYPE_F32, 1));
+        IKVT_OK(ikv_query_memory_end_turn(memory, seq));
+        for (size_t e = 0; e < row; ++e) {
+            double mean = 0;
+            for (uint32_t t = 0; t < n; ++t) mean += q[t * row + e];
+            m[e] = (mean / n + (double)0.6f * w * m[e]) / (1 + (double)0.6f * w);
+        }
+        w = 1 + (double)0.6f * w;
+    }
+    mass->mem_q = m;
+    mass->decay = (double)0.6f;
+    free(q);
+    return memory;
+}
+
 /* Build the pool of cfg, decode with both decoders, check against the reference. */
 static void run_step(const step_cfg *c) {
     ikvt_rng rng = {c->seed};
@@ -434,6 +478,7 @@ static void run_step(const step_cfg *c) {
     mass_rule mass = c->mass;
     mass.scale = scale;
     mass.max_tokens = c->topk;
+    ikv_query_memory *memory = c->memory_turns ? remember_turns(f.pool, f.seq, c, nq, &rng, &mass) : NULL;
     uint8_t *sel = selective ? topk_selection(f.pool, f.seq, c->layer, plan, &s, c->length, c->H, c->D, c->P, nq, q,
                                               c->q_dtype, c->topk, &mass)
                              : plan_selection(plan, c->length, c->H);
@@ -462,6 +507,7 @@ static void run_step(const step_cfg *c) {
         a.softcap = c->softcap;
         a.topk_token_budget = c->topk;
         if (c->mass.hybrid) a.topk_score = IKV_TOPK_SCORE_HYBRID;
+        a.query_memory = memory;
         if (c->mass.on) {
             a.topk_mode = IKV_TOPK_MASS;
             a.topk_mass = (float)c->mass.share;
@@ -478,6 +524,8 @@ static void run_step(const step_cfg *c) {
     free(lse);
     free(out_ref);
     free(lse_ref);
+    free((void *)mass.mem_q);
+    ikv_query_memory_destroy(memory);
     free(sel);
     free(q);
     free_stored(&s);
@@ -706,6 +754,101 @@ static void test_topk_hybrid_score(void **state) {
             c.seed = 2900 + i * 2 + with_plan;
             run_step(&c);
         }
+}
+
+/* A query memory joins the ranking as `group` more rows per kv-head that
+ * count log(decay) lower: Quest and hybrid scores, fixed and mass budgets,
+ * with and without a plan; the selection is the reference's exactly. */
+static void test_query_memory_selection(void **state) {
+    (void)state;
+    static const ikv_token_range ranges[] = {{0, 20}, {33, 140}, {150, 380}};
+    for (int i = 0; i < 8; ++i) {
+        step_cfg c = base_cfg();
+        c.layers = 2;
+        c.layer = (uint32_t)(i % 2);
+        c.length = 390;
+        c.H = 2;
+        c.group = 1u + (uint32_t)(i % 4);
+        c.q_sigma = 1.5f;
+        c.memory_turns = 1 + (uint32_t)(i % 3);
+        c.mass.hybrid = i >= 4;
+        c.mass.on = i % 4 == 3;
+        c.mass.share = 0.8;
+        c.topk = c.mass.on ? 0 : 96;
+        c.ranges = i % 2 ? ranges : NULL;
+        c.n_ranges = 3;
+        c.fmt = (ikv_format)(i % IKV_FMT_COUNT);
+        c.seed = 3900 + (uint64_t)i;
+        run_step(&c);
+    }
+}
+
+/* Query-memory calls: bad arguments are refused with a sentence and change
+ * nothing; a memory of another pool or other query heads is refused by decode. */
+static void test_query_memory_errors(void **state) {
+    (void)state;
+    ikvt_rng rng = {4100};
+    pool_fix f, g;
+    fix_init(&f, 2, 2, 64, 16, IKV_FMT_F16, 40, &rng, 1);
+    fix_init(&g, 2, 2, 64, 16, IKV_FMT_F16, 40, &rng, 1);
+    ikv_query_memory_config mc = ikv_query_memory_default_config();
+    ikv_query_memory *m = NULL;
+    IKVT_EXPECT_STATUS(ikv_query_memory_create(f.pool, &mc, &m), IKV_E_INVALID, "n_q_heads");
+    mc.n_q_heads = 7;
+    IKVT_EXPECT_STATUS(ikv_query_memory_create(f.pool, &mc, &m), IKV_E_INVALID, "n_q_heads");
+    mc.n_q_heads = 8;
+    const float bad_decay[] = {0.0f, 1.0f, -1.0f, NAN};
+    for (int i = 0; i < 4; ++i) {
+        mc.decay = bad_decay[i];
+        IKVT_EXPECT_STATUS(ikv_query_memory_create(f.pool, &mc, &m), IKV_E_INVALID, "decay");
+    }
+    mc = ikv_query_memory_default_config();
+    mc.n_q_heads = 8;
+    mc.struct_size = 3;
+    IKVT_EXPECT_STATUS(ikv_query_memory_create(f.pool, &mc, &m), IKV_E_INVALID, "struct_size");
+    mc.struct_size = sizeof mc;
+    IKVT_EXPECT_STATUS(ikv_query_memory_create(NULL, &mc, &m), IKV_E_NULL, "pool");
+    IKVT_EXPECT_STATUS(ikv_query_memory_create(f.pool, NULL, &m), IKV_E_NULL, "config");
+    IKVT_EXPECT_STATUS(ikv_query_memory_create(f.pool, &mc, NULL), IKV_E_NULL, "out");
+    assert_null(m);
+    IKVT_OK(ikv_query_memory_create(f.pool, &mc, &m));
+    float q[2 * 8 * 64];
+    ikvt_fill_normal(&rng, q, 2 * 8 * 64, 1.0f);
+    IKVT_EXPECT_STATUS(ikv_query_memory_remember(NULL, f.seq, 0, q, IKV_DTYPE_F32, 1), IKV_E_NULL, "memory");
+    IKVT_EXPECT_STATUS(ikv_query_memory_remember(m, f.seq, 0, NULL, IKV_DTYPE_F32, 1), IKV_E_NULL, "q");
+    IKVT_EXPECT_STATUS(ikv_query_memory_remember(m, f.seq, 2, q, IKV_DTYPE_F32, 1), IKV_E_RANGE, "layer");
+    IKVT_EXPECT_STATUS(ikv_query_memory_remember(m, f.seq, 0, q, IKV_DTYPE_F32, 0), IKV_E_INVALID, "n_tokens");
+    IKVT_EXPECT_STATUS(ikv_query_memory_remember(m, f.seq, 0, q, (ikv_dtype)9, 1), IKV_E_INVALID, "q_dtype");
+    q[8 * 64 + 77] = INFINITY; /* token 1, element 77 */
+    IKVT_EXPECT_STATUS(ikv_query_memory_remember(m, f.seq, 0, q, IKV_DTYPE_F32, 2), IKV_E_INVALID, "token 1, element 77");
+    IKVT_EXPECT_STATUS(ikv_query_memory_end_turn(NULL, f.seq), IKV_E_NULL, "memory");
+    IKVT_EXPECT_STATUS(ikv_query_memory_forget(NULL, f.seq), IKV_E_NULL, "memory");
+    IKVT_EXPECT_STATUS(ikv_query_memory_reset(NULL), IKV_E_NULL, "memory");
+    /* the refused calls remembered nothing: a decode with the memory selects as without it */
+    IKVT_OK(ikv_query_memory_end_turn(m, f.seq));
+    static float out[8 * 64], out2[8 * 64];
+    ikv_decode_args a = ikv_decode_args_default();
+    a.seqs = &f.seq;
+    a.n_q_heads = 8;
+    a.q = q;
+    a.out = out;
+    a.topk_token_budget = 16;
+    IKVT_OK(ikv_decode(g_dec1, f.pool, &a));
+    a.query_memory = m;
+    a.out = out2;
+    IKVT_OK(ikv_decode(g_dec1, f.pool, &a));
+    assert_memory_equal(out, out2, sizeof out);
+    a.seqs = &g.seq;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, g.pool, &a), IKV_E_INVALID, "another pool");
+    a.seqs = &f.seq;
+    a.n_q_heads = 4;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "query heads");
+    IKVT_OK(ikv_query_memory_forget(m, f.seq));
+    IKVT_OK(ikv_query_memory_reset(m));
+    ikv_query_memory_destroy(m);
+    ikv_query_memory_destroy(NULL);
+    fix_free(&f);
+    fix_free(&g);
 }
 
 /* Out of plan A and plan B (disjoint) with their LSEs, the union's output
@@ -1166,6 +1309,8 @@ int main(void) {
         cmocka_unit_test(test_topk_selection),
         cmocka_unit_test(test_topk_mass_selection),
         cmocka_unit_test(test_topk_hybrid_score),
+        cmocka_unit_test(test_query_memory_selection),
+        cmocka_unit_test(test_query_memory_errors),
         cmocka_unit_test(test_lse_merges_disjoint_plans),
         cmocka_unit_test(test_selected_equals_dense_on_those_tokens),
         cmocka_unit_test(test_empty_selection),

@@ -19,6 +19,7 @@
 #include "common/error.hpp"
 #include "common/raw_enum.hpp"
 #include "decode/decoder.hpp"
+#include "memory/query_memory.hpp"
 
 namespace {
 
@@ -62,6 +63,13 @@ ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListM
     if (score != IKV_TOPK_SCORE_QUEST && score != IKV_TOPK_SCORE_HYBRID)
         return ikv::fail(IKV_E_INVALID, "%s: args->topk_score %d is not IKV_TOPK_SCORE_QUEST or IKV_TOPK_SCORE_HYBRID",
                          fn, score);
+    if (a.query_memory != nullptr) {
+        if (a.query_memory->pool != pool)
+            return ikv::fail(IKV_E_INVALID, "%s: args->query_memory was created for another pool", fn);
+        if (a.query_memory->n_q_heads != a.n_q_heads)
+            return ikv::fail(IKV_E_INVALID, "%s: args->query_memory remembers %u query heads, the call has %u", fn,
+                             a.query_memory->n_q_heads, a.n_q_heads);
+    }
     if (mode == IKV_TOPK_MASS) {
         if (!(a.topk_mass > 0.0f && a.topk_mass <= 1.0f))
             return ikv::fail(IKV_E_INVALID, "%s: args->topk_mass %g is outside (0, 1] (IKV_TOPK_MASS)", fn,

@@ -61,10 +61,10 @@ using AttendChunkFn = void (*)(const ChunkTask &task);
 // sum_d max(q_d * kmin_d, q_d * kmax_d) since kmin <= kmax (two FMAs, no
 // per-channel select). records[i] is page i's key-summary record (bf16
 // k_min[D], k_max[D], k_mean[D], page_format.hpp).
-// With qmid set (IKV_TOPK_SCORE_HYBRID) the kernel writes every query head's
-// sum instead, plus the mean's term: rows[i * group + g] =
-//   sum_d qpos[g][d] * kmax_i[d] + qneg[g][d] * kmin_i[d] + qmid[g][d] * kmean_i[d]
-// (the caller passes halved queries, so this is the hybrid's s_ig).
+// With qmid set (IKV_TOPK_SCORE_HYBRID) each sum also has the mean key's
+// term qmid[g][d] * kmean_i[d] (the caller passes halved queries, so this is
+// the hybrid's s_ig); with rows set the kernel writes every row's sum,
+// rows[i * group + g], instead of their max.
 struct QuestTask {
     const uint8_t *const *records;
     uint32_t n;
@@ -74,7 +74,7 @@ struct QuestTask {
     uint32_t D;         // a multiple of 16
     float *bounds;      // [n] (Quest)
     const float *qmid = nullptr;  // [group][D]: hybrid
-    float *rows = nullptr;        // [n][group]: hybrid
+    float *rows = nullptr;        // [n][group]: per-row sums
 };
 
 using QuestBoundsFn = void (*)(const QuestTask &task);

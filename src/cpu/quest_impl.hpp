@@ -25,15 +25,17 @@ void quest_bounds(const QuestTask &T) {
                 hi = O::fma(O::load(qp + d), O::bf16(kmax + 2ull * d), hi);
                 lo = O::fma(O::load(qn + d), O::bf16(kmin + 2ull * d), lo);
             }
-            if (T.qmid) {  // hybrid: every head's sum, with the mean key's term
+            if (T.qmid) {  // hybrid: the mean key's term
                 const float *qm = T.qmid + uint64_t(g) * D;
                 for (uint32_t d = 0; d < D; d += O::W) hi = O::fma(O::load(qm + d), O::bf16(kmean + 2ull * d), hi);
-                T.rows[uint64_t(i) * T.group + g] = O::hsum(O::add(hi, lo));
-                continue;
             }
             const float s = O::hsum(O::add(hi, lo));
+            if (T.rows) {  // every row's sum
+                T.rows[uint64_t(i) * T.group + g] = s;
+                continue;
+            }
             if (s > best) best = s;  // a NaN sum never wins
         }
-        if (!T.qmid) T.bounds[i] = best;
+        if (!T.rows) T.bounds[i] = best;
     }
 }

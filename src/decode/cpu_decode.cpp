@@ -7,6 +7,7 @@
 #include "common/quant.hpp"
 #include "cpu/dispatch.hpp"
 #include "decode/decoder.hpp"
+#include "memory/query_memory.hpp"
 
 namespace ikv {
 namespace {
@@ -75,30 +76,42 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
     lists.keep = true;
     const std::vector<SeqSnapshot> &snaps = *lists.snaps;
 
-    // ---- top-k: Quest bounds of every (sequence, kv-head), blocks of entries in parallel ----
+    // ---- top-k: scores of every (sequence, kv-head), blocks of entries in parallel ----
     // (one thread scoring every page was most of a top-k step: bench_decode's top-k rows)
     const bool topk = topk_enabled(a);
     const TopkRule rule = topk_rule(a);
     const uint64_t n_all = S.entries.size();
     const bool hybrid = a.topk_score == IKV_TOPK_SCORE_HYBRID;
+    const ikv_query_memory *mem = topk ? a.query_memory : nullptr;
+    // Scored query rows per (b, h): the group's heads at query token 0, then
+    // with a query memory the memory's queries of the same heads.
+    const uint32_t n_rows = group * (mem ? 2 : 1);
+    const bool per_row = hybrid || mem;  // scores kept per row, combined in a second pass
     if (topk) {
         constexpr uint32_t kBoundBlock = 256;  // entries per task
-        const uint64_t GD = uint64_t(group) * D;  // rows 0..group-1 of each (b, h): query token 0
-        // Per (b, h): q+ | q- (| q): the hybrid takes them halved, with the query itself.
+        const uint64_t GD = uint64_t(group) * D, ND = uint64_t(n_rows) * D;
+        // Per (b, h): q+ | q- (| q) of every row; the hybrid takes them halved, with the query itself.
         const uint32_t parts = hybrid ? 3 : 2;
-        S.qsigns.resize(uint64_t(BH) * parts * GD);
+        S.qsigns.resize(uint64_t(BH) * parts * ND);
+        S.row_offset.resize(uint64_t(BH) * n_rows);
         for (uint32_t bh = 0; bh < BH; ++bh) {
-            float *qs = S.qsigns.data() + bh * parts * GD;
-            const float *q = S.q.data() + uint64_t(bh) * RD;
-            split_signs(q, GD, qs, qs + GD);
-            if (hybrid)
-                for (uint64_t e = 0; e < GD; ++e) {
-                    qs[e] *= 0.5f, qs[GD + e] *= 0.5f;
-                    qs[2 * GD + e] = 0.5f * q[e];
-                }
+            float *qs = S.qsigns.data() + bh * parts * ND, *off = S.row_offset.data() + uint64_t(bh) * n_rows;
+            float *rows = qs + (parts - 1) * ND;  // the rows' queries, scaled, before the split (last part's room)
+            std::copy_n(S.q.data() + uint64_t(bh) * RD, GD, rows);
+            std::fill(off, off + group, 0.0f);
+            if (mem) {
+                // The memory's rows count log(decay) lower; a sequence it has nothing for at
+                // this layer gets rows that never win.
+                const float *m = mem->queries(a.seqs[bh / H], a.layer);
+                for (uint64_t e = 0; e < GD; ++e) rows[GD + e] = m ? m[uint64_t(bh % H) * GD + e] * scale : 0.0f;
+                std::fill(off + group, off + n_rows, m ? std::log(mem->decay) : -INFINITY);
+            }
+            const float half = hybrid ? 0.5f : 1.0f;
+            for (uint64_t e = 0; e < ND; ++e) rows[e] *= half;
+            split_signs(rows, ND, qs, qs + ND);  // for Quest, rows is q-'s own room: overwritten last
         }
         S.bounds.resize(n_all * H);
-        if (hybrid) S.rows.resize(n_all * H * group);
+        if (per_row) S.rows.resize(n_all * H * n_rows);
         S.bound_tasks.clear();
         for (uint32_t b = 0; b < B; ++b)
             for (uint32_t h = 0; h < H; ++h)
@@ -106,18 +119,19 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                     S.bound_tasks.push_back({b, h, e0, std::min(e0 + kBoundBlock, S.entry_lo[b + 1])});
         auto score = [&](std::size_t i, unsigned) {
             const DecodeScratch::BoundTask &t = S.bound_tasks[i];
-            const float *qs = S.qsigns.data() + (uint64_t(t.b) * H + t.h) * parts * GD;
-            const ScoreQuery sq{qs, qs + GD, hybrid ? qs + 2 * GD : nullptr, group};
+            const float *qs = S.qsigns.data() + (uint64_t(t.b) * H + t.h) * parts * ND;
+            const ScoreQuery sq{qs, qs + ND, hybrid ? qs + 2 * ND : nullptr, n_rows, per_row};
             quest_bounds(S.entries.data() + t.e0, t.e1 - t.e0, snaps[t.b], shape, a.layer, t.h, sq,
                          S.bounds.data() + t.h * n_all + t.e0,
-                         hybrid ? S.rows.data() + (t.h * n_all + t.e0) * group : nullptr);
+                         per_row ? S.rows.data() + (t.h * n_all + t.e0) * n_rows : nullptr);
         };
         threads.parallel_for(S.bound_tasks.size(), score);
-        if (hybrid) {  // each head's shift needs all of its sequence's entries: a second pass
+        if (per_row) {  // a hybrid row's shift needs all of its sequence's entries: a second pass
             auto combine = [&](std::size_t bh, unsigned) {
                 const uint32_t b = uint32_t(bh) / H, h = uint32_t(bh) % H, lo = S.entry_lo[b];
-                hybrid_combine(S.entries.data() + lo, S.entry_lo[b + 1] - lo, S.rows.data() + (h * n_all + lo) * group,
-                               group, S.bounds.data() + h * n_all + lo);
+                combine_rows(S.entries.data() + lo, S.entry_lo[b + 1] - lo, S.rows.data() + (h * n_all + lo) * n_rows,
+                             n_rows, S.row_offset.data() + uint64_t(bh) * n_rows, hybrid,
+                             S.bounds.data() + h * n_all + lo);
             };
             threads.parallel_for(BH, combine);
         }

@@ -22,8 +22,10 @@ struct DecodeScratch {
     dvec<Entry> entries, picked;  // entries: every sequence's, at entry_lo[b]
     dvec<uint32_t> entry_lo;      // [B + 1]
     dvec<float> bounds;           // top-k: [H][entries] Quest bounds (or hybrid scores)
-    dvec<float> rows;             // hybrid top-k: [H][entries][group] per-head sums before the shift
-    dvec<float> qsigns;           // top-k: [B*H][2 or 3][group][D] q+, q- (hybrid: halved, then q/2) of query token 0
+    dvec<float> rows;             // per-row top-k: [H][entries][rows] sums before combine_rows
+    dvec<float> row_offset;       // per-row top-k: [B*H][rows] (query memory rows: log(decay) or -inf)
+    dvec<float> qsigns;           // top-k: [B*H][2 or 3][rows][D] q+, q- (hybrid: halved, then q/2) of query token 0
+                                  //        (rows: the group's heads, then any query-memory rows)
     dvec<uint32_t> order;         // top-k: select_topk scratch
     dvec<uint8_t> keep;
     struct BoundTask {

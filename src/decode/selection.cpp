@@ -57,7 +57,7 @@ void split_signs(const float *q, uint64_t n, float *qpos, float *qneg) {
 
 void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
                   uint32_t head, const ScoreQuery &q, float *bounds, float *rows) {
-    const uint32_t D = shape.head_dim, group = q.group;
+    const uint32_t D = shape.head_dim, group = q.n_rows;
     const CpuKernels &K = cpu_kernels();
     constexpr uint32_t kBatch = 64;  // records per kernel call
     const uint8_t *recs[kBatch];
@@ -66,14 +66,14 @@ void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, con
     uint32_t m = 0;
     // hybrid: a batch's [m][group] sums (a worker thread's scratch: no allocation once grown)
     thread_local std::vector<float> row_out;
-    if (q.qmid && row_out.size() < uint64_t(kBatch) * group) row_out.resize(uint64_t(kBatch) * group);
+    if (q.per_row && row_out.size() < uint64_t(kBatch) * group) row_out.resize(uint64_t(kBatch) * group);
     auto flush = [&] {
         QuestTask t{recs, m, q.qpos, q.qneg, group, D, out};
         t.qmid = q.qmid;
-        t.rows = row_out.data();
+        t.rows = q.per_row ? row_out.data() : nullptr;
         K.quest_bounds(t);
         for (uint32_t k = 0; k < m; ++k) {
-            if (q.qmid)
+            if (q.per_row)
                 std::copy_n(row_out.data() + uint64_t(k) * group, group, rows + uint64_t(idx[k]) * group);
             else
                 bounds[idx[k]] = out[k];
@@ -124,17 +124,20 @@ uint64_t mass_budget(const Entry *in, const float *bounds, const uint32_t *order
     return tokens;
 }
 
-void hybrid_combine(const Entry *entries, uint32_t n, const float *rows, uint32_t group, float *bounds) {
-    thread_local std::vector<float> top;  // each head's largest s
-    top.assign(group, -INFINITY);
-    for (uint32_t i = 0; i < n; ++i)
-        if (!entries[i].mandatory)
-            for (uint32_t g = 0; g < group; ++g) top[g] = std::max(top[g], rows[uint64_t(i) * group + g]);  // NaN never wins
+void combine_rows(const Entry *entries, uint32_t n, const float *rows, uint32_t n_rows, const float *offset, bool shift,
+                  float *bounds) {
+    thread_local std::vector<float> base;  // what each row's sums are measured from
+    base.assign(n_rows, shift ? -INFINITY : 0.0f);
+    if (shift)
+        for (uint32_t i = 0; i < n; ++i)
+            if (!entries[i].mandatory)
+                for (uint32_t r = 0; r < n_rows; ++r)
+                    base[r] = std::max(base[r], rows[uint64_t(i) * n_rows + r]);  // NaN never wins
     for (uint32_t i = 0; i < n; ++i) {
         float best = -INFINITY;
         if (!entries[i].mandatory)
-            for (uint32_t g = 0; g < group; ++g) {
-                const float s = rows[uint64_t(i) * group + g] - top[g];
+            for (uint32_t r = 0; r < n_rows; ++r) {
+                const float s = rows[uint64_t(i) * n_rows + r] - base[r] + offset[r];
                 if (s > best) best = s;
             }
         bounds[i] = best;

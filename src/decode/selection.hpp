@@ -34,29 +34,34 @@ void collect_entries(const SeqSnapshot &snap, const ikv_plan *plan, uint32_t P, 
 // form the Quest-bound kernel takes.
 void split_signs(const float *q, uint64_t n, float *qpos, float *qneg);
 
-// The group's query in the forms the scoring kernel takes (query heads at
-// the first query token, scaled): qpos/qneg from split_signs, `group` rows of
-// D floats each; for IKV_TOPK_SCORE_HYBRID the three are halved and qmid
-// holds the halved query itself (nullptr: Quest).
+// The scored query rows in the forms the scoring kernel takes (the group's
+// heads at the first query token, scaled, then any query-memory rows):
+// qpos/qneg from split_signs, n_rows rows of D floats each; for
+// IKV_TOPK_SCORE_HYBRID the three are halved and qmid holds the halved query
+// itself (nullptr: Quest). per_row: keep every row's sum (combine_rows makes
+// the bounds) instead of their max.
 struct ScoreQuery {
     const float *qpos, *qneg, *qmid;
-    uint32_t group;
+    uint32_t n_rows;
+    bool per_row;
 };
 
 // Scores of n entries of one sequence for one kv-head, with the active ISA's
 // kernel (cpu/attn_kernel.hpp quest_bounds), from each entry's page key
-// summary (bf16, outward-rounded). Quest: bounds[i] =
-//   max_g sum_d max(q_gd * kmin_d, q_gd * kmax_d);
-// hybrid (q.qmid set): rows[i * group + g] = s_ig of the header's
-// IKV_TOPK_SCORE_HYBRID, before the shift (hybrid_combine makes the bounds).
-// Mandatory entries get -inf (they are never ranked). No allocation.
+// summary (bf16, outward-rounded). bounds[i] = max_r of row r's sum
+//   sum_d max(q_rd * kmin_d, q_rd * kmax_d) (+ q_rd * kmean_d / 2 terms: hybrid),
+// or with q.per_row rows[i * n_rows + r] = that sum. Mandatory entries get
+// -inf (they are never ranked). No allocation once warm.
 void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
                   uint32_t head, const ScoreQuery &q, float *bounds, float *rows);
 
-// IKV_TOPK_SCORE_HYBRID's bounds of one (sequence, kv-head) from its rows:
-// each head's s shifted by its largest over the non-mandatory entries, then
-// bounds[i] = max_g; mandatory entries get -inf, NaN sums never win.
-void hybrid_combine(const Entry *entries, uint32_t n, const float *rows, uint32_t group, float *bounds);
+// The bounds of one (sequence, kv-head) from per-row sums: with shift (the
+// hybrid score) each row's sums less that row's largest over the
+// non-mandatory entries; plus offset[r] (a query-memory row's log(decay),
+// -inf for a row that must not count); bounds[i] = max_r. Mandatory entries
+// get -inf; NaN sums never win.
+void combine_rows(const Entry *entries, uint32_t n, const float *rows, uint32_t n_rows, const float *offset, bool shift,
+                  float *bounds);
 
 // How a step's query-aware selection sizes its budget (ikv_decode_args'
 // topk_* fields; the header's ikv_topk_mode says the rule in full).

@@ -1,0 +1,114 @@
+// extern "C" boundary of query memories: argument checks and error
+// sentences; the memory itself lives in src/memory/.
+#include <cmath>
+#include <vector>
+
+#include "common/config.hpp"
+#include "common/error.hpp"
+#include "common/guard.hpp"
+#include "common/host_memory.hpp"
+#include "common/quant.hpp"
+#include "common/raw_enum.hpp"
+#include "memory/query_memory.hpp"
+#include "pool/pool_view.hpp"
+
+namespace {
+
+// The queries as fp32 after checking dtype and finiteness (nothing is kept on error).
+ikv_status queries_f32(const void *q, ikv_dtype dt, uint64_t n, uint32_t row, const char *fn,
+                       std::vector<float> &out) {
+    const int d = ikv::raw_enum(dt);
+    if (d != IKV_DTYPE_F32 && d != IKV_DTYPE_F16 && d != IKV_DTYPE_BF16)
+        return ikv::fail(IKV_E_INVALID, "%s: q_dtype %d is not F32, F16 or BF16", fn, d);
+    out.resize(n);
+    for (uint64_t i = 0; i < n; ++i) {
+        const float x = d == IKV_DTYPE_F32   ? static_cast<const float *>(q)[i]
+                        : d == IKV_DTYPE_F16 ? ikv::f16_to_f32(static_cast<const uint16_t *>(q)[i])
+                                             : ikv::bf16_to_f32(static_cast<const uint16_t *>(q)[i]);
+        if (!std::isfinite(x))
+            return ikv::fail(IKV_E_INVALID, "%s: q holds a non-finite value at token %llu, element %llu", fn,
+                             (unsigned long long)(i / row), (unsigned long long)(i % row));
+        out[i] = x;
+    }
+    return IKV_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+IKV_API ikv_query_memory_config ikv_query_memory_default_config(void) {
+    ikv_query_memory_config c{};
+    c.struct_size = sizeof c;
+    c.n_q_heads = 0;
+    c.decay = 0.5f;
+    return c;
+}
+
+IKV_API ikv_status ikv_query_memory_create(const ikv_pool *pool, const ikv_query_memory_config *config,
+                                           ikv_query_memory **out) {
+    const char *fn = "ikv_query_memory_create";
+    IKV_CHECK_NULL(pool, fn);
+    IKV_CHECK_NULL(config, fn);
+    IKV_CHECK_NULL(out, fn);
+    IKV_CHECK_STRUCT(config, sizeof(ikv_query_memory_config), fn);
+    const ikv_query_memory_config c = ikv::read_config(*config, ikv_query_memory_default_config());
+    const ikv::PageShape &shape = ikv::pool_shape(pool);
+    if (c.n_q_heads == 0 || c.n_q_heads % shape.n_kv_heads != 0)
+        return ikv::fail(IKV_E_INVALID, "%s: config->n_q_heads %u is not a positive multiple of the pool's n_kv_heads %u",
+                         fn, c.n_q_heads, shape.n_kv_heads);
+    if (!(c.decay > 0.0f && c.decay < 1.0f))
+        return ikv::fail(IKV_E_INVALID, "%s: config->decay %g is outside (0, 1)", fn, (double)c.decay);
+    if (ikv::pool_backend(pool) == IKV_BACKEND_CUDA)
+        return ikv::fail(IKV_E_UNSUPPORTED, "%s: query memories serve CPU pools only for now", fn);
+    ikv_query_memory *m = ikv::new_handle<ikv_query_memory>();
+    if (m == nullptr) return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    m->pool = pool;
+    m->n_layers = shape.n_layers;
+    m->n_q_heads = c.n_q_heads;
+    m->head_dim = shape.head_dim;
+    m->decay = c.decay;
+    *out = m;
+    return IKV_OK;
+}
+
+IKV_API void ikv_query_memory_destroy(ikv_query_memory *memory) { ikv::delete_handle(memory); }
+
+IKV_API ikv_status ikv_query_memory_remember(ikv_query_memory *memory, ikv_seq_id seq, uint32_t layer,
+                                             const void *q, ikv_dtype q_dtype, uint32_t n_tokens) {
+    const char *fn = "ikv_query_memory_remember";
+    IKV_CHECK_NULL(memory, fn);
+    IKV_CHECK_NULL(q, fn);
+    if (layer >= memory->n_layers)
+        return ikv::fail(IKV_E_RANGE, "%s: layer %u is out of range, the pool has %u layers", fn, layer,
+                         memory->n_layers);
+    if (n_tokens == 0) return ikv::fail(IKV_E_INVALID, "%s: n_tokens is 0, expected at least 1", fn);
+    return ikv::guarded(fn, [&] {
+        const uint32_t row = memory->n_q_heads * memory->head_dim;
+        std::vector<float> f32;
+        const ikv_status st = queries_f32(q, q_dtype, uint64_t(n_tokens) * row, row, fn, f32);
+        if (st != IKV_OK) return st;
+        memory->remember(seq, layer, f32.data(), n_tokens);
+        return IKV_OK;
+    });
+}
+
+IKV_API ikv_status ikv_query_memory_end_turn(ikv_query_memory *memory, ikv_seq_id seq) {
+    IKV_CHECK_NULL(memory, "ikv_query_memory_end_turn");
+    memory->end_turn(seq);
+    return IKV_OK;
+}
+
+IKV_API ikv_status ikv_query_memory_forget(ikv_query_memory *memory, ikv_seq_id seq) {
+    IKV_CHECK_NULL(memory, "ikv_query_memory_forget");
+    memory->seqs.erase(seq);
+    return IKV_OK;
+}
+
+IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory) {
+    IKV_CHECK_NULL(memory, "ikv_query_memory_reset");
+    memory->seqs.clear();
+    return IKV_OK;
+}
+
+}  // extern "C"
