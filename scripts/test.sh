@@ -31,7 +31,7 @@ bash scripts/check_neon_build.sh
 echo "== selection-quality harness: user tensor format, and its properties on small real and synthetic sets =="
 bash scripts/install_python_deps.sh
 INTENTKV_LIB="$PWD/build/libintentkv.so" python3 -m unittest bench/quality/test_quality.py
-INTENTKV_LIB="$PWD/build/libintentkv.so" python3 bench/quality/run_quality.py --small --check \
+OPENBLAS_NUM_THREADS=1 INTENTKV_LIB="$PWD/build/libintentkv.so" python3 bench/quality/run_quality.py --small --check \
   --data real-single,real-multidoc-8k,synth-32k | grep -E "^==|harness properties|VIOLATION"
 
 echo "== bindings: Python (ctypes) and Rust =="

@@ -23,9 +23,11 @@ Methods (a budget is a share of the context's tokens, in whole pages):
   sinks+recent  the first page plus the newest pages (StreamingLLM)
   plan       the router's intent plan alone (layout scores, whole blocks)
   quest      query-aware top-k by Quest bound, no plan (IKV_TOPK_FIXED)
-  plan+quest the plan routed at twice the budget, top-k within it
-  mass-0.9   adaptive budget (IKV_TOPK_MASS, 90% estimated mass), capped at
-             the budget and floored at a quarter of it
+  hybrid     the same ranked by IKV_TOPK_SCORE_HYBRID (per-head shifted mean
+             of the bound and the mean key's logit)
+  plan+quest / plan+hybrid   the plan routed at twice the budget, top-k within it
+  adaptive-0.9 / adaptive-0.95   IKV_TOPK_MASS (90% / 95% estimated mass) on
+             hybrid scores, capped at the budget and floored at a quarter of it
 """
 import math
 import os
@@ -40,6 +42,7 @@ import intentkv as ikv  # noqa: E402
 
 PAGE = 16
 BUDGETS = (0.0625, 0.125, 0.25, 0.5)
+SCORES = {"quest": ikv.TopkScore.QUEST, "hybrid": ikv.TopkScore.HYBRID}
 
 
 @dataclass
@@ -192,7 +195,7 @@ def evaluate(case, methods, budgets=BUDGETS, checks=None, seed=1234, n_threads=0
                     for method in methods:
                         if (method == "dense") != (budget_share == 1.0):
                             continue
-                        if method in ("plan", "plan+quest") and run.layout is None:
+                        if method.startswith("plan") and run.layout is None:
                             continue
                         if method in ("oracle", "random", "sinks+recent"):
                             pages = external_pages(method, ref, B, run.T, rng)
@@ -204,14 +207,16 @@ def evaluate(case, methods, budgets=BUDGETS, checks=None, seed=1234, n_threads=0
                             out, runs, nbytes = run.decode(layer, h, ref)
                         elif method == "plan":
                             out, runs, nbytes = run.decode(layer, h, ref, plans=[plan_for(B)] * run.N)
-                        elif method == "quest":
-                            out, runs, nbytes = run.decode(layer, h, ref, topk_token_budget=B)
-                        elif method == "plan+quest":
+                        elif method in ("quest", "hybrid"):
+                            out, runs, nbytes = run.decode(layer, h, ref, topk_token_budget=B,
+                                                           topk_score=SCORES[method])
+                        elif method in ("plan+quest", "plan+hybrid"):
                             out, runs, nbytes = run.decode(layer, h, ref, plans=[plan_for(2 * B)] * run.N,
-                                                           topk_token_budget=B)
-                        elif method.startswith("mass-"):
-                            out, runs, nbytes = run.decode(layer, h, ref, topk_mass=float(method[5:]),
-                                                           topk_min_tokens=B // 4, topk_token_budget=B)
+                                                           topk_token_budget=B, topk_score=SCORES[method[5:]])
+                        elif method.startswith("adaptive-"):
+                            out, runs, nbytes = run.decode(layer, h, ref, topk_mass=float(method[9:]),
+                                                           topk_min_tokens=B // 4, topk_token_budget=B,
+                                                           topk_score=ikv.TopkScore.HYBRID)
                         else:
                             raise ValueError("unknown method " + method)
                         recall = np.stack([mass_of_runs(ref["cum"][n], runs[n]) for n in range(run.N)])  # [N, G]

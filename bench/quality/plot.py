@@ -5,8 +5,9 @@ matplotlib.use("Agg")  # no display on build machines
 import matplotlib.pyplot as plt  # noqa: E402
 
 STYLE = {"oracle": ("k", "-"), "random": ("0.6", ":"), "sinks+recent": ("tab:brown", "--"),
-         "plan": ("tab:green", "--"), "quest": ("tab:blue", "-"), "plan+quest": ("tab:purple", "-"),
-         "mass-0.9": ("tab:red", "-.")}
+         "plan": ("tab:green", "--"), "quest": ("tab:blue", "-"), "hybrid": ("tab:orange", "-"),
+         "plan+quest": ("tab:purple", "-"), "plan+hybrid": ("tab:pink", "-"), "adaptive-0.9": ("tab:red", "-."),
+         "adaptive-0.95": ("tab:olive", "-.")}
 
 
 def recall_vs_budget(summaries, path):

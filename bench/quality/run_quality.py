@@ -22,9 +22,11 @@ import harness  # noqa: E402
 import synthetic  # noqa: E402
 import user_tensors  # noqa: E402
 
-METHODS = ("dense", "oracle", "random", "sinks+recent", "plan", "quest", "plan+quest", "mass-0.9")
+METHODS = ("dense", "oracle", "random", "sinks+recent", "plan", "quest", "hybrid", "plan+quest", "plan+hybrid",
+           "adaptive-0.9", "adaptive-0.95")
 REAL_SETS = ("real-single", "real-multidoc-8k", "real-multidoc-32k")
 SYNTH_SETS = ("synth-32k", "synth-128k")
+SESSION_SETS = ("synth-revisit-32k",)  # multi-turn: query memory (revisit.py)
 
 
 def build_cases(name, small):
@@ -61,9 +63,29 @@ def quality_lines(name, summary):
         for (method, budget), s in sorted(summary.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
 
 
+def run_revisit(name, small, threads):
+    """The query-memory session (revisit.py): table and quality lines."""
+    import revisit
+    tokens = 8192 if small else int(name[len("synth-revisit-"):-1]) * 1024
+    data, out = revisit.evaluate(seq_len=tokens, n_threads=threads)
+    print("\n== %s (turns: %s; recall of turn 3's attention, and on the returning document) ==" %
+          (data, " / ".join(revisit.TURNS)))
+    print("%-14s %7s %11s %9s %13s %11s" % ("method", "budget", "recall_mean", "recall_p5", "returning_doc",
+                                             "returning_p5"))
+    lines = []
+    for (method, budget), (rec, home) in sorted(out.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        rec, home = np.array(rec), np.array(home)
+        print("%-14s %7.4f %11.4f %9.4f %13.4f %11.4f" % (method, budget, rec.mean(), np.percentile(rec, 5),
+                                                        home.mean(), np.percentile(home, 5)))
+        lines.append("quality: data=%s method=%s budget=%g recall_mean=%.4f recall_p5=%.4f returning_doc=%.4f" %
+                     (data, method, budget, rec.mean(), np.percentile(rec, 5), home.mean()))
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=",".join(REAL_SETS + SYNTH_SETS), help="comma-separated data sets")
+    ap.add_argument("--data", default=",".join(REAL_SETS + SYNTH_SETS + SESSION_SETS),
+                    help="comma-separated data sets")
     ap.add_argument("--tensors", help="a safetensors file of your own Q/K/V (docs in bench/quality/user_tensors.py)")
     ap.add_argument("--layout", help="optional layout JSON for --tensors")
     ap.add_argument("--methods", default=",".join(METHODS))
@@ -81,6 +103,10 @@ def main(argv=None):
         cases = [("user", args.tensors)]
     for name, path in cases:
         t0 = time.time()
+        if name in SESSION_SETS:
+            all_lines += run_revisit(name, args.small, args.threads)
+            print("(%s: %.1f s)" % (name, time.time() - t0), flush=True)
+            continue
         try:
             contexts = [user_tensors.load_case(path, args.layout)] if path else build_cases(name, args.small)
         except user_tensors.TensorFileError as e:

@@ -20,7 +20,7 @@ from ctypes import byref, c_float, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 from . import _ffi
 from ._ffi import IKV_ALL_LAYERS, IKV_MAX_QUERY_TOKENS, IKV_PAGE_MANDATORY, IKV_PAGE_PARTIAL, load
 
-__all__ = ["load", "IntentKVError", "Format", "DType", "TopkMode", "TopkScore", "Kind", "Policy", "Reason", "OverBudget", "Layout",
+__all__ = ["load", "IntentKVError", "Format", "DType", "TopkMode", "TopkScore", "QueryMemory", "Kind", "Policy", "Reason", "OverBudget", "Layout",
            "Router", "Plan", "Pool", "Decoder", "runtime_info", "version", "version_string",
            "IKV_ALL_LAYERS", "IKV_MAX_QUERY_TOKENS", "IKV_PAGE_MANDATORY", "IKV_PAGE_PARTIAL"]
 
@@ -498,6 +498,38 @@ class Pool(_Handle):
     seq_read = read
 
 
+class QueryMemory(_Handle):
+    """What earlier turns of each sequence asked (ikv_query_memory): QueryMemory(pool, n_q_heads,
+    decay=0.5); remember(seq, layer, q) adds float32 query tokens [n_tokens][n_q_heads][head_dim]
+    to the current turn, end_turn(seq) folds it in; pass it to Decoder.decode(query_memory=...)."""
+    _destroy_name = "ikv_query_memory_destroy"
+
+    def __init__(self, pool, n_q_heads, decay=0.5):
+        super().__init__()
+        config = _ffi.lib().ikv_query_memory_default_config()
+        config.n_q_heads, config.decay = n_q_heads, decay
+        self._row = n_q_heads * pool._config["head_dim"]
+        _check(_ffi.lib().ikv_query_memory_create(pool.handle, byref(config), byref(self._ptr)))
+        self._pool = pool  # the pool must outlive the memory
+
+    def remember(self, seq, layer, q):
+        buf = _Buffer(q, DType.F32, "q")
+        if buf.count == 0 or buf.count % self._row:
+            raise _invalid("q has %d floats, not a positive multiple of n_q_heads*head_dim = %d" %
+                           (buf.count, self._row))
+        _check(_ffi.lib().ikv_query_memory_remember(self.handle, seq, layer, buf.ptr, int(DType.F32),
+                                                     buf.count // self._row))
+
+    def end_turn(self, seq):
+        _check(_ffi.lib().ikv_query_memory_end_turn(self.handle, seq))
+
+    def forget(self, seq):
+        _check(_ffi.lib().ikv_query_memory_forget(self.handle, seq))
+
+    def reset(self):
+        _check(_ffi.lib().ikv_query_memory_reset(self.handle))
+
+
 class Decoder(_Handle):
     """One decode step at a time; use one Decoder per thread."""
     _destroy_name = "ikv_decoder_destroy"
@@ -510,12 +542,13 @@ class Decoder(_Handle):
 
     def decode(self, pool, seqs, q, n_q_heads, layer=0, plans=None, n_query_tokens=1, scale=0.0, softcap=0.0,
                topk_token_budget=0, topk_mass=None, topk_min_tokens=0, topk_score=TopkScore.QUEST,
-               return_lse=False):
+               query_memory=None, return_lse=False):
         """Float32 queries [seq][query_token][q_head][head_dim] -> output array('f') of the same shape
         (and lse array('f') [seq][query_token][q_head] when return_lse).
         topk_mass=share selects adaptively (IKV_TOPK_MASS): pages until that estimated share of the
         attention mass, within [topk_min_tokens, topk_token_budget or unlimited] tokens.
-        topk_score ranks pages by the Quest bound (QUEST) or IKV_TOPK_SCORE_HYBRID (HYBRID)."""
+        topk_score ranks pages by the Quest bound (QUEST) or IKV_TOPK_SCORE_HYBRID (HYBRID);
+        query_memory (a QueryMemory of this pool) adds what earlier turns asked to the ranking."""
         seqs = [seqs] if isinstance(seqs, int) else list(seqs)
         head_dim = pool._config["head_dim"]
         n_rows = len(seqs) * n_query_tokens * n_q_heads
@@ -539,6 +572,7 @@ class Decoder(_Handle):
         args.lse = ctypes.cast(lb.ptr, POINTER(c_float)) if lb else None
         args.scale, args.softcap, args.topk_token_budget = scale, softcap, topk_token_budget
         args.topk_score = int(topk_score)
+        args.query_memory = query_memory.handle if query_memory is not None else None
         if topk_mass is not None:
             args.topk_mode, args.topk_mass, args.topk_min_tokens = TopkMode.MASS, topk_mass, topk_min_tokens
         _check(_ffi.lib().ikv_decode(self.handle, pool.handle, byref(args)))

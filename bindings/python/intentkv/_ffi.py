@@ -140,7 +140,12 @@ class DecodeArgs(Structure):
                 ("n_q_heads", c_uint32), ("q", c_void_p), ("q_dtype", c_int), ("out", c_void_p),
                 ("out_dtype", c_int), ("lse", POINTER(c_float)), ("scale", c_float), ("softcap", c_float),
                 ("topk_token_budget", c_uint32), ("stream", c_void_p), ("topk_mode", c_int),
-                ("topk_mass", c_float), ("topk_min_tokens", c_uint32), ("topk_score", c_int)]
+                ("topk_mass", c_float), ("topk_min_tokens", c_uint32), ("topk_score", c_int),
+                ("query_memory", c_void_p)]
+
+
+class QueryMemoryConfig(Structure):
+    _fields_ = [("struct_size", c_uint32), ("n_q_heads", c_uint32), ("decay", c_float)]
 
 
 # (name, restype, argtypes). Handles are c_void_p; status is c_int.
@@ -215,6 +220,13 @@ _PROTOTYPES = [
     ("ikv_decode_args_default", DecodeArgs, []),
     ("ikv_decode", _S, [_V, _V, POINTER(DecodeArgs)]),
     ("ikv_decoder_last_bytes_read", _S, [_V, POINTER(c_uint64)]),
+    ("ikv_query_memory_default_config", QueryMemoryConfig, []),
+    ("ikv_query_memory_create", _S, [_V, POINTER(QueryMemoryConfig), _PV]),
+    ("ikv_query_memory_destroy", None, [_V]),
+    ("ikv_query_memory_remember", _S, [_V, c_uint32, c_uint32, _V, c_int, c_uint32]),
+    ("ikv_query_memory_end_turn", _S, [_V, c_uint32]),
+    ("ikv_query_memory_forget", _S, [_V, c_uint32]),
+    ("ikv_query_memory_reset", _S, [_V]),
     ("ikv_decoder_last_selection", _S, [_V, c_uint32, c_uint32, POINTER(TokenRange), ctypes.c_size_t,
                                         POINTER(ctypes.c_size_t)]),
     ("ikv_decoder_get_stats", _S, [_V, POINTER(DecoderStats)]),

@@ -115,6 +115,41 @@ class RoundTripTest(unittest.TestCase):
             self.assertLess(err, 1e-5)
 
 
+class QueryMemoryTest(unittest.TestCase):
+    def test_memory_of_an_earlier_turn_joins_the_selection(self):
+        rng = random.Random(5)
+        with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=32, page_size=16, capacity_bytes=8 << 20) as pool, \
+                ikv.Decoder(n_threads=1) as decoder, ikv.QueryMemory(pool, n_q_heads=2, decay=0.5) as memory:
+            seq = pool.seq_create()
+            n_tokens = 256
+            k, v = random_f32(rng, n_tokens * 32), random_f32(rng, n_tokens * 32)
+            pool.append(seq, k, v, layer=0)
+            q_now = random_f32(rng, 2 * 32)
+            # Nothing remembered: the memory changes nothing.
+            decoder.decode(pool, seq, q_now, 2, topk_token_budget=64)
+            alone = decoder.last_selection(0, 0)
+            decoder.decode(pool, seq, q_now, 2, topk_token_budget=64, query_memory=memory)
+            self.assertEqual(decoder.last_selection(0, 0), alone)
+            self.assertFalse(set(range(48, 64)) <= {t for b, e in alone for t in range(b, e)})
+            # An earlier turn's query that points at page 3's keys: page 3 is read now too.
+            q_then = array.array("f", [0.0] * (2 * 32))
+            for h in range(2):
+                for d in range(32):
+                    q_then[h * 32 + d] = 40.0 * k[(3 * 16) * 32 + d]
+            memory.remember(seq, 0, q_then)
+            memory.end_turn(seq)
+            decoder.decode(pool, seq, q_now, 2, topk_token_budget=64, query_memory=memory)
+            tokens = {t for b, e in decoder.last_selection(0, 0) for t in range(b, e)}
+            self.assertTrue(set(range(48, 64)) <= tokens)
+            with self.assertRaises(ikv.IntentKVError) as cm:
+                memory.remember(seq, 1, q_then)
+            self.assertEqual(cm.exception.status_name, "IKV_E_RANGE")
+            with self.assertRaises(ikv.IntentKVError):
+                memory.remember(seq, 0, q_then[:33])
+            memory.forget(seq)
+            memory.reset()
+
+
 class LayoutTest(unittest.TestCase):
     def test_add_update_remove_iterate_find(self):
         with ikv.Layout() as layout:

@@ -1,0 +1,83 @@
+"""Query memory in a multi-turn session: the attended document changes and
+later returns (ikv_query_memory; bench/quality/harness.py measures).
+
+Per query head: turn 1 reads document A, turn 2 document B, turn 3 returns to
+A with a weaker query (half of A's topic in it: the "unusual query" the
+memory is for). The same keys throughout (synthetic.py's construction:
+1024-token documents with topic directions, sinks). The memory remembers
+turns 1 and 2 (all of their queries), then turn 3 decodes with and without
+it at each budget. Reported: recall of turn 3's true attention, and recall on
+the returning document (its share of turn 3's mass that the pages read hold).
+"""
+import numpy as np
+
+import harness
+from synthetic import DOC_TOKENS, SINK_TOKENS, Case, _unit
+
+TURNS = ("A", "B", "A again, weaker")
+
+
+def revisit_case(seq_len=32768, seed=7, n_kv_heads=4, group=4, head_dim=64, n_queries=8):
+    """Keys, values and three turns of queries ([turn][query][q_head][D]), and
+    per q-head the returning document's token range."""
+    rng = np.random.default_rng(seed)
+    T, D, H, G = seq_len, head_dim, n_kv_heads, group
+    n_docs, sd = T // DOC_TOKENS, np.sqrt(D)
+    k = (0.3 * rng.standard_normal((T, H, D))).astype(np.float32)
+    v = rng.standard_normal((T, H, D)).astype(np.float32)
+    q = np.empty((3, n_queries, H * G, D), np.float32)
+    home = {}
+    for h in range(H):
+        topics = _unit(rng, n_docs, D)
+        sink = _unit(rng, 1, D)[0]
+        for d in range(n_docs):
+            k[d * DOC_TOKENS:(d + 1) * DOC_TOKENS, h] += (2.0 * topics[d]).astype(np.float32)
+        k[:SINK_TOKENS, h] += (4.0 * sink).astype(np.float32)
+        for g in range(G):
+            a, b = rng.choice(np.arange(1, n_docs - 1), size=2, replace=False)
+            home[h * G + g] = (a * DOC_TOKENS, (a + 1) * DOC_TOKENS)
+            for turn, (doc, strength) in enumerate(((a, 3.0), (b, 3.0), (a, 1.5))):
+                for n in range(n_queries):
+                    q[turn, n, h * G + g] = (strength * topics[doc] * sd + 2.0 * sink * sd +
+                                             rng.standard_normal(D)).astype(np.float32)
+    case = Case(name="synth-revisit-%dk" % (T // 1024), k=k[None], v=v[None], q=q[2][None],
+                note="%d kv-heads x %d query heads, head_dim %d, 3 turns of %d queries" % (H, G, D, n_queries))
+    return case, q, home
+
+
+def evaluate(seq_len=32768, budgets=harness.BUDGETS, decay=0.5, n_threads=0):
+    """{(method, budget): (recall list, returning-document recall list)}."""
+    case, turns, home = revisit_case(seq_len)
+    dec = harness.ikv.Decoder(n_threads=n_threads)
+    run = harness.CaseRunner(case, dec)
+    # The pool holds kv-head h as layer h (harness.CaseRunner): the memory
+    # remembers each layer's group of query heads.
+    memory = harness.ikv.QueryMemory(run.pool, n_q_heads=run.group, decay=decay)
+    for turn in (0, 1):  # every fork remembers turns 1 and 2 (each step's queries)
+        for seq in run.forks:
+            for h in range(run.H):
+                memory.remember(seq, h, np.ascontiguousarray(turns[turn, :, h * run.group:(h + 1) * run.group]))
+            memory.end_turn(seq)
+    out = {}
+    try:
+        for h in range(run.H):
+            ref = run.head_reference(0, h)
+            for share in budgets:
+                B = harness.budget_tokens(share, run.T)
+                for method, mem in (("hybrid", None), ("hybrid+memory", memory)):
+                    _, runs, _ = run.decode(0, h, ref, topk_token_budget=B, topk_score=harness.ikv.TopkScore.HYBRID,
+                                            query_memory=mem)
+                    rec, home_rec = out.setdefault((method, share), ([], []))
+                    for n in range(run.N):
+                        got = harness.mass_of_runs(ref["cum"][n], runs[n])  # [G]
+                        rec.extend(got.tolist())
+                        for g in range(run.group):
+                            b, e = home[h * run.group + g]
+                            inside = [(max(b, rb), min(e, re)) for rb, re in runs[n] if rb < e and re > b]
+                            total = ref["cum"][n, g, e] - ref["cum"][n, g, b]
+                            home_rec.append(harness.mass_of_runs(ref["cum"][n, g], inside) / total)
+    finally:
+        memory.close()
+        run.close()
+        dec.close()
+    return case.name, out
