@@ -804,6 +804,70 @@ IKV_API ikv_status ikv_query_memory_forget(ikv_query_memory *memory, ikv_seq_id 
 /** Forget every sequence. Errors: IKV_E_NULL. */
 IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
 
+/**
+ * Attention feedback: the attention mass each page a decode read really
+ * received, kept per sequence, layer, kv-head and page as an exponential
+ * moving average, for the engine's router (ikv_page_feedback_block_scores
+ * turns it into layout block scores) and as a prior of query-aware selection
+ * (ikv_decode_args.topk_feedback_weight).
+ *
+ * A decode that passes it (ikv_decode_args.feedback) computes, for every
+ * (sequence, kv-head) and page it read, the page's share of the softmax: the
+ * sum over the page's read tokens of exp(logit - lse), averaged over the
+ * kv-group's query heads and the step's query tokens (causal: a token after
+ * a query's position adds nothing for that query). For each such page,
+ * ema = (1 - rate) * ema + rate * share (ema starts at 0); pages the step did
+ * not read keep their ema. This costs one more pass over the keys the step
+ * read (no second read of V). CPU pools only for now.
+ * Host memory: 4 bytes per page, layer and kv-head of each sequence fed back.
+ * Thread-safety: a decode writes it; calls on one feedback object, decodes
+ * that pass it included, need the caller's ordering.
+ */
+typedef struct ikv_page_feedback ikv_page_feedback;
+
+typedef struct ikv_page_feedback_config {
+    uint32_t struct_size;
+    float rate;  /**< weight of a step's share in the average, in (0, 1]; default 0.25 */
+} ikv_page_feedback_config;
+
+/** rate 0.25. */
+IKV_API ikv_page_feedback_config ikv_page_feedback_default_config(void);
+
+/**
+ * Feedback for the sequences of pool (used only with that pool, which must
+ * outlive it). Errors: IKV_E_NULL, IKV_E_INVALID (struct_size, rate),
+ * IKV_E_UNSUPPORTED (a CUDA pool), IKV_E_NOMEM.
+ */
+IKV_API ikv_status ikv_page_feedback_create(const ikv_pool *pool, const ikv_page_feedback_config *config,
+                                            ikv_page_feedback **out);
+IKV_API void ikv_page_feedback_destroy(ikv_page_feedback *feedback);
+
+/**
+ * The averages of seq at layer and kv_head for pages [0, capacity) into
+ * mass (pages never fed back: 0); *n_pages_out receives the number of pages
+ * the sequence has fed back so far (its highest page read + 1; 0 for an
+ * unknown sequence). Errors: IKV_E_NULL (feedback, n_pages_out, mass with
+ * capacity > 0), IKV_E_RANGE (layer, kv_head).
+ */
+IKV_API ikv_status ikv_page_feedback_get(const ikv_page_feedback *feedback, ikv_seq_id seq, uint32_t layer,
+                                         uint32_t kv_head, float *mass, uint32_t capacity, uint32_t *n_pages_out);
+
+/**
+ * Re-score the ATTEND blocks of layout from seq's feedback: a block's mass is
+ * the sum of the averages of the pages it overlaps (a page shared by two
+ * blocks counts for both), averaged over layers and kv-heads; each block
+ * with any page fed back gets its mass divided by the largest block's (so the
+ * most attended block scores 1), the others keep their score. Atomic: on
+ * error the layout is unchanged. Errors: IKV_E_NULL, IKV_E_NOMEM.
+ */
+IKV_API ikv_status ikv_page_feedback_block_scores(const ikv_page_feedback *feedback, ikv_seq_id seq,
+                                                  ikv_layout *layout);
+
+/** Forget seq's averages. Errors: IKV_E_NULL. */
+IKV_API ikv_status ikv_page_feedback_forget(ikv_page_feedback *feedback, ikv_seq_id seq);
+/** Forget every sequence's. Errors: IKV_E_NULL. */
+IKV_API ikv_status ikv_page_feedback_reset(ikv_page_feedback *feedback);
+
 typedef struct ikv_decoder_config {
     uint32_t struct_size;
     uint32_t n_threads;         /**< CPU worker threads incl. the caller; 0 = hardware threads; default 0 */
@@ -959,6 +1023,15 @@ typedef struct ikv_decode_args {
     uint32_t topk_min_tokens;     /**< IKV_TOPK_MASS: fewest tokens a selection keeps (mandatory ones count); default 0 */
     ikv_topk_score topk_score;    /**< what pages are ranked by: IKV_TOPK_SCORE_QUEST (default) or _HYBRID */
     const ikv_query_memory *query_memory; /**< optional, with query-aware selection: see ikv_query_memory */
+    ikv_page_feedback *feedback;  /**< optional: receives the mass each read page got (ikv_page_feedback) */
+    /**
+     * With feedback and query-aware selection, > 0 makes the averages a prior:
+     * a candidate's score becomes max(score - the best candidate's score,
+     * log(topk_feedback_weight * ema)), so a page that recently held a share
+     * m of the attention ranks at least as a page whose score is log(weight * m)
+     * below the best (pages without feedback: unchanged). In [0, 1]; default 0 (off).
+     */
+    float topk_feedback_weight;
 } ikv_decode_args;
 
 IKV_API ikv_decode_args ikv_decode_args_default(void);
@@ -969,7 +1042,7 @@ IKV_API ikv_decode_args ikv_decode_args_default(void);
  * n_query_tokens, dtypes, a plan of another page size, n_query_tokens > length,
  * topk_mode, topk_mass outside (0, 1], topk_min_tokens above a non-zero
  * topk_token_budget, topk_score, a query_memory of another pool or other
- * n_q_heads), IKV_E_UNSUPPORTED (IKV_TOPK_MASS on a CUDA pool: not
+ * n_q_heads, a feedback of another pool, topk_feedback_weight), IKV_E_UNSUPPORTED (IKV_TOPK_MASS on a CUDA pool: not
  * built yet), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args);

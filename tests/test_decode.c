@@ -212,6 +212,10 @@ typedef struct mass_rule {
      * kv-head whose scores count log(decay) lower in the scaled domain. */
     const double *mem_q;
     double decay;
+    /* Attention-feedback prior: averages [H][prior_n] (NULL: none) and its weight. */
+    const double *prior_avg;
+    size_t prior_n;
+    double prior_w;
 } mass_rule;
 
 static uint64_t mass_rule_budget(const mass_rule *m, const rank_item *rk, size_t nr, const uint32_t *eb,
@@ -310,6 +314,16 @@ static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t la
                 for (uint32_t r = 0; r < nrow; ++r)
                     if (srow[j * nrow + r] - stop[r] + off[r] > best) best = srow[j * nrow + r] - stop[r] + off[r];
                 rk[j].bound = best;
+            }
+        }
+        if (mass->prior_avg) { /* max(bound - best, log(w m) in the unscaled domain) where m > 0 */
+            double best = -INFINITY;
+            for (size_t j = 0; j < nr; ++j) best = rk[j].bound > best ? rk[j].bound : best;
+            for (size_t j = 0; j < nr; ++j) {
+                const uint32_t page = ep[rk[j].index];
+                const double m = page < mass->prior_n ? mass->prior_avg[h * mass->prior_n + page] : 0;
+                const double rel = rk[j].bound - best, pr = m > 0 ? log(mass->prior_w * m) / mass->scale : -INFINITY;
+                rk[j].bound = pr > rel ? pr : rel;
             }
         }
         qsort(rk, nr, sizeof *rk, cmp_rank);
@@ -851,6 +865,185 @@ static void test_query_memory_errors(void **state) {
     fix_free(&g);
 }
 
+/* Each page's share of one step's softmax, plainly: per kv-head h and page,
+ * the sum over the page's selected live tokens of exp(logit - lse) per query
+ * row (causal), averaged over the group's heads and the query tokens; added
+ * into avg [H][n_pages] as avg = (1 - rate) avg + rate share for pages read. */
+static void reference_feedback(const stored_kv *s, const uint8_t *sel, uint32_t length, uint32_t H, uint32_t D,
+                               uint32_t P, uint32_t nq, uint32_t nqt, const float *q, double scale, double rate,
+                               double *avg) {
+    const uint32_t group = nq / H, n_pages = (length + P - 1) / P;
+    double *share = calloc(n_pages, sizeof *share), *logit = malloc(length * sizeof *logit);
+    uint8_t *read = calloc(n_pages, 1);
+    for (uint32_t h = 0; h < H; ++h) {
+        memset(share, 0, n_pages * sizeof *share);
+        memset(read, 0, n_pages);
+        for (uint32_t t = 0; t < nqt; ++t)
+            for (uint32_t g = 0; g < group; ++g) {
+                const uint32_t qpos = length - nqt + t;
+                double mx = -INFINITY, sum = 0;
+                for (uint32_t i = 0; i <= qpos; ++i) {
+                    logit[i] = -INFINITY;
+                    if (!s->live[i] || !sel[(size_t)h * length + i]) continue;
+                    double dot = 0;
+                    for (uint32_t d = 0; d < D; ++d)
+                        dot += (double)q[((size_t)t * nq + h * group + g) * D + d] * s->k[((size_t)i * H + h) * D + d];
+                    logit[i] = dot * scale;
+                    mx = logit[i] > mx ? logit[i] : mx;
+                }
+                for (uint32_t i = 0; i <= qpos; ++i) sum += logit[i] > -INFINITY ? exp(logit[i] - mx) : 0;
+                for (uint32_t i = 0; i <= qpos; ++i)
+                    if (logit[i] > -INFINITY) share[i / P] += exp(logit[i] - mx) / sum / (group * nqt);
+            }
+        for (uint32_t i = 0; i < length; ++i)
+            if (s->live[i] && sel[(size_t)h * length + i]) read[i / P] = 1;
+        for (uint32_t p = 0; p < n_pages; ++p)
+            if (read[p]) avg[(size_t)h * n_pages + p] = (1 - rate) * avg[(size_t)h * n_pages + p] + rate * share[p];
+    }
+    free(share), free(logit), free(read);
+}
+
+static void expect_feedback(const ikv_page_feedback *fb, ikv_seq_id seq, uint32_t layer, uint32_t H,
+                            uint32_t n_pages, const double *avg) {
+    float *got = malloc((n_pages + 4) * sizeof *got);
+    for (uint32_t h = 0; h < H; ++h) {
+        uint32_t n = 0;
+        IKVT_OK(ikv_page_feedback_get(fb, seq, layer, h, got, n_pages + 4, &n));
+        assert_true(n <= n_pages);
+        for (uint32_t p = 0; p < n_pages + 4; ++p) {
+            const double want = p < n_pages ? avg[(size_t)h * n_pages + p] : 0;
+            if (!(fabs(got[p] - want) <= 1e-5 + 1e-4 * want)) {
+                print_error("feedback kv-head %u page %u: %.9g, the reference %.9g\n", h, p, (double)got[p], want);
+                fail();
+            }
+        }
+    }
+    free(got);
+}
+
+/* Attention feedback: two steps (a plan with partial pages and 2 causal query
+ * tokens on 3 threads, then top-k with the first step's averages as its
+ * prior) give the float64 reference's averages; the prior's selection is the
+ * reference's; block scores follow; bad input is refused and feeds nothing. */
+static void test_attention_feedback(void **state) {
+    (void)state;
+    enum { L = 2, H = 2, G = 3, D = 64, P = 16, LEN = 300, NQ = H * G, NP = (LEN + P - 1) / P };
+    ikvt_rng rng = {5100};
+    pool_fix f;
+    fix_init(&f, L, H, D, P, IKV_FMT_INT8, LEN, &rng, 1);
+    ikv_page_feedback_config fc = ikv_page_feedback_default_config();
+    fc.rate = 0.5f;
+    ikv_page_feedback *fb = NULL;
+    IKVT_OK(ikv_page_feedback_create(f.pool, &fc, &fb));
+    stored_kv s = read_stored(f.pool, f.seq, 1, H, D, P, LEN);
+    double *avg = calloc((size_t)H * NP, sizeof *avg);
+    static const ikv_token_range ranges[] = {{0, 40}, {77, 150}, {200, 300}};
+    ikv_plan *plan = NULL;
+    IKVT_OK(ikv_plan_from_ranges(ranges, 3, LEN, P, IKV_FMT_INT8, &plan));
+    float q[2 * NQ * D], out[2 * NQ * D];
+    const double scale = 1.0 / sqrt((double)D);
+    /* step 1: the plan, two query tokens */
+    ikvt_fill_normal(&rng, q, 2 * NQ * D, 1.0f);
+    ikv_decode_args a = ikv_decode_args_default();
+    const ikv_plan *plans[1] = {plan};
+    a.layer = 1;
+    a.seqs = &f.seq;
+    a.plans = plans;
+    a.n_query_tokens = 2;
+    a.n_q_heads = NQ;
+    a.q = q;
+    a.out = out;
+    a.feedback = fb;
+    IKVT_OK(ikv_decode(g_dec3, f.pool, &a));
+    uint8_t *sel = plan_selection(plan, LEN, H);
+    reference_feedback(&s, sel, LEN, H, D, P, NQ, 2, q, scale, 0.5, avg);
+    free(sel);
+    expect_feedback(fb, f.seq, 1, H, NP, avg);
+    uint32_t n0 = 99;
+    IKVT_OK(ikv_page_feedback_get(fb, f.seq, 0, 0, NULL, 0, &n0)); /* layer 0 was not decoded */
+    assert_int_equal(n0, 0);
+    /* step 2: top-k over every page with the averages as a prior */
+    ikvt_fill_normal(&rng, q, NQ * D, 1.0f);
+    mass_rule rule;
+    memset(&rule, 0, sizeof rule);
+    rule.scale = scale;
+    rule.prior_avg = avg;
+    rule.prior_n = NP;
+    rule.prior_w = 0.7;
+    sel = topk_selection(f.pool, f.seq, 1, NULL, &s, LEN, H, D, P, NQ, q, IKV_DTYPE_F32, 80, &rule);
+    a.plans = NULL;
+    a.n_query_tokens = 1;
+    a.topk_token_budget = 80;
+    a.topk_feedback_weight = 0.7f;
+    IKVT_OK(ikv_decode(g_dec1, f.pool, &a));
+    expect_last_selection(g_dec1, 0, sel, &s, LEN, H, "feedback prior");
+    reference_feedback(&s, sel, LEN, H, D, P, NQ, 1, q, scale, 0.5, avg);
+    free(sel);
+    expect_feedback(fb, f.seq, 1, H, NP, avg);
+    /* block scores: ATTEND blocks by their pages' averages (all layers, kv-heads), the largest 1 */
+    ikv_layout *layout = NULL;
+    IKVT_OK(ikv_layout_create(&layout));
+    ikv_block_desc bd = ikv_block_desc_default();
+    const uint32_t starts[] = {0, 40, 150, 300};
+    uint32_t id[3];
+    for (int i = 0; i < 3; ++i) {
+        bd.name = i == 0 ? "a" : i == 1 ? "b" : "c";
+        bd.start = starts[i];
+        bd.end = starts[i + 1];
+        bd.policy = i == 2 ? IKV_POLICY_ALWAYS : IKV_POLICY_ATTEND;
+        bd.score = 0.25f;
+        IKVT_OK(ikv_layout_add(layout, &bd, &id[i]));
+    }
+    IKVT_OK(ikv_page_feedback_block_scores(fb, f.seq, layout));
+    double bm[2] = {0, 0};
+    for (int i = 0; i < 2; ++i)
+        for (uint32_t h = 0; h < H; ++h)
+            for (uint32_t p = starts[i] / P; p < (starts[i + 1] + P - 1) / P; ++p) bm[i] += avg[h * NP + p];
+    const double top = bm[0] > bm[1] ? bm[0] : bm[1];
+    for (int i = 0; i < 3; ++i) {
+        ikv_block_info info;
+        IKVT_OK(ikv_layout_get(layout, id[i], &info));
+        const double want = i == 2 ? 0.25 : bm[i] / top;
+        assert_true(fabs(info.score - want) <= 1e-4);
+    }
+    /* bad input: named, nothing changed */
+    uint32_t n = 0;
+    float m1[1];
+    IKVT_EXPECT_STATUS(ikv_page_feedback_get(fb, f.seq, 2, 0, m1, 1, &n), IKV_E_RANGE, "layer");
+    IKVT_EXPECT_STATUS(ikv_page_feedback_get(fb, f.seq, 0, 2, m1, 1, &n), IKV_E_RANGE, "kv_head");
+    IKVT_EXPECT_STATUS(ikv_page_feedback_get(fb, f.seq, 0, 0, NULL, 1, &n), IKV_E_NULL, "mass");
+    IKVT_EXPECT_STATUS(ikv_page_feedback_get(NULL, f.seq, 0, 0, m1, 1, &n), IKV_E_NULL, "feedback");
+    IKVT_EXPECT_STATUS(ikv_page_feedback_block_scores(fb, f.seq, NULL), IKV_E_NULL, "layout");
+    fc.rate = 0.0f;
+    ikv_page_feedback *bad = NULL;
+    IKVT_EXPECT_STATUS(ikv_page_feedback_create(f.pool, &fc, &bad), IKV_E_INVALID, "rate");
+    fc.rate = 1.5f;
+    IKVT_EXPECT_STATUS(ikv_page_feedback_create(f.pool, &fc, &bad), IKV_E_INVALID, "rate");
+    assert_null(bad);
+    a.topk_feedback_weight = 2.0f;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "topk_feedback_weight");
+    a.topk_feedback_weight = NAN;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, f.pool, &a), IKV_E_INVALID, "topk_feedback_weight");
+    expect_feedback(fb, f.seq, 1, H, NP, avg); /* refused calls fed nothing back */
+    pool_fix other;
+    fix_init(&other, L, H, D, P, IKV_FMT_F16, 40, &rng, 0);
+    a.topk_feedback_weight = 0;
+    a.seqs = &other.seq;
+    IKVT_EXPECT_STATUS(ikv_decode(g_dec1, other.pool, &a), IKV_E_INVALID, "another pool");
+    IKVT_OK(ikv_page_feedback_forget(fb, f.seq));
+    IKVT_OK(ikv_page_feedback_get(fb, f.seq, 1, 0, NULL, 0, &n));
+    assert_int_equal(n, 0);
+    IKVT_OK(ikv_page_feedback_reset(fb));
+    ikv_page_feedback_destroy(fb);
+    ikv_page_feedback_destroy(NULL);
+    ikv_layout_destroy(layout);
+    ikv_plan_destroy(plan);
+    free(avg);
+    free_stored(&s);
+    fix_free(&other);
+    fix_free(&f);
+}
+
 /* Out of plan A and plan B (disjoint) with their LSEs, the union's output
  * follows exactly: out = (e^lseA outA + e^lseB outB) / (e^lseA + e^lseB). */
 static void test_lse_merges_disjoint_plans(void **state) {
@@ -1311,6 +1504,7 @@ int main(void) {
         cmocka_unit_test(test_topk_hybrid_score),
         cmocka_unit_test(test_query_memory_selection),
         cmocka_unit_test(test_query_memory_errors),
+        cmocka_unit_test(test_attention_feedback),
         cmocka_unit_test(test_lse_merges_disjoint_plans),
         cmocka_unit_test(test_selected_equals_dense_on_those_tokens),
         cmocka_unit_test(test_empty_selection),

@@ -19,7 +19,8 @@
 #include "common/error.hpp"
 #include "common/raw_enum.hpp"
 #include "decode/decoder.hpp"
-#include "memory/query_memory.hpp"
+#include "feedback/page_feedback.hpp"
+#include "query_memory/query_memory.hpp"
 
 namespace {
 
@@ -70,6 +71,11 @@ ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListM
             return ikv::fail(IKV_E_INVALID, "%s: args->query_memory remembers %u query heads, the call has %u", fn,
                              a.query_memory->n_q_heads, a.n_q_heads);
     }
+    if (a.feedback != nullptr && a.feedback->pool != pool)
+        return ikv::fail(IKV_E_INVALID, "%s: args->feedback was created for another pool", fn);
+    if (!(a.topk_feedback_weight >= 0.0f && a.topk_feedback_weight <= 1.0f))
+        return ikv::fail(IKV_E_INVALID, "%s: args->topk_feedback_weight %g is outside [0, 1]", fn,
+                         (double)a.topk_feedback_weight);
     if (mode == IKV_TOPK_MASS) {
         if (!(a.topk_mass > 0.0f && a.topk_mass <= 1.0f))
             return ikv::fail(IKV_E_INVALID, "%s: args->topk_mass %g is outside (0, 1] (IKV_TOPK_MASS)", fn,

@@ -1,5 +1,5 @@
 // extern "C" boundary of query memories: argument checks and error
-// sentences; the memory itself lives in src/memory/.
+// sentences; the memory itself lives in src/query_memory/.
 #include <cmath>
 #include <vector>
 
@@ -9,7 +9,7 @@
 #include "common/host_memory.hpp"
 #include "common/quant.hpp"
 #include "common/raw_enum.hpp"
-#include "memory/query_memory.hpp"
+#include "query_memory/query_memory.hpp"
 #include "pool/pool_view.hpp"
 
 namespace {

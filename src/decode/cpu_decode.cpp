@@ -7,7 +7,9 @@
 #include "common/quant.hpp"
 #include "cpu/dispatch.hpp"
 #include "decode/decoder.hpp"
-#include "memory/query_memory.hpp"
+#include "feedback/page_feedback.hpp"
+#include "pool/host_codec.hpp"
+#include "query_memory/query_memory.hpp"
 
 namespace ikv {
 namespace {
@@ -35,6 +37,53 @@ uint64_t chunk_tokens(uint64_t total_tokens, unsigned n_threads) {
     if (n_threads <= 1) return UINT64_MAX;
     const uint64_t per = (total_tokens + 4ull * n_threads - 1) / (4ull * n_threads);
     return std::max<uint64_t>(per, 512);
+}
+
+// Attention feedback (ikv_page_feedback): each read span's share of the
+// softmax, sum over its tokens of exp(logit - lse) averaged over the R query
+// rows (causal), from the keys read once more (dequant_rows) and the step's
+// scaled queries and row LSEs; then per (sequence, kv-head) the shares of
+// each page go to the feedback's averages.
+void feed_back(ThreadPool &threads, DecodeScratch &S, const ikv_decode_args &a, const std::vector<SeqSnapshot> &snaps,
+               const PageShape &shape, uint32_t R, uint32_t group) {
+    const uint32_t D = shape.head_dim, P = shape.page_size, H = shape.n_kv_heads, nqt = a.n_query_tokens;
+    const uint64_t RD = uint64_t(R) * D;
+    S.span_share.resize(S.spans.size());
+    auto measure = [&](std::size_t bh, unsigned w) {
+        const float *q = S.q.data() + bh * RD, *lse = S.row_lse.data() + bh * R;
+        const uint32_t qpos0 = snaps[bh / H].length - nqt;  // position of query token 0
+        float *k = S.worker[w].data();                      // P rows of D (the kernels are done with it)
+        for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i) {
+            const SpanRef &sp = S.spans[i];
+            dequant_rows(ikv_format(sp.fmt), P, D, sp.sub, 0, sp.begin, sp.end - sp.begin, k, D);
+            double share = 0.0;
+            for (uint32_t t = sp.begin; t < sp.end; ++t) {
+                const float *kt = k + uint64_t(t - sp.begin) * D;
+                for (uint32_t r = 0; r < R; ++r) {
+                    if (sp.pos0 + t > qpos0 + r / group || lse[r] == -INFINITY) continue;  // in this row's future
+                    float logit = 0.0f;
+                    for (uint32_t d = 0; d < D; ++d) logit += q[uint64_t(r) * D + d] * kt[d];
+                    if (a.softcap > 0.0f) logit = a.softcap * std::tanh(logit / a.softcap);
+                    share += std::exp(double(logit) - lse[r]);
+                }
+            }
+            S.span_share[i] = float(share / R);
+        }
+    };
+    threads.parallel_for(uint64_t(a.n_seqs) * H, measure);
+    for (uint64_t bh = 0; bh < uint64_t(a.n_seqs) * H; ++bh) {  // a page's spans are consecutive: one share each
+        S.fb_pages.clear();
+        S.fb_share.clear();
+        for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i) {
+            const uint32_t page = S.spans[i].pos0 / P;
+            if (!S.fb_pages.empty() && S.fb_pages.back() == page)
+                S.fb_share.back() += S.span_share[i];
+            else
+                S.fb_pages.push_back(page), S.fb_share.push_back(S.span_share[i]);
+        }
+        a.feedback->add_step(a.seqs[bh / H], a.layer, uint32_t(bh % H), S.fb_pages.data(), S.fb_share.data(),
+                             uint32_t(S.fb_pages.size()));
+    }
 }
 
 }  // namespace
@@ -134,6 +183,15 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                              S.bounds.data() + h * n_all + lo);
             };
             threads.parallel_for(BH, combine);
+        }
+        if (a.feedback && a.topk_feedback_weight > 0.0f) {  // the averages as a prior (before this step's)
+            auto prior = [&](std::size_t bh, unsigned) {
+                const uint32_t b = uint32_t(bh) / H, h = uint32_t(bh) % H, lo = S.entry_lo[b];
+                apply_feedback_prior(S.entries.data() + lo, S.entry_lo[b + 1] - lo,
+                                     a.feedback->averages(a.seqs[b], a.layer, h), a.topk_feedback_weight,
+                                     S.bounds.data() + h * n_all + lo);
+            };
+            threads.parallel_for(BH, prior);
         }
     }
 
@@ -240,6 +298,7 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             if (M == -INFINITY) {  // empty selection: out 0, lse -inf (documented)
                 for (uint32_t d = 0; d < D; ++d) store_elem(a.out, a.out_dtype, row * D + d, 0.0f);
                 if (a.lse) a.lse[row] = -INFINITY;
+                if (a.feedback) S.row_lse[uint64_t(bh) * R + r] = -INFINITY;
                 continue;
             }
             float o[256];  // head_dim <= 256
@@ -256,9 +315,12 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             const float inv = 1.0f / L;
             for (uint32_t d = 0; d < D; ++d) store_elem(a.out, a.out_dtype, row * D + d, o[d] * inv);
             if (a.lse) a.lse[row] = M + std::log(L);
+            if (a.feedback) S.row_lse[uint64_t(bh) * R + r] = M + std::log(L);
         }
     };
+    if (a.feedback) S.row_lse.resize(uint64_t(BH) * R);
     threads.parallel_for(BH, merge);
+    if (a.feedback) feed_back(threads, S, a, snaps, shape, R, group);
     *bytes_read = bytes;
     return IKV_OK;
 }

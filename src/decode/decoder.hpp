@@ -42,6 +42,9 @@ struct DecodeScratch {
     dvec<uint32_t> item_lo;  // [B*H + 1] offsets into items
     dvec<float> partial;     // [items][R*(D+2)]: m, l, acc
     dvec<dvec<float>> worker;  // per worker: logits, kspan, vspan, qfold
+    // attention feedback: row LSEs [B*H][R], each span's share, one (b, h)'s pages and shares
+    dvec<float> row_lse, span_share, fb_share;
+    dvec<uint32_t> fb_pages;
 };
 
 // Run one step on a CPU pool. args were validated by src/api/api_decode.cpp.

@@ -144,6 +144,20 @@ void combine_rows(const Entry *entries, uint32_t n, const float *rows, uint32_t 
     }
 }
 
+void apply_feedback_prior(const Entry *entries, uint32_t n, const std::vector<float> *avg, float weight,
+                          float *bounds) {
+    if (avg == nullptr) return;
+    float best = -INFINITY;
+    for (uint32_t i = 0; i < n; ++i)
+        if (!entries[i].mandatory) best = std::max(best, bounds[i]);  // NaN never wins
+    for (uint32_t i = 0; i < n; ++i) {
+        if (entries[i].mandatory) continue;
+        const float m = entries[i].page < avg->size() ? (*avg)[entries[i].page] : 0.0f;
+        const float rel = best > -INFINITY ? bounds[i] - best : bounds[i];
+        bounds[i] = m > 0.0f ? std::max(rel, std::log(weight * m)) : rel;  // (a NaN rel stays NaN without feedback)
+    }
+}
+
 void select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, dvec<uint32_t> &order,
                  dvec<uint8_t> &keep, dvec<Entry> &out) {
     order.clear();

@@ -93,6 +93,13 @@ void select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRul
 uint64_t mass_budget(const Entry *in, const float *bounds, const uint32_t *order, uint32_t n_order,
                      uint64_t mandatory_tokens, const TopkRule &rule);
 
+// The attention-feedback prior (ikv_decode_args.topk_feedback_weight) on the
+// bounds of one (sequence, kv-head): bounds[i] = max(bounds[i] - the best
+// non-mandatory bound, log(weight * avg[page])) for candidates whose page has
+// an average > 0; avg may be null (no feedback: bounds unchanged).
+void apply_feedback_prior(const Entry *entries, uint32_t n, const std::vector<float> *avg, float weight,
+                          float *bounds);
+
 // Adds [begin, end) to runs (ascending), merged into the last run when it
 // starts where that one ends: ikv_decoder_last_selection's form.
 inline void add_run(std::vector<ikv_token_range> &runs, uint32_t begin, uint32_t end) {

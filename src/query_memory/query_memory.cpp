@@ -1,4 +1,4 @@
-#include "memory/query_memory.hpp"
+#include "query_memory/query_memory.hpp"
 
 #include <algorithm>
 

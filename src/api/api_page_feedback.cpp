@@ -1,0 +1,110 @@
+// extern "C" boundary of attention feedback: argument checks and error
+// sentences; the averages live in src/feedback/, the shares are measured by
+// the decode (src/decode/cpu_decode.cpp).
+#include <algorithm>
+#include <vector>
+
+#include "common/config.hpp"
+#include "common/error.hpp"
+#include "common/guard.hpp"
+#include "common/host_memory.hpp"
+#include "feedback/page_feedback.hpp"
+#include "layout/layout.hpp"
+#include "pool/pool_view.hpp"
+
+extern "C" {
+
+IKV_API ikv_page_feedback_config ikv_page_feedback_default_config(void) {
+    ikv_page_feedback_config c{};
+    c.struct_size = sizeof c;
+    c.rate = 0.25f;
+    return c;
+}
+
+IKV_API ikv_status ikv_page_feedback_create(const ikv_pool *pool, const ikv_page_feedback_config *config,
+                                            ikv_page_feedback **out) {
+    const char *fn = "ikv_page_feedback_create";
+    IKV_CHECK_NULL(pool, fn);
+    IKV_CHECK_NULL(config, fn);
+    IKV_CHECK_NULL(out, fn);
+    IKV_CHECK_STRUCT(config, sizeof(ikv_page_feedback_config), fn);
+    const ikv_page_feedback_config c = ikv::read_config(*config, ikv_page_feedback_default_config());
+    if (!(c.rate > 0.0f && c.rate <= 1.0f))
+        return ikv::fail(IKV_E_INVALID, "%s: config->rate %g is outside (0, 1]", fn, (double)c.rate);
+    if (ikv::pool_backend(pool) == IKV_BACKEND_CUDA)
+        return ikv::fail(IKV_E_UNSUPPORTED, "%s: attention feedback serves CPU pools only for now", fn);
+    ikv_page_feedback *f = ikv::new_handle<ikv_page_feedback>();
+    if (f == nullptr) return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    f->pool = pool;
+    f->n_layers = ikv::pool_shape(pool).n_layers;
+    f->n_kv_heads = ikv::pool_shape(pool).n_kv_heads;
+    f->rate = c.rate;
+    *out = f;
+    return IKV_OK;
+}
+
+IKV_API void ikv_page_feedback_destroy(ikv_page_feedback *feedback) { ikv::delete_handle(feedback); }
+
+IKV_API ikv_status ikv_page_feedback_get(const ikv_page_feedback *feedback, ikv_seq_id seq, uint32_t layer,
+                                         uint32_t kv_head, float *mass, uint32_t capacity, uint32_t *n_pages_out) {
+    const char *fn = "ikv_page_feedback_get";
+    IKV_CHECK_NULL(feedback, fn);
+    IKV_CHECK_NULL(n_pages_out, fn);
+    if (capacity > 0) IKV_CHECK_NULL(mass, fn);
+    if (layer >= feedback->n_layers)
+        return ikv::fail(IKV_E_RANGE, "%s: layer %u is out of range, the pool has %u layers", fn, layer,
+                         feedback->n_layers);
+    if (kv_head >= feedback->n_kv_heads)
+        return ikv::fail(IKV_E_RANGE, "%s: kv_head %u is out of range, the pool has %u kv-heads", fn, kv_head,
+                         feedback->n_kv_heads);
+    const std::vector<float> *a = feedback->averages(seq, layer, kv_head);
+    const uint32_t n = a ? uint32_t(a->size()) : 0;
+    for (uint32_t p = 0; p < capacity; ++p) mass[p] = p < n ? (*a)[p] : 0.0f;
+    *n_pages_out = n;
+    return IKV_OK;
+}
+
+IKV_API ikv_status ikv_page_feedback_block_scores(const ikv_page_feedback *feedback, ikv_seq_id seq,
+                                                  ikv_layout *layout) {
+    const char *fn = "ikv_page_feedback_block_scores";
+    IKV_CHECK_NULL(feedback, fn);
+    IKV_CHECK_NULL(layout, fn);
+    return ikv::guarded(fn, [&] {
+        const uint32_t P = ikv::pool_shape(feedback->pool).page_size;
+        const uint32_t LH = feedback->n_layers * feedback->n_kv_heads;
+        std::vector<double> block_mass(layout->blocks.size(), 0.0);
+        std::vector<uint8_t> seen(layout->blocks.size(), 0);
+        for (uint32_t l = 0; l < feedback->n_layers; ++l)
+            for (uint32_t h = 0; h < feedback->n_kv_heads; ++h) {
+                const std::vector<float> *a = feedback->averages(seq, l, h);
+                if (a == nullptr) continue;
+                for (size_t b = 0; b < layout->blocks.size(); ++b) {
+                    const ikv_block_info &blk = layout->blocks[b];
+                    if (blk.policy != IKV_POLICY_ATTEND) continue;
+                    const uint64_t p1 = std::min<uint64_t>((uint64_t(blk.end) + P - 1) / P, a->size());
+                    for (uint64_t p = blk.start / P; p < p1; ++p)
+                        if ((*a)[p] > 0.0f) block_mass[b] += (*a)[p], seen[b] = 1;
+                }
+            }
+        double top = 0.0;
+        for (size_t b = 0; b < block_mass.size(); ++b) top = std::max(top, block_mass[b] / LH);
+        if (top <= 0.0) return IKV_OK;  // nothing fed back on any ATTEND block: the layout is unchanged
+        for (size_t b = 0; b < block_mass.size(); ++b)  // no allocation below: nothing can fail half-way
+            if (seen[b]) layout->blocks[b].score = float(std::min(1.0, block_mass[b] / LH / top));
+        return IKV_OK;
+    });
+}
+
+IKV_API ikv_status ikv_page_feedback_forget(ikv_page_feedback *feedback, ikv_seq_id seq) {
+    IKV_CHECK_NULL(feedback, "ikv_page_feedback_forget");
+    feedback->seqs.erase(seq);
+    return IKV_OK;
+}
+
+IKV_API ikv_status ikv_page_feedback_reset(ikv_page_feedback *feedback) {
+    IKV_CHECK_NULL(feedback, "ikv_page_feedback_reset");
+    feedback->seqs.clear();
+    return IKV_OK;
+}
+
+}  // extern "C"
