@@ -20,7 +20,7 @@ from ctypes import byref, c_float, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 from . import _ffi
 from ._ffi import IKV_ALL_LAYERS, IKV_MAX_QUERY_TOKENS, IKV_PAGE_MANDATORY, IKV_PAGE_PARTIAL, load
 
-__all__ = ["load", "IntentKVError", "Format", "DType", "TopkMode", "TopkScore", "QueryMemory", "Kind", "Policy", "Reason", "OverBudget", "Layout",
+__all__ = ["load", "IntentKVError", "Format", "DType", "TopkMode", "TopkScore", "QueryMemory", "PageFeedback", "Kind", "Policy", "Reason", "OverBudget", "Layout",
            "Router", "Plan", "Pool", "Decoder", "runtime_info", "version", "version_string",
            "IKV_ALL_LAYERS", "IKV_MAX_QUERY_TOKENS", "IKV_PAGE_MANDATORY", "IKV_PAGE_PARTIAL"]
 
@@ -530,6 +530,36 @@ class QueryMemory(_Handle):
         _check(_ffi.lib().ikv_query_memory_reset(self.handle))
 
 
+class PageFeedback(_Handle):
+    """Attention feedback (ikv_page_feedback): PageFeedback(pool, rate=0.25); pass it to
+    Decoder.decode(feedback=...); get(seq, layer, kv_head) -> per-page averages (list of floats);
+    block_scores(seq, layout) re-scores the layout's ATTEND blocks."""
+    _destroy_name = "ikv_page_feedback_destroy"
+
+    def __init__(self, pool, rate=0.25):
+        super().__init__()
+        config = _ffi.lib().ikv_page_feedback_default_config()
+        config.rate = rate
+        _check(_ffi.lib().ikv_page_feedback_create(pool.handle, byref(config), byref(self._ptr)))
+        self._pool = pool  # the pool must outlive the feedback
+
+    def get(self, seq, layer, kv_head):
+        lib, n = _ffi.lib(), c_uint32()
+        _check(lib.ikv_page_feedback_get(self.handle, seq, layer, kv_head, None, 0, byref(n)))
+        out = (c_float * max(n.value, 1))()
+        _check(lib.ikv_page_feedback_get(self.handle, seq, layer, kv_head, out, n.value, byref(n)))
+        return list(out[:n.value])
+
+    def block_scores(self, seq, layout):
+        _check(_ffi.lib().ikv_page_feedback_block_scores(self.handle, seq, layout.handle))
+
+    def forget(self, seq):
+        _check(_ffi.lib().ikv_page_feedback_forget(self.handle, seq))
+
+    def reset(self):
+        _check(_ffi.lib().ikv_page_feedback_reset(self.handle))
+
+
 class Decoder(_Handle):
     """One decode step at a time; use one Decoder per thread."""
     _destroy_name = "ikv_decoder_destroy"
@@ -542,13 +572,15 @@ class Decoder(_Handle):
 
     def decode(self, pool, seqs, q, n_q_heads, layer=0, plans=None, n_query_tokens=1, scale=0.0, softcap=0.0,
                topk_token_budget=0, topk_mass=None, topk_min_tokens=0, topk_score=TopkScore.QUEST,
-               query_memory=None, return_lse=False):
+               query_memory=None, feedback=None, topk_feedback_weight=0.0, return_lse=False):
         """Float32 queries [seq][query_token][q_head][head_dim] -> output array('f') of the same shape
         (and lse array('f') [seq][query_token][q_head] when return_lse).
         topk_mass=share selects adaptively (IKV_TOPK_MASS): pages until that estimated share of the
         attention mass, within [topk_min_tokens, topk_token_budget or unlimited] tokens.
         topk_score ranks pages by the Quest bound (QUEST) or IKV_TOPK_SCORE_HYBRID (HYBRID);
-        query_memory (a QueryMemory of this pool) adds what earlier turns asked to the ranking."""
+        query_memory (a QueryMemory of this pool) adds what earlier turns asked to the ranking;
+        feedback (a PageFeedback of this pool) receives each read page's attention share, and with
+        topk_feedback_weight > 0 its averages are a prior of the ranking."""
         seqs = [seqs] if isinstance(seqs, int) else list(seqs)
         head_dim = pool._config["head_dim"]
         n_rows = len(seqs) * n_query_tokens * n_q_heads
@@ -573,6 +605,8 @@ class Decoder(_Handle):
         args.scale, args.softcap, args.topk_token_budget = scale, softcap, topk_token_budget
         args.topk_score = int(topk_score)
         args.query_memory = query_memory.handle if query_memory is not None else None
+        args.feedback = feedback.handle if feedback is not None else None
+        args.topk_feedback_weight = topk_feedback_weight
         if topk_mass is not None:
             args.topk_mode, args.topk_mass, args.topk_min_tokens = TopkMode.MASS, topk_mass, topk_min_tokens
         _check(_ffi.lib().ikv_decode(self.handle, pool.handle, byref(args)))

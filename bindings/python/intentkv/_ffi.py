@@ -141,7 +141,11 @@ class DecodeArgs(Structure):
                 ("out_dtype", c_int), ("lse", POINTER(c_float)), ("scale", c_float), ("softcap", c_float),
                 ("topk_token_budget", c_uint32), ("stream", c_void_p), ("topk_mode", c_int),
                 ("topk_mass", c_float), ("topk_min_tokens", c_uint32), ("topk_score", c_int),
-                ("query_memory", c_void_p)]
+                ("query_memory", c_void_p), ("feedback", c_void_p), ("topk_feedback_weight", c_float)]
+
+
+class PageFeedbackConfig(Structure):
+    _fields_ = [("struct_size", c_uint32), ("rate", c_float)]
 
 
 class QueryMemoryConfig(Structure):
@@ -227,6 +231,13 @@ _PROTOTYPES = [
     ("ikv_query_memory_end_turn", _S, [_V, c_uint32]),
     ("ikv_query_memory_forget", _S, [_V, c_uint32]),
     ("ikv_query_memory_reset", _S, [_V]),
+    ("ikv_page_feedback_default_config", PageFeedbackConfig, []),
+    ("ikv_page_feedback_create", _S, [_V, POINTER(PageFeedbackConfig), _PV]),
+    ("ikv_page_feedback_destroy", None, [_V]),
+    ("ikv_page_feedback_get", _S, [_V, c_uint32, c_uint32, c_uint32, POINTER(c_float), c_uint32, POINTER(c_uint32)]),
+    ("ikv_page_feedback_block_scores", _S, [_V, c_uint32, _V]),
+    ("ikv_page_feedback_forget", _S, [_V, c_uint32]),
+    ("ikv_page_feedback_reset", _S, [_V]),
     ("ikv_decoder_last_selection", _S, [_V, c_uint32, c_uint32, POINTER(TokenRange), ctypes.c_size_t,
                                         POINTER(ctypes.c_size_t)]),
     ("ikv_decoder_get_stats", _S, [_V, POINTER(DecoderStats)]),

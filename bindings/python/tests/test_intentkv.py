@@ -150,6 +150,28 @@ class QueryMemoryTest(unittest.TestCase):
             memory.reset()
 
 
+class PageFeedbackTest(unittest.TestCase):
+    def test_shares_of_a_dense_step_sum_to_one(self):
+        rng = random.Random(8)
+        with ikv.Pool(n_layers=1, n_kv_heads=2, head_dim=32, page_size=16, capacity_bytes=8 << 20) as pool, \
+                ikv.Decoder(n_threads=1) as decoder, ikv.PageFeedback(pool, rate=1.0) as feedback, \
+                ikv.Layout() as layout:
+            seq = pool.seq_create()
+            k, v = random_f32(rng, 100 * 2 * 32), random_f32(rng, 100 * 2 * 32)
+            pool.append(seq, k, v, layer=0)
+            decoder.decode(pool, seq, random_f32(rng, 4 * 32), 4, feedback=feedback)
+            for h in range(2):  # rate 1: the averages are the step's shares, which cover the whole softmax
+                shares = feedback.get(seq, 0, h)
+                self.assertEqual(len(shares), 7)
+                self.assertAlmostEqual(sum(shares), 1.0, places=5)
+            layout.add("early", 0, 50, score=0.5)
+            layout.add("late", 50, 100, score=0.5)
+            feedback.block_scores(seq, layout)
+            self.assertAlmostEqual(max(b.score for b in layout), 1.0, places=6)
+            feedback.forget(seq)
+            self.assertEqual(feedback.get(seq, 0, 0), [])
+
+
 class LayoutTest(unittest.TestCase):
     def test_add_update_remove_iterate_find(self):
         with ikv.Layout() as layout:
