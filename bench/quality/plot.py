@@ -32,5 +32,5 @@ def recall_vs_budget(summaries, path):
     axes[0][0].set_ylabel("attention-mass recall (mean; faint: p5)")
     axes[0][-1].legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=80)
     plt.close(fig)

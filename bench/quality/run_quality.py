@@ -26,7 +26,7 @@ METHODS = ("dense", "oracle", "random", "sinks+recent", "plan", "quest", "hybrid
            "adaptive-0.9", "adaptive-0.95")
 REAL_SETS = ("real-single", "real-multidoc-8k", "real-multidoc-32k")
 SYNTH_SETS = ("synth-32k", "synth-128k")
-SESSION_SETS = ("synth-revisit-32k",)  # multi-turn: query memory (revisit.py)
+SESSION_SETS = ("synth-revisit-32k", "session-feedback")  # sessions of steps (sessions.py)
 
 
 def build_cases(name, small):
@@ -65,11 +65,11 @@ def quality_lines(name, summary):
 
 def run_revisit(name, small, threads):
     """The query-memory session (revisit.py): table and quality lines."""
-    import revisit
+    import sessions
     tokens = 8192 if small else int(name[len("synth-revisit-"):-1]) * 1024
-    data, out = revisit.evaluate(seq_len=tokens, n_threads=threads)
+    data, out = sessions.evaluate(seq_len=tokens, n_threads=threads)
     print("\n== %s (turns: %s; recall of turn 3's attention, and on the returning document) ==" %
-          (data, " / ".join(revisit.TURNS)))
+          (data, " / ".join(sessions.TURNS)))
     print("%-14s %7s %11s %9s %13s %11s" % ("method", "budget", "recall_mean", "recall_p5", "returning_doc",
                                              "returning_p5"))
     lines = []
@@ -82,11 +82,34 @@ def run_revisit(name, small, threads):
     return lines
 
 
+def run_feedback(name, small, threads):
+    """Attention feedback over sessions of steps (sessions.feedback_session) on
+    a synthetic and a real multi-document context: table and quality lines."""
+    import sessions
+    lines = []
+    for data in ("synth-32k", "real-multidoc-8k"):
+        contexts = build_cases(data, small)
+        out = {}
+        for case in contexts:
+            for key, rec in sessions.feedback_session(case, n_threads=threads).items():
+                out.setdefault(key, []).extend(rec)
+        label = "session-feedback-" + contexts[0].name
+        print("\n== %s (each query a step of one sequence; recall over steps 2..N; prior weight 0.5, rate 0.5) ==" %
+              label)
+        print("%-20s %7s %11s %9s" % ("method", "budget", "recall_mean", "recall_p5"))
+        for (method, budget), rec in sorted(out.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            rec = np.array(rec)
+            print("%-20s %7.4f %11.4f %9.4f" % (method, budget, rec.mean(), np.percentile(rec, 5)))
+            lines.append("quality: data=%s method=%s budget=%g recall_mean=%.4f recall_p5=%.4f" %
+                         (label, method, budget, rec.mean(), np.percentile(rec, 5)))
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=",".join(REAL_SETS + SYNTH_SETS + SESSION_SETS),
                     help="comma-separated data sets")
-    ap.add_argument("--tensors", help="a safetensors file of your own Q/K/V (docs in bench/quality/user_tensors.py)")
+    ap.add_argument("--tensors", help="a safetensors file of your own Q/K/V (format: bench/quality/user_tensors.py)")
     ap.add_argument("--layout", help="optional layout JSON for --tensors")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--small", action="store_true", help="reduced sizes (CI)")
@@ -104,7 +127,8 @@ def main(argv=None):
     for name, path in cases:
         t0 = time.time()
         if name in SESSION_SETS:
-            all_lines += run_revisit(name, args.small, args.threads)
+            run_session = run_revisit if name.startswith("synth-revisit") else run_feedback
+            all_lines += run_session(name, args.small, args.threads)
             print("(%s: %.1f s)" % (name, time.time() - t0), flush=True)
             continue
         try:
