@@ -818,7 +818,8 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * a query's position adds nothing for that query). For each such page,
  * ema = (1 - rate) * ema + rate * share (ema starts at 0); pages the step did
  * not read keep their ema. This costs one more pass over the keys the step
- * read (no second read of V). CPU pools only for now.
+ * read (no second read of V; not counted by ikv_decoder_last_bytes_read).
+ * CPU pools only for now.
  * Host memory: 4 bytes per page, layer and kv-head of each sequence fed back.
  * Thread-safety: a decode writes it; calls on one feedback object, decodes
  * that pass it included, need the caller's ordering.
@@ -911,6 +912,10 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
  * the mass alone; flat bounds (diffuse attention) take many. The estimate
  * uses upper bounds, not the true logits: it is a budget rule, not a
  * guarantee of the mass kept (bench/RESULTS.md measures what it keeps).
+ * On a CUDA pool the weights are summed on the device in another order, and
+ * candidates whose score equals the one that reaches the share all count, so
+ * the budget can differ from a CPU pool's where the share is reached within
+ * rounding or on a tie.
  */
 typedef enum ikv_topk_mode {
     IKV_TOPK_FIXED = 0, /**< topk_token_budget tokens (top-k is off when it is 0) */
@@ -1042,8 +1047,10 @@ IKV_API ikv_decode_args ikv_decode_args_default(void);
  * n_query_tokens, dtypes, a plan of another page size, n_query_tokens > length,
  * topk_mode, topk_mass outside (0, 1], topk_min_tokens above a non-zero
  * topk_token_budget, topk_score, a query_memory of another pool or other
- * n_q_heads, a feedback of another pool, topk_feedback_weight), IKV_E_UNSUPPORTED (IKV_TOPK_MASS on a CUDA pool: not
- * built yet), IKV_E_DEVICE.
+ * n_q_heads, a feedback of another pool, topk_feedback_weight),
+ * IKV_E_UNSUPPORTED (a CUDA pool: more than 256 query heads per kv-head with
+ * IKV_TOPK_SCORE_HYBRID, or more candidate pages than its top-k handles),
+ * IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args);
 

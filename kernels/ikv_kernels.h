@@ -138,6 +138,13 @@ struct TopkParams {
     // for the per-head sums before their shift (nullptr: Quest bounds).
     bool hybrid;
     float *rows;
+    // IKV_TOPK_MASS: budgets is device scratch [n_seqs * n_kv_heads] that
+    // mass_budget_kernel fills and the select kernel reads instead of
+    // token_budget (then the cap, 0 = none); nullptr: the fixed budget.
+    uint32_t *budgets;
+    float mass_share;      // estimated share of the bounds' weight to cover, (0, 1]
+    uint32_t min_tokens;   // the budget's floor
+    float scale;           // the logit scale (scores are of the unscaled query)
     DevPage *out_pages;       // device [n_seqs * n_kv_heads * max_candidates]
     uint32_t *out_counts;     // device [n_seqs * n_kv_heads]
 };
@@ -150,7 +157,10 @@ struct TopkParams {
 // lower list index first) while the running token count (mandatory first)
 // stays within token_budget; the first page that does not fit ends the
 // selection. Output lists keep candidate order. Writes out_pages/out_counts
-// as a DevLists with stride max_candidates and list_heads n_kv_heads.
+// as a DevLists with stride max_candidates and list_heads n_kv_heads. With
+// budgets set (IKV_TOPK_MASS) a kernel between score and select sizes each
+// (seq, kv-head)'s budget from its scores (the header's rule; candidates
+// whose score equals the one that reaches the share all count).
 cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream);
 constexpr uint32_t kMaxHybridGroup = 256;  // query heads per kv-head the hybrid score's shift handles
 

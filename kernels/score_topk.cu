@@ -244,6 +244,110 @@ __global__ void __launch_bounds__(kCombineThreads) hybrid_combine_kernel(const T
     }
 }
 
+// Block-wide reductions of one value per thread (blockDim.x a multiple of 32,
+// at most 1024), the result to every thread. scratch: 32 slots.
+template <class T, class Op>
+__device__ T block_reduce(T v, T *scratch, Op op) {
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    __syncthreads();  // earlier readers of scratch are done
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    T r = scratch[0];
+    for (uint32_t w = 1; w < blockDim.x / 32; ++w) r = op(r, scratch[w]);
+    return r;
+}
+
+__device__ __forceinline__ uint32_t order_key(float score);
+
+// IKV_TOPK_MASS, one block per (kv-head, sequence): the candidates' weights
+// n_i * exp(scale * (s_i - max s)) in double; the smallest order key K whose
+// candidates (keys <= K, i.e. scores >= the K-th) reach mass_share of the
+// total, by bisection over the 32-bit key (32 block reductions over the
+// candidates); then, as the CPU takes candidates one by one in rank order
+// (ties: candidate order), the candidates of key K are walked by one warp in
+// candidate order while the weight before each is short of the share (the
+// hybrid score makes ties common: every query head's best page scores 0).
+// The budget is the mandatory tokens plus the candidates taken, clamped to
+// [min_tokens, token_budget or unlimited].
+constexpr int kMassThreads = 256;
+__global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkParams p) {
+    __shared__ double dsum[32];
+    __shared__ float fmax_sh[32];
+    __shared__ uint32_t usum[32];
+    const uint32_t head = blockIdx.x, seq = blockIdx.y, Hkv = p.shape.n_kv_heads;
+    pdl_wait();
+    pdl_launch_dependents();
+    const uint32_t count = p.candidates.counts[seq];
+    const DevPage *cands = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
+    const float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
+    auto candidate = [&](uint32_t c) { return !(cands[c].flags & IKV_PAGE_MANDATORY); };
+    auto tokens = [&](uint32_t c) { return uint32_t(cands[c].end) - cands[c].begin; };
+    float top = -INFINITY;
+    uint32_t mand = 0;
+    for (uint32_t c = threadIdx.x; c < count; c += blockDim.x) {
+        if (candidate(c)) top = fmaxf(top, scores[c]);  // NaN never wins
+        else mand += tokens(c);
+    }
+    top = block_reduce(top, fmax_sh, [](float a, float b) { return fmaxf(a, b); });
+    mand = block_reduce(mand, usum, [](uint32_t a, uint32_t b) { return a + b; });
+    const bool inf_top = isinf(top) && top > 0;
+    auto weight = [&](uint32_t c) {  // as decode/selection.cpp's mass_budget
+        const float s = scores[c];
+        if (s != s || top == -INFINITY) return 0.0;
+        if (inf_top) return s == top ? double(tokens(c)) : 0.0;
+        return double(tokens(c)) * exp(double(p.scale) * (double(s) - double(top)));
+    };
+    auto add = [](double a, double b) { return a + b; };
+    double w = 0.0;
+    for (uint32_t c = threadIdx.x; c < count; c += blockDim.x)
+        if (candidate(c)) w += weight(c);
+    const double target = double(p.mass_share) * block_reduce(w, dsum, add);
+    uint64_t taken = 0;
+    if (target > 0.0) {
+        uint32_t lo = 1, hi = 0xFFFFFFFEu;  // the answer lies in [lo, hi]: all finite keys reach the total
+        while (lo < hi) {
+            const uint32_t mid = lo + (hi - lo) / 2;
+            double s = 0.0;
+            for (uint32_t c = threadIdx.x; c < count; c += blockDim.x)
+                if (candidate(c) && order_key(scores[c]) <= mid) s += weight(c);
+            if (block_reduce(s, dsum, add) >= target) hi = mid;
+            else lo = mid + 1;
+        }
+        // Keys below K are all taken; K's candidates while the weight before each is short.
+        double wb = 0.0;
+        uint32_t t = 0;
+        for (uint32_t c = threadIdx.x; c < count; c += blockDim.x)
+            if (candidate(c) && order_key(scores[c]) < lo) wb += weight(c), t += tokens(c);
+        const double before = block_reduce(wb, dsum, add);
+        taken = block_reduce(t, usum, [](uint32_t a, uint32_t b) { return a + b; });
+        __shared__ uint32_t tie_tokens;
+        if (threadIdx.x < 32) {
+            const uint32_t lane = threadIdx.x;
+            double acc = before;
+            uint32_t tk = 0;
+            for (uint32_t base = 0; base < count && acc < target; base += 32) {
+                const uint32_t c = base + lane;
+                const bool tie = c < count && candidate(c) && order_key(scores[c]) == lo;
+                const double w = tie ? weight(c) : 0.0;
+                double scan = w;  // inclusive prefix sum over the lanes
+                for (int o = 1; o < 32; o <<= 1) {
+                    const double n = __shfl_up_sync(0xFFFFFFFFu, scan, o);
+                    if (lane >= uint32_t(o)) scan += n;
+                }
+                const bool take = tie && acc + (scan - w) < target;
+                tk += __reduce_add_sync(0xFFFFFFFFu, take ? tokens(c) : 0u);
+                acc += __shfl_sync(0xFFFFFFFFu, scan, 31);
+            }
+            if (lane == 0) tie_tokens = tk;
+        }
+        __syncthreads();
+        taken += tie_tokens;
+    }
+    uint64_t budget = std::max<uint64_t>(uint64_t(mand) + taken, p.min_tokens);
+    if (p.token_budget > 0) budget = std::min<uint64_t>(budget, p.token_budget);
+    if (threadIdx.x == 0) p.budgets[uint64_t(seq) * Hkv + head] = uint32_t(budget);
+}
+
 // Order key of a non-mandatory candidate: ascending key = bound descending.
 // 0 is never used (kept free); NaN bounds sort last.
 __device__ __forceinline__ uint32_t order_key(float score) {
@@ -452,7 +556,8 @@ __global__ void __launch_bounds__(kSelectThreads, C == 1 ? 2 : 1) select_kernel(
     }
     Team::sync();
     // Tokens left for non-mandatory pages (negative: none fits), in every thread.
-    const int64_t rem0 = int64_t(p.token_budget) - int64_t(Team::sum(&mand_sh, false));
+    const uint32_t budget = p.budgets ? p.budgets[uint64_t(seq) * Hkv + head] : p.token_budget;
+    const int64_t rem0 = int64_t(budget) - int64_t(Team::sum(&mand_sh, false));
     if (tid == 0) rem_sh = rem0;  // find_digit's running copy (read after the next barrier)
     // Radix select over the 32-bit key, MSB first: keys < lim are all taken; keys == tie are taken in
     // candidate order while they fit. Every block of the team finds the same digits from the same
@@ -613,9 +718,13 @@ cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
         if (err != cudaSuccess) return err;
     }
     cudaError_t err = launch_pdl(score_kernel<D, kHybrid>, grid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
-    if (err != cudaSuccess || !kHybrid) return err;
-    return launch_pdl(hybrid_combine_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kCombineThreads), size_t(0),
-                      stream, p);
+    if (err == cudaSuccess && kHybrid)
+        err = launch_pdl(hybrid_combine_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kCombineThreads), size_t(0),
+                         stream, p);
+    if (err == cudaSuccess && p.budgets)
+        err = launch_pdl(mass_budget_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kMassThreads), size_t(0), stream,
+                         p);
+    return err;
 }
 
 template <int D>

@@ -144,6 +144,7 @@ typedef struct {
     uint32_t topk;
     ikv_dtype q_dtype; /* F32 or F16 (q must then hold f16-representable values) */
     int hybrid;        /* top-k ranks by IKV_TOPK_SCORE_HYBRID */
+    int mass;          /* IKV_TOPK_MASS at share 0.8 (topk: the cap; 0 = none) */
 } step_cfg;
 
 /* Tolerance (rel. L2 of out vs the CPU decode and vs float64) of a step of T
@@ -195,6 +196,11 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     a.out_dtype = IKV_DTYPE_F32;
     a.topk_token_budget = cfg.topk;
     a.topk_score = cfg.hybrid ? IKV_TOPK_SCORE_HYBRID : IKV_TOPK_SCORE_QUEST;
+    if (cfg.mass) {
+        a.topk_mode = IKV_TOPK_MASS;
+        a.topk_mass = 0.8f;
+        a.topk_min_tokens = 16;
+    }
     float *out_cpu = malloc(4 * n_out), *lse_cpu = malloc(4 * n_lse);
     uint16_t *qh = malloc(2 * n_out);
     ikvt_to_f16(q, qh, n_out);
@@ -262,17 +268,19 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
         /* Dense (T = 1), causal multi-token (T = 3), a plan with partial pages, and top-k;
          * F32 queries and F16 queries (these short steps run SIMT by default; CTest forces
          * each compute path through IKV_CUDA_DECODE_COMPUTE). */
-        /* Variants 8-9: top-k by IKV_TOPK_SCORE_HYBRID, dense and inside the plan. */
-        for (int variant = 0; variant < 10; ++variant) {
+        /* Variants 8-9: top-k by IKV_TOPK_SCORE_HYBRID, dense and inside the plan;
+         * 10-11: IKV_TOPK_MASS (Quest capped, hybrid uncapped inside the plan). */
+        for (int variant = 0; variant < 12; ++variant) {
             step_cfg cfg = {variant % 4 == 1 && variant < 8 ? 3u : 1u, NULL, 0,
-                            variant < 4 || variant == 8 ? IKV_DTYPE_F32 : IKV_DTYPE_F16, variant >= 8};
+                            variant < 4 || variant == 8 || variant == 10 ? IKV_DTYPE_F32 : IKV_DTYPE_F16,
+                            variant == 8 || variant == 9 || variant == 11, variant >= 10};
             ikv_plan *plan = NULL;
             ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
-            if (variant % 4 == 2 || variant == 9) {
+            if (variant % 4 == 2 || variant == 9 || variant == 11) {
                 IKVT_OK(ikv_plan_from_ranges(ranges, 3, 97, P, fmts[fi], &plan));
                 cfg.plan = plan;
             }
-            if (variant % 4 == 3 || variant >= 8) cfg.topk = variant == 9 ? 40 : 64;
+            if (variant % 4 == 3 || (variant >= 8 && variant != 11)) cfg.topk = variant == 9 ? 40 : 64;
             const size_t n_out = (size_t)B * cfg.T * HQ * D;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * cfg.T * HQ);
             ikvt_fill_normal(&rng, q, n_out, 1.0f);
@@ -285,7 +293,7 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
             const double vs_cpu = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
             if (!(vs_cpu <= step_tol(cfg.T, cfg.q_dtype)))
                 fail_msg("format %d variant %d vs CPU: rel L2 %.3g", (int)fmts[fi], variant, vs_cpu);
-            if (cfg.topk == 0) /* top-k has no independent float64 selection here; it is compared with the CPU */
+            if (cfg.topk == 0 && !cfg.mass) /* top-k has no independent float64 selection here; it is compared with the CPU */
                 expect_reference(gpu, sg, lens, B, plan ? ranges : NULL, plan ? 3 : 0, cfg.T, q, out, NULL,
                                  step_tol(cfg.T, cfg.q_dtype));
             free(q), free(out), free(lse);
@@ -319,7 +327,7 @@ static void test_long_multi_token_step(void **state) {
         for (int planned = 0; planned < 2; ++planned) {
             ikv_plan *plan = NULL;
             if (planned) IKVT_OK(ikv_plan_from_ranges(ranges, 3, 400, P, fmts[fi], &plan));
-            step_cfg cfg = {T, plan, 0, IKV_DTYPE_F32, 0};
+            step_cfg cfg = {T, plan, 0, IKV_DTYPE_F32, 0, 0};
             const size_t per = (size_t)T * HQ * D, n_out = B * per;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * T * HQ);
             ikvt_fill_normal(&rng, q, n_out, 1.0f);
@@ -386,8 +394,9 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
     IKVT_OK(st);
     size_t n_runs = 0;
     IKVT_EXPECT_STATUS(ikv_decoder_last_selection(dec, 0, 0, NULL, 0, &n_runs), IKV_E_STATE, "captured");
-    a.topk_mode = IKV_TOPK_MASS; /* adaptive budgets are CPU-only for now: refused, nothing enqueued */
-    IKVT_EXPECT_STATUS(ikv_decode(dec, gpu, &a), IKV_E_UNSUPPORTED, "IKV_TOPK_MASS");
+    a.topk_mass = 2.0f; /* a refused call enqueues nothing and keeps the graph's lists */
+    a.topk_mode = IKV_TOPK_MASS;
+    IKVT_EXPECT_STATUS(ikv_decode(dec, gpu, &a), IKV_E_INVALID, "topk_mass");
     a.topk_mode = IKV_TOPK_FIXED;
     assert_int_equal(ikvt_rt.graph_instantiate_(&exec, graph, 0), 0);
     assert_int_equal(ikvt_rt.graph_launch_(exec, stream), 0);
@@ -464,7 +473,7 @@ static double percentile_of(const double *x, int n, int num, int den) {
     return m;
 }
 
-static void bench_line(const char *mode, uint32_t B, uint32_t ctx, int topk, double step_us, const double *host,
+static void bench_line(const char *mode, uint32_t B, uint32_t ctx, const char *sel, double step_us, const double *host,
                        int n, ikv_decoder *dec, const ikv_decoder_stats *before) {
     ikv_decoder_stats st;
     memset(&st, 0, sizeof st);
@@ -472,7 +481,7 @@ static void bench_line(const char *mode, uint32_t B, uint32_t ctx, int topk, dou
     IKVT_OK(ikv_decoder_get_stats(dec, &st));
     printf("BENCH decode B=%-2u ctx=%-6u %-6s %-6s step %.4f ms  %6.0f GB/s of %.1f MB read  host %.1f us per call "
            "(p90 %.1f)  lists built %llu reused %llu\n",
-           B, ctx, topk ? "topk25" : "dense", mode, step_us * 1e-3, (double)st.last_bytes_read / (step_us * 1e3),
+           B, ctx, sel, mode, step_us * 1e-3, (double)st.last_bytes_read / (step_us * 1e3),
            st.last_bytes_read / 1e6, percentile_of(host, n, 1, 2), percentile_of(host, n, 9, 10),
            (unsigned long long)(st.lists_built - before->lists_built),
            (unsigned long long)(st.lists_reused - before->lists_reused));
@@ -529,7 +538,10 @@ static void run_decode_bench(void) {
         ikvt_fill_normal(&rng, qf, n_q, 1.0f);
         ikvt_to_f16(qf, qh, n_q);
         void *dq = ikvt_dev_upload(qh, 2 * n_q), *dout = ikvt_dev_upload(NULL, 2 * n_q);
-        for (int topk = 0; topk < 2; ++topk) {
+        /* dense; top-k at 25% (Quest); the same by IKV_TOPK_SCORE_HYBRID; IKV_TOPK_MASS 0.9 on
+         * hybrid scores capped at 25% (the last two: the decode alone, no engine loops) */
+        static const char *const kSel[] = {"dense", "topk25", "hyb25", "mass25"};
+        for (int topk = 0; topk < 4; ++topk) {
             ikv_decode_args a = ikv_decode_args_default();
             a.n_seqs = B;
             a.seqs = seqs;
@@ -539,6 +551,11 @@ static void run_decode_bench(void) {
             a.out = dout;
             a.out_dtype = IKV_DTYPE_F16;
             a.topk_token_budget = topk ? ctx / 4 : 0;
+            a.topk_score = topk >= 2 ? IKV_TOPK_SCORE_HYBRID : IKV_TOPK_SCORE_QUEST;
+            if (topk == 3) {
+                a.topk_mode = IKV_TOPK_MASS;
+                a.topk_mass = 0.9f;
+            }
             a.stream = stream;
             for (int i = 0; i < WARM; ++i) {
                 a.layer = i % BL;
@@ -558,7 +575,8 @@ static void run_decode_bench(void) {
                 host[i] = ikvt_now_us() - h0;
             }
             assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
-            bench_line("layers", B, ctx, topk, (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
+            bench_line("layers", B, ctx, kSel[topk], (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
+            if (topk >= 2) continue;  /* the engine loops: dense and Quest top-k only */
 
             /* The engine loop: a token per layer (to each sequence, then to all
              * in one batch, checked and asynchronous; sequence b's token is
@@ -595,7 +613,7 @@ static void run_decode_bench(void) {
                 assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
                 const double per_layer_us = (ikvt_now_us() - t0) / STEPS;
                 if (loops[li].decode)
-                    bench_line(loops[li].mode, B, ctx, topk, per_layer_us, host, STEPS, dec, &before);
+                    bench_line(loops[li].mode, B, ctx, kSel[topk], per_layer_us, host, STEPS, dec, &before);
                 else
                     printf("BENCH decode B=%-2u ctx=%-6u %-6s %-6s step %.4f ms  (appends only)\n", B, ctx,
                            topk ? "topk25" : "dense", loops[li].mode, per_layer_us * 1e-3);

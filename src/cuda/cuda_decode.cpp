@@ -12,7 +12,8 @@
 //      with the pages' device addresses from the pool snapshot; they go into a
 //      pinned staging buffer with the sequence lengths and list counts;
 //   2. one cudaMemcpyAsync of that buffer to the decoder's device buffer;
-//   3. with topk_token_budget > 0: score + top-k kernels turn the per-sequence
+//   3. with query-aware selection (topk_token_budget > 0 or IKV_TOPK_MASS): score (+ the
+//      hybrid shift, + the mass budget) and top-k kernels turn the per-sequence
 //      candidate lists into per-(sequence, kv-head) lists on the device;
 //   4. the fused decode kernel (+ split-K merge) reads the lists directly, or,
 //      for steps with many query rows, the multi-token path
@@ -296,8 +297,6 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
     if (!cuda::head_dim_supported(D))
         return fail(IKV_E_UNSUPPORTED, "%s: head_dim %u is not built into the CUDA kernels (64, 128, 256)", kFn, D);
-    if (a.topk_mode == IKV_TOPK_MASS)
-        return fail(IKV_E_UNSUPPORTED, "%s: args->topk_mode IKV_TOPK_MASS is not built for CUDA pools yet", kFn);
     if (a.topk_score == IKV_TOPK_SCORE_HYBRID && a.n_q_heads / Hkv > cuda::kMaxHybridGroup)
         return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_HYBRID on a CUDA pool handles at most %u query heads per "
                     "kv-head, the call has %u", kFn, cuda::kMaxHybridGroup, a.n_q_heads / Hkv);
@@ -330,7 +329,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     lists.captured = capturing;
     const ListSummary &sum = s.sum;
     const uint32_t stride = sum.stride;
-    const bool topk = a.topk_token_budget > 0;
+    const bool topk = topk_enabled(a);
+    const bool mass = a.topk_mode == IKV_TOPK_MASS;
     if (topk && sum.max_count > cuda::kMaxTopkCandidates)
         return fail(IKV_E_UNSUPPORTED,
                     "%s: args->topk_token_budget on a CUDA pool handles at most %u candidate pages per sequence, "
@@ -340,7 +340,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     for (uint32_t b = 0; b < B; ++b) {
         uint32_t tokens = sum.tokens[b];
         // Top-k keeps the mandatory rows and others only while within the budget.
-        if (topk) tokens = std::min(tokens, std::max(sum.mandatory[b], a.topk_token_budget));
+        if (topk && a.topk_token_budget > 0) tokens = std::min(tokens, std::max(sum.mandatory[b], a.topk_token_budget));
         max_tokens = std::max(max_tokens, tokens);
     }
 
@@ -379,7 +379,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const bool hybrid = topk && a.topk_score == IKV_TOPK_SCORE_HYBRID;
     const uint32_t group = a.n_q_heads / Hkv;
     const uint64_t off_rows = off_selc + (topk ? align256(4ull * B * Hkv) : 0);
-    const uint64_t off_ws = off_rows + (hybrid ? align256(4ull * B * Hkv * group * stride) : 0);
+    const uint64_t off_budgets = off_rows + (hybrid ? align256(4ull * B * Hkv * group * stride) : 0);
+    const uint64_t off_ws = off_budgets + (mass ? align256(4ull * B * Hkv) : 0);
     const uint64_t total = off_ws + align256(gemm ? cuda::multi_token_workspace_bytes(p, max_tokens)
                                                   : cuda::decode_workspace_bytes(p, p.n_splits));
     err = grow_device(&s.dev, &s.dev_bytes, total, stream);  // stream-ordered: no host synchronization
@@ -416,15 +417,21 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         t.out_counts = reinterpret_cast<uint32_t *>(s.dev + off_selc);
         t.hybrid = hybrid;
         t.rows = hybrid ? reinterpret_cast<float *>(s.dev + off_rows) : nullptr;
+        t.budgets = mass ? reinterpret_cast<uint32_t *>(s.dev + off_budgets) : nullptr;
+        t.mass_share = a.topk_mass;
+        t.min_tokens = a.topk_min_tokens;
+        t.scale = p.scale;
         err = cuda::launch_score_topk(t, stream);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the page scoring / top-k kernels");
         p.lists = cuda::DevLists{t.out_pages, t.out_counts, stride, Hkv};
         s.sel_pages = t.out_pages;
         s.sel_counts = t.out_counts;
         // The exact selection stays on the device; bytes_read counts the summaries
-        // scored plus the budget's worth of rows at the candidates' mean row cost.
+        // scored plus the budget's worth of rows at the candidates' mean row cost
+        // (IKV_TOPK_MASS: its cap, or every candidate without one: an upper estimate).
         const uint64_t per_token = sum.all_tokens ? sum.bytes / sum.all_tokens : 0;
-        bytes = std::min<uint64_t>(sum.all_tokens, uint64_t(a.topk_token_budget) * B) * per_token +
+        const uint64_t cap = a.topk_token_budget > 0 ? uint64_t(a.topk_token_budget) * B : sum.all_tokens;
+        bytes = std::min<uint64_t>(sum.all_tokens, cap) * per_token +
                 sum.n_entries * Hkv * (hybrid ? summary_hybrid_bytes(D) : summary_bound_bytes(D));
     }
 
