@@ -248,7 +248,8 @@ IKV_API ikv_status ikv_layout_clone(const ikv_layout *layout, ikv_layout **out);
  * Add a block. It must not overlap any existing block (IKV_E_OVERLAP), must
  * have end > start (IKV_E_RANGE), a finite score in [0,1] (IKV_E_INVALID), a
  * valid kind, policy and hint (IKV_E_INVALID), and a name of 1..IKV_NAME_MAX
- * bytes (IKV_E_INVALID). Blocks may be added in any order; there may be gaps.
+ * bytes (IKV_E_INVALID; a NULL name, like a NULL layout or block, is
+ * IKV_E_NULL). Blocks may be added in any order; there may be gaps.
  * id_out (may be NULL) receives the new block's id.
  */
 IKV_API ikv_status ikv_layout_add(ikv_layout *layout, const ikv_block_desc *block, uint32_t *id_out);
@@ -544,6 +545,12 @@ IKV_API ikv_status ikv_seq_create(ikv_pool *pool, ikv_seq_id *id_out);
 IKV_API ikv_status ikv_seq_destroy(ikv_pool *pool, ikv_seq_id seq);
 /** Tokens stored in every layer (a token appended to only some layers does not count yet). */
 IKV_API ikv_status ikv_seq_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t *length_out);
+/**
+ * Tokens stored in one layer (per-layer appends make layers differ inside a
+ * step; a decode at that layer reads this many). Thread-safety: as
+ * ikv_seq_length. Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (layer).
+ */
+IKV_API ikv_status ikv_seq_layer_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t *length_out);
 
 /** Pass as ikv_append.layer to append the same tokens to every layer at once. */
 #define IKV_ALL_LAYERS UINT32_MAX
@@ -663,7 +670,8 @@ IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *c
  * append re-quantizes them once more: the bound then applies twice, and
  * FORMATS.md says so. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE (n_tokens > length),
  * IKV_E_EVICTED (rolling back into an evicted page), IKV_E_STATE (layers of
- * unequal length), IKV_E_NOMEM (copy of a shared tail page).
+ * unequal length), IKV_E_NOMEM (copy of a shared tail page, when the pages
+ * the rollback releases do not free room for it).
  */
 IKV_API ikv_status ikv_seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_tokens);
 

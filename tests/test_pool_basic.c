@@ -159,6 +159,12 @@ static void test_sequences(void **state) {
     IKVT_EXPECT_STATUS(ikv_seq_create(pool, NULL), IKV_E_NULL, "id_out");
     IKVT_EXPECT_STATUS(ikv_seq_length(pool, 12345, &len), IKV_E_NOT_FOUND, "12345");
     IKVT_EXPECT_STATUS(ikv_seq_length(pool, a, NULL), IKV_E_NULL, "length_out");
+    IKVT_OK(ikv_seq_layer_length(pool, a, 1, &len));
+    assert_int_equal(len, 0);
+    IKVT_EXPECT_STATUS(ikv_seq_layer_length(pool, 12345, 0, &len), IKV_E_NOT_FOUND, "12345");
+    IKVT_EXPECT_STATUS(ikv_seq_layer_length(pool, a, 2, &len), IKV_E_RANGE, "layer 2");
+    IKVT_EXPECT_STATUS(ikv_seq_layer_length(pool, a, 0, NULL), IKV_E_NULL, "length_out");
+    IKVT_EXPECT_STATUS(ikv_seq_layer_length(NULL, a, 0, &len), IKV_E_NULL, "pool");
     IKVT_OK(ikv_seq_destroy(pool, a));
     IKVT_EXPECT_STATUS(ikv_seq_destroy(pool, a), IKV_E_NOT_FOUND, "ikv_seq_destroy");
     IKVT_EXPECT_STATUS(ikv_seq_destroy(NULL, b), IKV_E_NULL, "pool");
@@ -252,6 +258,14 @@ static void test_token_by_token_equals_bulk(void **state) {
             a.k = k;
             a.v = v;
             IKVT_OK(ikv_pool_append(pool, bulk, &a));
+            /* per-layer lengths: layer 0 has the tokens before layer 1 does; the sequence's length follows the last */
+            uint32_t l0 = 0, l1 = 0, len = 0;
+            IKVT_OK(ikv_seq_layer_length(pool, bulk, 0, &l0));
+            IKVT_OK(ikv_seq_layer_length(pool, bulk, 1, &l1));
+            IKVT_OK(ikv_seq_length(pool, bulk, &len));
+            assert_int_equal(l0, n);
+            assert_int_equal(l1, l == 1 ? n : 0);
+            assert_int_equal(len, l == 1 ? n : 0);
             for (uint32_t t = 0; t < n; ++t) {
                 ikv_append b = ikv_append_default(pool, 1);
                 b.layer = l;

@@ -180,6 +180,37 @@ static void test_truncate(void **state) {
 }
 
 /* Evicted tokens keep their positions; survivors and later appends are unaffected. */
+/* A speculative rollback of a fork near capacity: the new tail page is shared
+ * (so it is copied) while the rollback releases two pages of its own; with
+ * capacity for 5.5 pages and 5 in use it must succeed (it ends with 4). */
+static void test_truncate_fork_near_capacity(void **state) {
+    (void)state;
+    ikv_pool *probe = make_pool();
+    const uint64_t pb = ikv_pool_page_bytes(probe, IKV_FMT_F16);
+    ikv_pool_destroy(probe);
+    ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P,
+                                                     .capacity_bytes = pb * 11 / 2});
+    static shadow parent, child, other;
+    memset(&parent, 0, sizeof parent);
+    memset(&other, 0, sizeof other);
+    ikv_seq_id sp, sc, so;
+    IKVT_OK(ikv_seq_create(pool, &sp));
+    append(pool, sp, &parent, 2 * P, 31); /* 2 full pages */
+    IKVT_OK(ikv_seq_fork(pool, sp, &sc));
+    child = parent;
+    append(pool, sc, &child, P + 6, 32); /* 2 pages of its own */
+    IKVT_OK(ikv_seq_create(pool, &so));
+    append(pool, so, &other, P, 33);
+    assert_int_equal(stats(pool).pages_used, 5);
+    IKVT_OK(ikv_seq_truncate(pool, sc, child.len - 4)); /* keep 4 tokens of the shared page 0 */
+    child.len = 4;
+    assert_int_equal(stats(pool).pages_used, 4);
+    check(pool, sc, &child);
+    check(pool, sp, &parent);
+    check(pool, so, &other);
+    ikv_pool_destroy(pool);
+}
+
 static void test_evict(void **state) {
     (void)state;
     ikv_pool *pool = make_pool();
@@ -218,6 +249,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fork_cow),
         cmocka_unit_test(test_truncate),
+        cmocka_unit_test(test_truncate_fork_near_capacity),
         cmocka_unit_test(test_evict),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -34,9 +34,9 @@ bool valid_dtype(int dt) { return dt == IKV_DTYPE_F32 || dt == IKV_DTYPE_F16 || 
 ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListMemory &lists) {
     const char *fn = "ikv_decode";
     const ikv::PageShape &shape = ikv::pool_shape(pool);
-    IKV_CHECK_NULL(a.seqs, fn);
-    IKV_CHECK_NULL(a.q, fn);
-    IKV_CHECK_NULL(a.out, fn);
+    IKV_CHECK_NULL_AS(a.seqs, "args->seqs", fn);
+    IKV_CHECK_NULL_AS(a.q, "args->q", fn);
+    IKV_CHECK_NULL_AS(a.out, "args->out", fn);
     if (a.n_seqs == 0) return ikv::fail(IKV_E_INVALID, "%s: args->n_seqs is 0, expected at least 1", fn);
     if (a.layer >= shape.n_layers)
         return ikv::fail(IKV_E_RANGE, "%s: args->layer %u is out of range, the pool has %u layers", fn, a.layer,

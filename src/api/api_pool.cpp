@@ -197,6 +197,12 @@ IKV_API ikv_status ikv_seq_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t
     return ikv::seq_length(pool, seq, length_out);
 }
 
+IKV_API ikv_status ikv_seq_layer_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t *length_out) {
+    IKV_CHECK_NULL(pool, "ikv_seq_layer_length");
+    IKV_CHECK_NULL(length_out, "ikv_seq_layer_length");
+    return ikv::seq_layer_length(pool, seq, layer, length_out);
+}
+
 IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens) {
     ikv_append a{};
     a.struct_size = sizeof a;

@@ -40,6 +40,12 @@ void set_log_sink(ikv_log_fn fn, void *user, ikv_log_level min_level);
     do {                                                                          \
         if ((ptr) == nullptr) return ::ikv::fail(IKV_E_NULL, "%s: %s is NULL", fn, #ptr); \
     } while (0)
+// The same for a pointer the caller knows by another name (a field of the
+// struct it passed: name "args->q" where the code holds a copy `a`).
+#define IKV_CHECK_NULL_AS(ptr, name, fn)                                            \
+    do {                                                                            \
+        if ((ptr) == nullptr) return ::ikv::fail(IKV_E_NULL, "%s: %s is NULL", fn, name); \
+    } while (0)
 
 // Reject a config struct whose struct_size is smaller than the first
 // published version of that struct (minsize). A larger struct_size, from a

@@ -27,10 +27,10 @@ ikv_status ListMemory::observe(const ikv_pool *pool, const ikv_decode_args &a) {
     states_.resize(B);
     for (uint32_t b = 0; b < B; ++b) {
         const ikv_status st = pool_seq_state(pool, a.seqs[b], a.layer, &states_[b]);
-        if (st != IKV_OK) {
-            const std::string why = last_error();
-            return fail(st, "ikv_decode: args->seqs[%u] = %u: %s", b, a.seqs[b], why.c_str());
-        }
+        if (st == IKV_E_NOT_FOUND)  // name the argument (the pool's own sentence names only the id)
+            return fail(st, "ikv_decode: args->seqs[%u] is %u, a sequence that does not exist in this pool", b,
+                        a.seqs[b]);
+        if (st != IKV_OK) return st;  // its sentence is complete
         now_.lengths[b] = states_[b].length;
         now_.tables[b] = states_[b].table_gen;
         now_.plans[b] = plan_uid(a.plans ? a.plans[b] : nullptr);

@@ -134,6 +134,17 @@ ikv_status seq_length(const ikv_pool *pool, ikv_seq_id id, uint32_t *length_out)
     return IKV_OK;
 }
 
+ikv_status seq_layer_length(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, uint32_t *length_out) {
+    constexpr const char *fn = "ikv_seq_layer_length";
+    auto seq = find_seq(pool, id);
+    if (!seq) return seq_not_found(fn, id);
+    if (layer >= seq->layers.size())
+        return fail(IKV_E_RANGE, "%s: layer %u is out of range; the pool has %u layers", fn, layer,
+                    unsigned(seq->layers.size()));
+    *length_out = seq->layers[layer].length;
+    return IKV_OK;
+}
+
 ikv_status seq_fork(ikv_pool *pool, ikv_seq_id parent_id, ikv_seq_id *child_out) {
     constexpr const char *fn = "ikv_seq_fork";
     auto parent = find_seq(pool, parent_id);

@@ -89,6 +89,7 @@ ikv_status pool_sync(ikv_pool *pool);
 ikv_status seq_create(ikv_pool *pool, ikv_seq_id *id_out);
 ikv_status seq_destroy(ikv_pool *pool, ikv_seq_id seq);
 ikv_status seq_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t *length_out);
+ikv_status seq_layer_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t *length_out);
 // Append to n distinct sequences (ikv_pool_append_batch; n = 1 for
 // ikv_pool_append), atomically over all of them; fn names the entry point.
 ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n, const ikv_append &args, const char *fn);

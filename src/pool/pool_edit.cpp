@@ -95,7 +95,12 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
         std::lock_guard<std::mutex> lock(pool->state_mu);
         if (keep != 0 && seq.pages[tail]->refs > 1) {
             const PageRec *old = seq.pages[tail];
-            ikv_status st = check_capacity_locked(pool, pool->page_bytes[old->format], 0, fn);
+            // The pages this rollback releases (dropped and not shared) pay for the copy:
+            // a rollback that ends with fewer bytes in use never fails for lack of them.
+            uint64_t freed = 0;
+            for (const PageRec *rec : dropped)
+                if (rec != nullptr && rec->refs == 1) freed += pool->page_bytes[rec->format];
+            ikv_status st = check_capacity_locked(pool, pool->page_bytes[old->format], freed, fn);
             if (st == IKV_OK) st = alloc_page_locked(pool, old->format, copy);
             if (st != IKV_OK) {
                 unwind();

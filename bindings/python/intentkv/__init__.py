@@ -460,6 +460,12 @@ class Pool(_Handle):
         """Wait for asynchronous appends; raises IntentKVError for a non-finite value one of them stored as 0."""
         _check(_ffi.lib().ikv_pool_sync(self.handle))
 
+    def layer_length(self, seq, layer):
+        """Tokens stored in one layer (layers differ while a step appends layer by layer)."""
+        out = c_uint32()
+        _check(_ffi.lib().ikv_seq_layer_length(self.handle, seq, layer, byref(out)))
+        return out.value
+
     def fork(self, seq):
         child = c_uint32()
         _check(_ffi.lib().ikv_seq_fork(self.handle, seq, byref(child)))

@@ -238,6 +238,7 @@ _PROTOTYPES = [
     ("ikv_page_feedback_block_scores", _S, [_V, c_uint32, _V]),
     ("ikv_page_feedback_forget", _S, [_V, c_uint32]),
     ("ikv_page_feedback_reset", _S, [_V]),
+    ("ikv_seq_layer_length", _S, [_V, c_uint32, c_uint32, POINTER(c_uint32)]),
     ("ikv_decoder_last_selection", _S, [_V, c_uint32, c_uint32, POINTER(TokenRange), ctypes.c_size_t,
                                         POINTER(ctypes.c_size_t)]),
     ("ikv_decoder_get_stats", _S, [_V, POINTER(DecoderStats)]),

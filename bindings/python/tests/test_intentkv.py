@@ -66,6 +66,7 @@ class RoundTripTest(unittest.TestCase):
             k, v = random_f32(rng, n), random_f32(rng, n)
             self.assertEqual(pool.append(seq, k, memoryview(v), plan=plan), SEQ_LEN)
             self.assertEqual(pool.seq_length(seq), SEQ_LEN)
+            self.assertEqual(pool.layer_length(seq, N_LAYERS - 1), SEQ_LEN)
 
             layer = 1
             k_read, v_read = pool.seq_read(seq, layer, 0, SEQ_LEN)
