@@ -337,6 +337,9 @@ pub struct ikv_decode_args {
     pub topk_mass: c_float,
     pub topk_min_tokens: u32,
     pub topk_score: ikv_topk_score,
+    pub query_memory: *const c_void,
+    pub feedback: *mut c_void,
+    pub topk_feedback_weight: c_float,
 }
 
 extern "C" {
