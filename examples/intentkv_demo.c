@@ -377,7 +377,7 @@ static measured measure(ikv_decoder *dec, ikv_pool *pool, ikv_seq_id seq, const 
     a.topk_score = sel->score;
     a.topk_token_budget = sel->topk_tokens;
     if (sel->mode == IKV_TOPK_MASS) a.topk_mass = sel->mass;
-    m.status = ikv_decode(dec, pool, &a); /* warm-up; IKV_TOPK_MASS is refused on CUDA pools for now */
+    m.status = ikv_decode(dec, pool, &a); /* warm-up; a selection this build or device cannot serve is shown as such */
     if (m.status == IKV_E_UNSUPPORTED) {
         snprintf(m.why, sizeof m.why, "%s", ikv_last_error());
         return m;

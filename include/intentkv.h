@@ -499,7 +499,7 @@ typedef struct ikv_pool_config {
     int device;                 /**< CUDA device ordinal; default 0 */
     uint32_t n_layers;          /**< >= 1 */
     uint32_t n_kv_heads;        /**< >= 1 */
-    uint32_t head_dim;          /**< 32, 64, 80, 96, 128 or 256 (CUDA decode: 64, 128, 256) */
+    uint32_t head_dim;          /**< 32, 64, 80, 96, 128 or 256 (CUDA pools decode 64, 128 and 256) */
     uint32_t page_size;         /**< power of two in [8, 128]; default 16 */
     uint64_t capacity_bytes;    /**< bytes of page storage (all formats, scales included); default 1 GiB */
     ikv_format default_format;  /**< format of new pages when no plan says otherwise; default F16 */
@@ -764,7 +764,7 @@ typedef struct ikv_decoder ikv_decoder;
  * The engine tells the memory what a turn asked (ikv_query_memory_remember,
  * per layer, any number of query tokens; their mean is the turn's query) and
  * when the turn ends (ikv_query_memory_end_turn). CPU pools only for now.
- * Host memory: n_layers * n_q_heads * head_dim * 8 bytes per sequence.
+ * Host memory: n_layers * n_q_heads * head_dim * 12 bytes per sequence.
  * Thread-safety: calls that change a memory need exclusive access to it; a
  * decode reads it, so no change may run while a decode that uses it runs.
  */
@@ -853,9 +853,9 @@ IKV_API void ikv_page_feedback_destroy(ikv_page_feedback *feedback);
 
 /**
  * The averages of seq at layer and kv_head for pages [0, capacity) into
- * mass (pages never fed back: 0); *n_pages_out receives the number of pages
- * the sequence has fed back so far (its highest page read + 1; 0 for an
- * unknown sequence). Errors: IKV_E_NULL (feedback, n_pages_out, mass with
+ * mass (pages never fed back: 0); *n_pages_out receives how many pages of
+ * that layer and kv-head have been fed back so far (the highest page read +
+ * 1; 0 for an unknown sequence). Errors: IKV_E_NULL (feedback, n_pages_out, mass with
  * capacity > 0), IKV_E_RANGE (layer, kv_head).
  */
 IKV_API ikv_status ikv_page_feedback_get(const ikv_page_feedback *feedback, ikv_seq_id seq, uint32_t layer,
@@ -920,10 +920,9 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
  * the mass alone; flat bounds (diffuse attention) take many. The estimate
  * uses upper bounds, not the true logits: it is a budget rule, not a
  * guarantee of the mass kept (bench/RESULTS.md measures what it keeps).
- * On a CUDA pool the weights are summed on the device in another order, and
- * candidates whose score equals the one that reaches the share all count, so
+ * On a CUDA pool the weights are summed on the device in another order, so
  * the budget can differ from a CPU pool's where the share is reached within
- * rounding or on a tie.
+ * rounding.
  */
 typedef enum ikv_topk_mode {
     IKV_TOPK_FIXED = 0, /**< topk_token_budget tokens (top-k is off when it is 0) */
@@ -1047,7 +1046,18 @@ typedef struct ikv_decode_args {
     float topk_feedback_weight;
 } ikv_decode_args;
 
-IKV_API ikv_decode_args ikv_decode_args_default(void);
+/**
+ * The defaults of every field (struct_size = sizeof(ikv_decode_args), n_seqs
+ * and n_query_tokens 1, F32 dtypes, top-k off, IKV_TOPK_FIXED, topk_mass 0.9,
+ * IKV_TOPK_SCORE_QUEST, all else 0/NULL). A struct returned by value cannot
+ * grow under a program built with an older header (its return slot is the
+ * older size), so each version of the struct has its own symbol and
+ * ikv_decode_args_default() names this header's: ikv_decode_args_default_v2.
+ * The unversioned symbol stays exported for programs built against the first
+ * header and fills only that version's fields (struct_size 104 on 64-bit).
+ */
+IKV_API ikv_decode_args ikv_decode_args_default_v2(void);
+#define ikv_decode_args_default() ikv_decode_args_default_v2()
 
 /**
  * Run the step. Errors (nothing is written on error): IKV_E_NULL,
@@ -1056,8 +1066,10 @@ IKV_API ikv_decode_args ikv_decode_args_default(void);
  * topk_mode, topk_mass outside (0, 1], topk_min_tokens above a non-zero
  * topk_token_budget, topk_score, a query_memory of another pool or other
  * n_q_heads, a feedback of another pool, topk_feedback_weight),
- * IKV_E_UNSUPPORTED (a CUDA pool: more than 256 query heads per kv-head with
- * IKV_TOPK_SCORE_HYBRID, or more candidate pages than its top-k handles),
+ * IKV_E_UNSUPPORTED (a CUDA pool with query-aware selection: more than 256
+ * query heads per kv-head with IKV_TOPK_SCORE_HYBRID, a kv-group's queries
+ * larger than the device's shared memory per block, or more candidate pages
+ * than its top-k handles),
  * IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args);
@@ -1088,7 +1100,8 @@ IKV_API ikv_status ikv_decoder_last_bytes_read(const ikv_decoder *decoder, uint6
  * hot path: on a CUDA pool with query-aware selection the runs live on the
  * device and this call waits for the decoder's last stream and copies them.
  * Errors: IKV_E_NULL (decoder, n_out, ranges with capacity > 0), IKV_E_STATE
- * (no successful call yet, or the last one was captured into a CUDA graph),
+ * (the decoder's last ikv_decode call failed, was captured into a CUDA graph,
+ * or there was none),
  * IKV_E_RANGE (seq_index, kv_head), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_decoder_last_selection(const ikv_decoder *decoder, uint32_t seq_index, uint32_t kv_head,

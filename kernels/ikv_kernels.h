@@ -142,6 +142,7 @@ struct TopkParams {
     // mass_budget_kernel fills and the select kernel reads instead of
     // token_budget (then the cap, 0 = none); nullptr: the fixed budget.
     uint32_t *budgets;
+    double *weights;       // device scratch [n_seqs * n_kv_heads * max_candidates]: each candidate's weight
     float mass_share;      // estimated share of the bounds' weight to cover, (0, 1]
     uint32_t min_tokens;   // the budget's floor
     float scale;           // the logit scale (scores are of the unscaled query)
@@ -159,8 +160,8 @@ struct TopkParams {
 // selection. Output lists keep candidate order. Writes out_pages/out_counts
 // as a DevLists with stride max_candidates and list_heads n_kv_heads. With
 // budgets set (IKV_TOPK_MASS) a kernel between score and select sizes each
-// (seq, kv-head)'s budget from its scores (the header's rule; candidates
-// whose score equals the one that reaches the share all count).
+// (seq, kv-head)'s budget from its scores (the header's rule, ties taken in
+// candidate order as on the CPU).
 cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream);
 constexpr uint32_t kMaxHybridGroup = 256;  // query heads per kv-head the hybrid score's shift handles
 

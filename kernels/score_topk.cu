@@ -263,7 +263,8 @@ __device__ __forceinline__ uint32_t order_key(float score);
 // n_i * exp(scale * (s_i - max s)) in double; the smallest order key K whose
 // candidates (keys <= K, i.e. scores >= the K-th) reach mass_share of the
 // total, by bisection over the 32-bit key (32 block reductions over the
-// candidates); then, as the CPU takes candidates one by one in rank order
+// candidates; the weights are computed once into p.weights); then, as the
+// CPU takes candidates one by one in rank order
 // (ties: candidate order), the candidates of key K are walked by one warp in
 // candidate order while the weight before each is short of the share (the
 // hybrid score makes ties common: every query head's best page scores 0).
@@ -291,16 +292,22 @@ __global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkPar
     top = block_reduce(top, fmax_sh, [](float a, float b) { return fmaxf(a, b); });
     mand = block_reduce(mand, usum, [](uint32_t a, uint32_t b) { return a + b; });
     const bool inf_top = isinf(top) && top > 0;
-    auto weight = [&](uint32_t c) {  // as decode/selection.cpp's mass_budget
-        const float s = scores[c];
-        if (s != s || top == -INFINITY) return 0.0;
-        if (inf_top) return s == top ? double(tokens(c)) : 0.0;
-        return double(tokens(c)) * exp(double(p.scale) * (double(s) - double(top)));
-    };
-    auto add = [](double a, double b) { return a + b; };
+    // Each candidate's weight, as decode/selection.cpp's mass_budget computes it, once
+    // (the bisection below reads them 33 times).
+    double *weights = p.weights + (uint64_t(seq) * Hkv + head) * p.max_candidates;
     double w = 0.0;
-    for (uint32_t c = threadIdx.x; c < count; c += blockDim.x)
-        if (candidate(c)) w += weight(c);
+    for (uint32_t c = threadIdx.x; c < count; c += blockDim.x) {
+        const float s = scores[c];
+        double wc = 0.0;
+        if (!candidate(c) || s != s || top == -INFINITY) wc = 0.0;
+        else if (inf_top) wc = s == top ? double(tokens(c)) : 0.0;
+        else wc = double(tokens(c)) * exp(double(p.scale) * (double(s) - double(top)));
+        weights[c] = wc;
+        w += wc;
+    }
+    __syncthreads();  // the weights are read by other threads below
+    auto weight = [&](uint32_t c) { return weights[c]; };
+    auto add = [](double a, double b) { return a + b; };
     const double target = double(p.mass_share) * block_reduce(w, dsum, add);
     uint64_t taken = 0;
     if (target > 0.0) {
@@ -736,7 +743,8 @@ cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
 
 cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream) {
     if (p.max_candidates == 0 || p.max_candidates > kMaxTopkCandidates || p.candidates.list_heads != 1 ||
-        (p.hybrid && (p.rows == nullptr || p.n_q_heads / p.shape.n_kv_heads > kMaxHybridGroup)))
+        (p.hybrid && (p.rows == nullptr || p.n_q_heads / p.shape.n_kv_heads > kMaxHybridGroup)) ||
+        (p.budgets != nullptr && p.weights == nullptr))
         return cudaErrorInvalidValue;
     uint32_t npad = 1;
     while (npad < p.max_candidates) npad <<= 1;

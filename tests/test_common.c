@@ -3,6 +3,26 @@
 
 #include "support.h"
 
+/* A program built against the first header: its ikv_decode_args ends at
+ * `stream`, and ikv_decode_args_default was a function returning that struct.
+ * The library still exports that symbol for it. */
+typedef struct first_decode_args {
+    uint32_t struct_size, layer, n_seqs;
+    const ikv_seq_id *seqs;
+    const ikv_plan *const *plans;
+    uint32_t n_query_tokens, n_q_heads;
+    const void *q;
+    ikv_dtype q_dtype;
+    void *out;
+    ikv_dtype out_dtype;
+    float *lse;
+    float scale, softcap;
+    uint32_t topk_token_budget;
+    void *stream;
+} first_decode_args;
+#undef ikv_decode_args_default
+first_decode_args ikv_decode_args_default(void);
+
 static void test_version(void **state) {
     (void)state;
     assert_int_equal(ikv_version(), IKV_VERSION_NUMBER);
@@ -58,6 +78,41 @@ static void test_errors_and_log(void **state) {
     assert_int_equal(small.version, 0); /* unchanged */
 }
 
+/* The first header's default writes exactly its struct (under ASan an extra
+ * byte would be a stack-buffer-overflow) and a decode with it reads only those
+ * fields, every later one at its default. */
+static void test_first_header_decode_args(void **state) {
+    (void)state;
+    first_decode_args a = ikv_decode_args_default();
+    assert_int_equal(a.struct_size, sizeof(first_decode_args));
+    assert_int_equal(a.n_seqs, 1);
+    assert_int_equal(a.n_query_tokens, 1);
+    assert_int_equal(a.topk_token_budget, 0);
+    ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.n_layers = 1, .n_kv_heads = 1, .head_dim = 64, .page_size = 16,
+                                                     .capacity_bytes = 4u << 20});
+    ikv_seq_id seq;
+    IKVT_OK(ikv_seq_create(pool, &seq));
+    float kv[40 * 64], q[2 * 64], out[2 * 64];
+    ikvt_rng rng = {77};
+    ikvt_fill_normal(&rng, kv, 40 * 64, 1.0f);
+    ikvt_fill_normal(&rng, q, 2 * 64, 1.0f);
+    ikv_append ap = ikv_append_default(pool, 40);
+    ap.k = kv;
+    ap.v = kv;
+    IKVT_OK(ikv_pool_append(pool, seq, &ap));
+    ikv_decoder *dec = NULL;
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    a.seqs = &seq;
+    a.n_q_heads = 2;
+    a.q = q;
+    a.out = out;
+    a.topk_token_budget = 16;
+    IKVT_OK(ikv_decode(dec, pool, (const ikv_decode_args *)(const void *)&a));
+    ikv_decoder_destroy(dec);
+    ikv_pool_destroy(pool);
+}
+
 static void test_runtime_info(void **state) {
     (void)state;
     ikv_runtime_info info;
@@ -77,6 +132,7 @@ int main(void) {
         cmocka_unit_test(test_status_names),
         cmocka_unit_test(test_errors_and_log),
         cmocka_unit_test(test_runtime_info),
+        cmocka_unit_test(test_first_header_decode_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -363,6 +363,7 @@ typedef struct step_cfg {
     uint32_t topk, layer;
     mass_rule mass; /* mass.on: IKV_TOPK_MASS with topk as its upper limit */
     uint32_t memory_turns; /* > 0: a query memory of that many remembered turns joins the selection */
+    int routed; /* the plan comes from the router: an ALWAYS system block and a RECENT window (mandatory pages) */
     uint64_t seed;
 } step_cfg;
 
@@ -475,6 +476,41 @@ static ikv_query_memory *remember_turns(ikv_pool *pool, ikv_seq_id seq, const st
     return memory;
 }
 
+/* A routed plan of a length-token context: "system" [0, 24) ALWAYS, two ATTEND
+ * documents, a RECENT turn of the last 40 tokens (recent window 40): its
+ * system and recent pages are mandatory (IKV_PAGE_MANDATORY). */
+static ikv_plan *routed_plan(uint32_t length, uint32_t P) {
+    ikv_layout *layout = NULL;
+    IKVT_OK(ikv_layout_create(&layout));
+    const uint32_t cuts[] = {0, 24, 150, length - 40, length};
+    const ikv_policy pol[] = {IKV_POLICY_ALWAYS, IKV_POLICY_ATTEND, IKV_POLICY_ATTEND, IKV_POLICY_RECENT};
+    const char *names[] = {"system", "doc1", "doc2", "turn"};
+    for (int i = 0; i < 4; ++i) {
+        ikv_block_desc b = ikv_block_desc_default();
+        b.name = names[i];
+        b.start = cuts[i];
+        b.end = cuts[i + 1];
+        b.policy = pol[i];
+        b.score = 0.9f;
+        IKVT_OK(ikv_layout_add(layout, &b, NULL));
+    }
+    ikv_router_config rc = ikv_router_default_config();
+    rc.page_size = P;
+    rc.recent_window = 40;
+    ikv_router *router = NULL;
+    IKVT_OK(ikv_router_create(&rc, &router));
+    ikv_plan *plan = NULL;
+    IKVT_OK(ikv_router_route(router, layout, length, &plan));
+    const ikv_plan_page *pages;
+    size_t n, mandatory = 0;
+    IKVT_OK(ikv_plan_pages(plan, &pages, &n));
+    for (size_t i = 0; i < n; ++i) mandatory += (pages[i].flags & IKV_PAGE_MANDATORY) != 0;
+    assert_true(mandatory > 0 && mandatory < n); /* the case this plan is for */
+    ikv_router_destroy(router);
+    ikv_layout_destroy(layout);
+    return plan;
+}
+
 /* Build the pool of cfg, decode with both decoders, check against the reference. */
 static void run_step(const step_cfg *c) {
     ikvt_rng rng = {c->seed};
@@ -484,6 +520,7 @@ static void run_step(const step_cfg *c) {
     for (size_t i = 0; i < c->n_evict; ++i) IKVT_OK(ikv_seq_evict(f.pool, f.seq, c->evict[i].begin, c->evict[i].end));
     ikv_plan *plan = NULL;
     if (c->ranges) IKVT_OK(ikv_plan_from_ranges(c->ranges, c->n_ranges, c->length, c->P, c->fmt, &plan));
+    if (c->routed) plan = routed_plan(c->length, c->P);
     const uint32_t nq = c->H * c->group;
     const size_t n_rows = (size_t)c->nqt * nq;
     void *q = make_q(&rng, n_rows * c->D, c->q_dtype, c->q_sigma);
@@ -768,6 +805,31 @@ static void test_topk_hybrid_score(void **state) {
             c.seed = 2900 + i * 2 + with_plan;
             run_step(&c);
         }
+}
+
+/* Plans with mandatory pages (routed: ALWAYS and RECENT blocks): they are kept
+ * and count first, and they are left out of every score statistic (the
+ * hybrid shift, the mass rule's weights and budget, the memory rows), with
+ * fixed and mass budgets, a floor above the mandatory tokens, and a memory. */
+static void test_topk_with_mandatory_pages(void **state) {
+    (void)state;
+    for (int i = 0; i < 6; ++i) {
+        step_cfg c = base_cfg();
+        c.length = 390;
+        c.H = 2;
+        c.group = 1u + (uint32_t)(i % 3);
+        c.q_sigma = 1.5f;
+        c.routed = 1;
+        c.mass.hybrid = i % 2;
+        c.mass.on = i >= 2;
+        c.mass.share = 0.7;
+        c.mass.min_tokens = i == 3 ? 150 : 0; /* above the ~64 mandatory tokens */
+        c.topk = i < 2 ? 120 : (i == 4 ? 200 : 0);
+        c.memory_turns = i == 5 ? 2 : 0;
+        c.fmt = (ikv_format)(i % IKV_FMT_COUNT);
+        c.seed = 4900 + (uint64_t)i;
+        run_step(&c);
+    }
 }
 
 /* A query memory joins the ranking as `group` more rows per kv-head that
@@ -1502,6 +1564,7 @@ int main(void) {
         cmocka_unit_test(test_topk_selection),
         cmocka_unit_test(test_topk_mass_selection),
         cmocka_unit_test(test_topk_hybrid_score),
+        cmocka_unit_test(test_topk_with_mandatory_pages),
         cmocka_unit_test(test_query_memory_selection),
         cmocka_unit_test(test_query_memory_errors),
         cmocka_unit_test(test_attention_feedback),

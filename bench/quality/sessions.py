@@ -85,21 +85,18 @@ def evaluate(seq_len=32768, budgets=harness.BUDGETS, decay=0.5, n_threads=0):
     return case.name, out
 
 
-def _plans_with_feedback(run, dec, ref, pl, fb, B):
-    """Recall of steps 2..N read through the plan at budget B, routed from the
-    layout's scores and from scores the feedback (fb, after the session) gives."""
+def _plans_at_step(run, dec, ref, pl, fb, B, n):
+    """Recall of step n read through the plan at budget B, routed from the
+    layout's scores (`plan`) and from the block scores the feedback of steps
+    0..n-1 gives (`plan+feedback-scores`); these decodes feed nothing back."""
     out = {}
     with harness.ikv.Router(page_size=harness.PAGE, token_budget=B, recent_window=0, attend_threshold=0.0,
-                            over_budget=harness.ikv.OverBudget.KEEP) as router:
-        rescored = run.layout.clone()
+                            over_budget=harness.ikv.OverBudget.KEEP) as router, run.layout.clone() as rescored:
         fb.block_scores(run.seq, rescored)
         for key, layout in (("plan", run.layout), ("plan+feedback-scores", rescored)):
             with router.route(layout, run.T) as plan:
-                for n in range(1, run.N):
-                    dec.decode(run.pool, [run.seq], ref["q"][n], run.group, layer=pl, plans=[plan])
-                    got = harness.mass_of_runs(ref["cum"][n], dec.last_selection(0, 0))
-                    out.setdefault(key, []).extend(got.tolist())
-        rescored.close()
+                dec.decode(run.pool, [run.seq], ref["q"][n], run.group, layer=pl, plans=[plan])
+                out[key] = harness.mass_of_runs(ref["cum"][n], dec.last_selection(0, 0)).tolist()
     return out
 
 
@@ -108,9 +105,10 @@ def feedback_session(case, budgets=harness.BUDGETS, weight=0.5, rate=0.5, n_thre
     queries are N consecutive decode steps of one sequence; each step decodes
     with top-k (hybrid score) with and without the averages of the steps
     before it as a prior (topk_feedback_weight), and feeds back its shares.
-    With a layout, the router's plan at the budget is measured too, routed
-    from the engine's scores (`plan`) and from the block scores the first
-    step's feedback gives (`plan+feedback-scores`, ikv_page_feedback_block_scores).
+    With a layout, the router's plan at the budget is measured too at each
+    step n, routed from the engine's scores (`plan`) and from the block scores
+    the feedback of steps before n gives (`plan+feedback-scores`,
+    ikv_page_feedback_block_scores).
     Returns {(method, budget): recall list} over steps 2..N."""
     dec = harness.ikv.Decoder(n_threads=n_threads)
     run = harness.CaseRunner(case, dec)
@@ -125,6 +123,9 @@ def feedback_session(case, budgets=harness.BUDGETS, weight=0.5, rate=0.5, n_thre
                     for method, w in (("hybrid", 0.0), ("hybrid+feedback", weight)):
                         with harness.ikv.PageFeedback(run.pool, rate=rate) as fb:
                             for n in range(run.N):
+                                if n > 0 and run.layout is not None and w == 0.0:
+                                    for key, rec in _plans_at_step(run, dec, ref, pl, fb, B, n).items():
+                                        out.setdefault((key, share), []).extend(rec)
                                 dec.decode(run.pool, [run.seq], ref["q"][n], run.group, layer=pl, topk_token_budget=B,
                                            topk_score=harness.ikv.TopkScore.HYBRID, feedback=fb,
                                            topk_feedback_weight=w)
@@ -132,9 +133,6 @@ def feedback_session(case, budgets=harness.BUDGETS, weight=0.5, rate=0.5, n_thre
                                     continue  # no feedback yet: both methods read the same
                                 got = harness.mass_of_runs(ref["cum"][n], dec.last_selection(0, 0))
                                 out.setdefault((method, share), []).extend(got.tolist())
-                            if run.layout is not None and w == 0.0:
-                                for key, rec in _plans_with_feedback(run, dec, ref, pl, fb, B).items():
-                                    out.setdefault((key, share), []).extend(rec)
     finally:
         run.close()
         dec.close()

@@ -146,7 +146,7 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder) {
     mi_free(decoder);
 }
 
-IKV_API ikv_decode_args ikv_decode_args_default(void) {
+IKV_API ikv_decode_args ikv_decode_args_default_v2(void) {
     ikv_decode_args a{};
     a.struct_size = sizeof a;
     a.n_seqs = 1;
@@ -166,7 +166,7 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
     IKV_CHECK_NULL(pool, fn);
     IKV_CHECK_NULL(args, fn);
     IKV_CHECK_STRUCT(args, kDecodeArgsV1Size, fn);
-    const ikv_decode_args a = ikv::read_config(*args, ikv_decode_args_default());
+    const ikv_decode_args a = ikv::read_config(*args, ikv_decode_args_default_v2());
     ikv::ListMemory &mem = decoder->lists;
     decoder->last.valid = false;  // a failed call may have rewritten what the last one left
     try {
@@ -251,6 +251,39 @@ IKV_API ikv_status ikv_decoder_get_stats(const ikv_decoder *decoder, ikv_decoder
     v.last_bytes_read = decoder->last_bytes;
     ikv::write_versioned(out, v);
     return IKV_OK;
+}
+
+// The first header's ikv_decode_args (through `stream`) and its default, for
+// programs built against it: they call the unversioned symbol with a return
+// slot of that size, so it must write exactly those bytes.
+struct ikv_decode_args_v1 {
+    uint32_t struct_size;
+    uint32_t layer;
+    uint32_t n_seqs;
+    const ikv_seq_id *seqs;
+    const ikv_plan *const *plans;
+    uint32_t n_query_tokens;
+    uint32_t n_q_heads;
+    const void *q;
+    ikv_dtype q_dtype;
+    void *out;
+    ikv_dtype out_dtype;
+    float *lse;
+    float scale;
+    float softcap;
+    uint32_t topk_token_budget;
+    void *stream;
+};
+static_assert(sizeof(ikv_decode_args_v1) == kDecodeArgsV1Size, "the first ikv_decode_args layout");
+static_assert(offsetof(ikv_decode_args_v1, stream) == offsetof(ikv_decode_args, stream), "a prefix of today's");
+
+#undef ikv_decode_args_default
+IKV_API ikv_decode_args_v1 ikv_decode_args_default(void) {
+    const ikv_decode_args a = ikv_decode_args_default_v2();
+    ikv_decode_args_v1 v1;
+    std::memcpy(&v1, &a, sizeof v1);
+    v1.struct_size = sizeof v1;
+    return v1;
 }
 
 }  // extern "C"

@@ -57,9 +57,9 @@ IKV_API ikv_status ikv_page_feedback_get(const ikv_page_feedback *feedback, ikv_
     if (kv_head >= feedback->n_kv_heads)
         return ikv::fail(IKV_E_RANGE, "%s: kv_head %u is out of range, the pool has %u kv-heads", fn, kv_head,
                          feedback->n_kv_heads);
-    const std::vector<float> *a = feedback->averages(seq, layer, kv_head);
-    const uint32_t n = a ? uint32_t(a->size()) : 0;
-    for (uint32_t p = 0; p < capacity; ++p) mass[p] = p < n ? (*a)[p] : 0.0f;
+    const ikv::PageAverages *a = feedback->averages(seq, layer, kv_head);
+    const uint32_t n = a ? a->n_fed : 0;
+    for (uint32_t p = 0; p < capacity; ++p) mass[p] = p < n ? a->avg[p] : 0.0f;
     *n_pages_out = n;
     return IKV_OK;
 }
@@ -76,8 +76,9 @@ IKV_API ikv_status ikv_page_feedback_block_scores(const ikv_page_feedback *feedb
         std::vector<uint8_t> seen(layout->blocks.size(), 0);
         for (uint32_t l = 0; l < feedback->n_layers; ++l)
             for (uint32_t h = 0; h < feedback->n_kv_heads; ++h) {
-                const std::vector<float> *a = feedback->averages(seq, l, h);
-                if (a == nullptr) continue;
+                const ikv::PageAverages *pa = feedback->averages(seq, l, h);
+                if (pa == nullptr) continue;
+                const std::vector<float> *a = &pa->avg;
                 for (size_t b = 0; b < layout->blocks.size(); ++b) {
                     const ikv_block_info &blk = layout->blocks[b];
                     if (blk.policy != IKV_POLICY_ATTEND) continue;

@@ -15,9 +15,7 @@
 namespace {
 
 // The queries as fp32 after checking dtype and finiteness (nothing is kept on error).
-ikv_status queries_f32(const void *q, ikv_dtype dt, uint64_t n, uint32_t row, const char *fn,
-                       std::vector<float> &out) {
-    const int d = ikv::raw_enum(dt);
+ikv_status queries_f32(const void *q, int d, uint64_t n, uint64_t row, const char *fn, std::vector<float> &out) {
     if (d != IKV_DTYPE_F32 && d != IKV_DTYPE_F16 && d != IKV_DTYPE_BF16)
         return ikv::fail(IKV_E_INVALID, "%s: q_dtype %d is not F32, F16 or BF16", fn, d);
     out.resize(n);
@@ -83,10 +81,11 @@ IKV_API ikv_status ikv_query_memory_remember(ikv_query_memory *memory, ikv_seq_i
         return ikv::fail(IKV_E_RANGE, "%s: layer %u is out of range, the pool has %u layers", fn, layer,
                          memory->n_layers);
     if (n_tokens == 0) return ikv::fail(IKV_E_INVALID, "%s: n_tokens is 0, expected at least 1", fn);
+    const int dtype = ikv::raw_enum(q_dtype);  // a C caller may pass any int: never loaded as the enum
     return ikv::guarded(fn, [&] {
-        const uint32_t row = memory->n_q_heads * memory->head_dim;
+        const uint64_t row = uint64_t(memory->n_q_heads) * memory->head_dim;
         std::vector<float> f32;
-        const ikv_status st = queries_f32(q, q_dtype, uint64_t(n_tokens) * row, row, fn, f32);
+        const ikv_status st = queries_f32(q, dtype, uint64_t(n_tokens) * row, row, fn, f32);
         if (st != IKV_OK) return st;
         memory->remember(seq, layer, f32.data(), n_tokens);
         return IKV_OK;

@@ -297,9 +297,18 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
     if (!cuda::head_dim_supported(D))
         return fail(IKV_E_UNSUPPORTED, "%s: head_dim %u is not built into the CUDA kernels (64, 128, 256)", kFn, D);
-    if (a.topk_score == IKV_TOPK_SCORE_HYBRID && a.n_q_heads / Hkv > cuda::kMaxHybridGroup)
-        return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_HYBRID on a CUDA pool handles at most %u query heads per "
-                    "kv-head, the call has %u", kFn, cuda::kMaxHybridGroup, a.n_q_heads / Hkv);
+    if (topk_enabled(a)) {  // what the scoring kernels can take (checked before any device work)
+        const uint32_t G = a.n_q_heads / Hkv, parts = a.topk_score == IKV_TOPK_SCORE_HYBRID ? 3 : 2;
+        if (parts == 3 && G > cuda::kMaxHybridGroup)
+            return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_HYBRID on a CUDA pool handles at most %u query heads "
+                        "per kv-head, the call has %u", kFn, cuda::kMaxHybridGroup, G);
+        int optin = 0;
+        if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, pool_device(pool)) == cudaSuccess &&
+            uint64_t(G) * D * 4 * parts > uint64_t(optin))
+            return fail(IKV_E_UNSUPPORTED, "%s: query-aware selection on a CUDA pool stages the kv-group's queries in "
+                        "shared memory: %u query heads per kv-head at head_dim %u need %llu bytes, the device has %d",
+                        kFn, G, D, (unsigned long long)(uint64_t(G) * D * 4 * parts), optin);
+    }
     const int device = pool_device(pool);
     DeviceGuard guard(device);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), kFn, "cudaSetDevice");
@@ -333,7 +342,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const bool mass = a.topk_mode == IKV_TOPK_MASS;
     if (topk && sum.max_count > cuda::kMaxTopkCandidates)
         return fail(IKV_E_UNSUPPORTED,
-                    "%s: args->topk_token_budget on a CUDA pool handles at most %u candidate pages per sequence, "
+                    "%s: query-aware selection on a CUDA pool handles at most %u candidate pages per sequence, "
                     "a sequence has %u",
                     kFn, cuda::kMaxTopkCandidates, sum.max_count);
     uint32_t max_tokens = 0;  // rows of the longest list a kernel reads (after top-k: a bound)
@@ -380,7 +389,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint32_t group = a.n_q_heads / Hkv;
     const uint64_t off_rows = off_selc + (topk ? align256(4ull * B * Hkv) : 0);
     const uint64_t off_budgets = off_rows + (hybrid ? align256(4ull * B * Hkv * group * stride) : 0);
-    const uint64_t off_ws = off_budgets + (mass ? align256(4ull * B * Hkv) : 0);
+    const uint64_t off_weights = off_budgets + (mass ? align256(4ull * B * Hkv) : 0);
+    const uint64_t off_ws = off_weights + (mass ? align256(8ull * B * Hkv * stride) : 0);
     const uint64_t total = off_ws + align256(gemm ? cuda::multi_token_workspace_bytes(p, max_tokens)
                                                   : cuda::decode_workspace_bytes(p, p.n_splits));
     err = grow_device(&s.dev, &s.dev_bytes, total, stream);  // stream-ordered: no host synchronization
@@ -418,6 +428,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         t.hybrid = hybrid;
         t.rows = hybrid ? reinterpret_cast<float *>(s.dev + off_rows) : nullptr;
         t.budgets = mass ? reinterpret_cast<uint32_t *>(s.dev + off_budgets) : nullptr;
+        t.weights = mass ? reinterpret_cast<double *>(s.dev + off_weights) : nullptr;
         t.mass_share = a.topk_mass;
         t.min_tokens = a.topk_min_tokens;
         t.scale = p.scale;

@@ -48,7 +48,6 @@ void feed_back(ThreadPool &threads, DecodeScratch &S, const ikv_decode_args &a, 
                const PageShape &shape, uint32_t R, uint32_t group) {
     const uint32_t D = shape.head_dim, P = shape.page_size, H = shape.n_kv_heads, nqt = a.n_query_tokens;
     const uint64_t RD = uint64_t(R) * D;
-    S.span_share.resize(S.spans.size());
     auto measure = [&](std::size_t bh, unsigned w) {
         const float *q = S.q.data() + bh * RD, *lse = S.row_lse.data() + bh * R;
         const uint32_t qpos0 = snaps[bh / H].length - nqt;  // position of query token 0
@@ -166,21 +165,25 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             for (uint32_t h = 0; h < H; ++h)
                 for (uint32_t e0 = S.entry_lo[b]; e0 < S.entry_lo[b + 1]; e0 += kBoundBlock)
                     S.bound_tasks.push_back({b, h, e0, std::min(e0 + kBoundBlock, S.entry_lo[b + 1])});
-        auto score = [&](std::size_t i, unsigned) {
+        // Per-worker scratch of the per-row path, sized here: no allocation inside the tasks.
+        const uint64_t row_scratch = per_row ? uint64_t(kScoreBatch + 1) * n_rows : 0;
+        S.worker_rows.resize(uint64_t(threads.size()) * row_scratch);
+        auto score = [&](std::size_t i, unsigned w) {
             const DecodeScratch::BoundTask &t = S.bound_tasks[i];
             const float *qs = S.qsigns.data() + (uint64_t(t.b) * H + t.h) * parts * ND;
             const ScoreQuery sq{qs, qs + ND, hybrid ? qs + 2 * ND : nullptr, n_rows, per_row};
             quest_bounds(S.entries.data() + t.e0, t.e1 - t.e0, snaps[t.b], shape, a.layer, t.h, sq,
                          S.bounds.data() + t.h * n_all + t.e0,
-                         per_row ? S.rows.data() + (t.h * n_all + t.e0) * n_rows : nullptr);
+                         per_row ? S.rows.data() + (t.h * n_all + t.e0) * n_rows : nullptr,
+                         S.worker_rows.data() + w * row_scratch);
         };
         threads.parallel_for(S.bound_tasks.size(), score);
         if (per_row) {  // a hybrid row's shift needs all of its sequence's entries: a second pass
-            auto combine = [&](std::size_t bh, unsigned) {
+            auto combine = [&](std::size_t bh, unsigned w) {
                 const uint32_t b = uint32_t(bh) / H, h = uint32_t(bh) % H, lo = S.entry_lo[b];
                 combine_rows(S.entries.data() + lo, S.entry_lo[b + 1] - lo, S.rows.data() + (h * n_all + lo) * n_rows,
                              n_rows, S.row_offset.data() + uint64_t(bh) * n_rows, hybrid,
-                             S.bounds.data() + h * n_all + lo);
+                             S.bounds.data() + h * n_all + lo, S.worker_rows.data() + w * row_scratch);
             };
             threads.parallel_for(BH, combine);
         }
@@ -257,6 +260,22 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
     for (auto &w : S.worker)
         if (w.size() < worker_floats) w.resize(worker_floats);
 
+    // ---- attention feedback: everything it writes after the kernels is sized now, so a
+    // failure (out of memory) happens before any output is written ----
+    if (a.feedback) {
+        uint64_t most = 0;
+        for (uint32_t bh = 0; bh < BH; ++bh) {
+            uint32_t pages = 0;
+            for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i) pages = std::max(pages, S.spans[i].pos0 / P + 1);
+            a.feedback->reserve(a.seqs[bh / H], a.layer, bh % H, pages);
+            most = std::max<uint64_t>(most, S.span_lo[bh + 1] - S.span_lo[bh]);
+        }
+        S.row_lse.resize(uint64_t(BH) * R);
+        S.span_share.resize(S.spans.size());
+        S.fb_pages.reserve(most);
+        S.fb_share.reserve(most);
+    }
+
     // ---- kernels ----
     const CpuKernels &K = cpu_kernels();
     auto run_item = [&](std::size_t i, unsigned w) {
@@ -318,7 +337,6 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             if (a.feedback) S.row_lse[uint64_t(bh) * R + r] = M + std::log(L);
         }
     };
-    if (a.feedback) S.row_lse.resize(uint64_t(BH) * R);
     threads.parallel_for(BH, merge);
     if (a.feedback) feed_back(threads, S, a, snaps, shape, R, group);
     *bytes_read = bytes;

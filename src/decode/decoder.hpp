@@ -24,6 +24,7 @@ struct DecodeScratch {
     dvec<float> bounds;           // top-k: [H][entries] Quest bounds (or hybrid scores)
     dvec<float> rows;             // per-row top-k: [H][entries][rows] sums before combine_rows
     dvec<float> row_offset;       // per-row top-k: [B*H][rows] (query memory rows: log(decay) or -inf)
+    dvec<float> worker_rows;      // per-row top-k: per worker, kScoreBatch+1 entries' rows of scratch
     dvec<float> qsigns;           // top-k: [B*H][2 or 3][rows][D] q+, q- (hybrid: halved, then q/2) of query token 0
                                   //        (rows: the group's heads, then any query-memory rows)
     dvec<uint32_t> order;         // top-k: select_topk scratch

@@ -6,6 +6,7 @@
 
 #include "cpu/attn_kernel.hpp"
 #include "cpu/dispatch.hpp"
+#include "feedback/page_feedback.hpp"
 
 namespace ikv {
 
@@ -56,25 +57,23 @@ void split_signs(const float *q, uint64_t n, float *qpos, float *qneg) {
 }
 
 void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
-                  uint32_t head, const ScoreQuery &q, float *bounds, float *rows) {
+                  uint32_t head, const ScoreQuery &q, float *bounds, float *rows, float *scratch) {
     const uint32_t D = shape.head_dim, group = q.n_rows;
     const CpuKernels &K = cpu_kernels();
-    constexpr uint32_t kBatch = 64;  // records per kernel call
+    constexpr uint32_t kBatch = kScoreBatch;  // records per kernel call
     const uint8_t *recs[kBatch];
     uint32_t idx[kBatch];
     float out[kBatch];
     uint32_t m = 0;
-    // hybrid: a batch's [m][group] sums (a worker thread's scratch: no allocation once grown)
-    thread_local std::vector<float> row_out;
-    if (q.per_row && row_out.size() < uint64_t(kBatch) * group) row_out.resize(uint64_t(kBatch) * group);
+    float *row_out = scratch;  // per-row: a batch's [m][n_rows] sums
     auto flush = [&] {
         QuestTask t{recs, m, q.qpos, q.qneg, group, D, out};
         t.qmid = q.qmid;
-        t.rows = q.per_row ? row_out.data() : nullptr;
+        t.rows = q.per_row ? row_out : nullptr;
         K.quest_bounds(t);
         for (uint32_t k = 0; k < m; ++k) {
             if (q.per_row)
-                std::copy_n(row_out.data() + uint64_t(k) * group, group, rows + uint64_t(idx[k]) * group);
+                std::copy_n(row_out + uint64_t(k) * group, group, rows + uint64_t(idx[k]) * group);
             else
                 bounds[idx[k]] = out[k];
         }
@@ -107,6 +106,7 @@ uint64_t mass_budget(const Entry *in, const float *bounds, const uint32_t *order
     auto weight = [&](uint32_t c) {
         const double b = double(bounds[c]);
         const double n = double(in[c].end - in[c].begin);
+        if (top == -INFINITY) return 0.0;                   // no candidate has an estimate: none is taken for it
         if (!std::isfinite(top)) return b == top ? n : 0.0;  // an infinite top bound takes its equals only
         return b == b ? n * std::exp(b - top) : 0.0;           // NaN bounds weigh nothing
     };
@@ -125,9 +125,8 @@ uint64_t mass_budget(const Entry *in, const float *bounds, const uint32_t *order
 }
 
 void combine_rows(const Entry *entries, uint32_t n, const float *rows, uint32_t n_rows, const float *offset, bool shift,
-                  float *bounds) {
-    thread_local std::vector<float> base;  // what each row's sums are measured from
-    base.assign(n_rows, shift ? -INFINITY : 0.0f);
+                  float *bounds, float *base) {
+    std::fill(base, base + n_rows, shift ? -INFINITY : 0.0f);  // what each row's sums are measured from
     if (shift)
         for (uint32_t i = 0; i < n; ++i)
             if (!entries[i].mandatory)
@@ -144,15 +143,14 @@ void combine_rows(const Entry *entries, uint32_t n, const float *rows, uint32_t 
     }
 }
 
-void apply_feedback_prior(const Entry *entries, uint32_t n, const std::vector<float> *avg, float weight,
-                          float *bounds) {
+void apply_feedback_prior(const Entry *entries, uint32_t n, const PageAverages *avg, float weight, float *bounds) {
     if (avg == nullptr) return;
     float best = -INFINITY;
     for (uint32_t i = 0; i < n; ++i)
         if (!entries[i].mandatory) best = std::max(best, bounds[i]);  // NaN never wins
     for (uint32_t i = 0; i < n; ++i) {
         if (entries[i].mandatory) continue;
-        const float m = entries[i].page < avg->size() ? (*avg)[entries[i].page] : 0.0f;
+        const float m = entries[i].page < avg->n_fed ? avg->avg[entries[i].page] : 0.0f;
         const float rel = best > -INFINITY ? bounds[i] - best : bounds[i];
         bounds[i] = m > 0.0f ? std::max(rel, std::log(weight * m)) : rel;  // (a NaN rel stays NaN without feedback)
     }

@@ -46,22 +46,27 @@ struct ScoreQuery {
     bool per_row;
 };
 
+// Entries the scoring kernel takes per call (quest_bounds' scratch holds that
+// many entries' per-row sums).
+constexpr uint32_t kScoreBatch = 64;
+
 // Scores of n entries of one sequence for one kv-head, with the active ISA's
 // kernel (cpu/attn_kernel.hpp quest_bounds), from each entry's page key
 // summary (bf16, outward-rounded). bounds[i] = max_r of row r's sum
 //   sum_d max(q_rd * kmin_d, q_rd * kmax_d) (+ q_rd * kmean_d / 2 terms: hybrid),
 // or with q.per_row rows[i * n_rows + r] = that sum. Mandatory entries get
-// -inf (they are never ranked). No allocation once warm.
+// -inf (they are never ranked). scratch: kScoreBatch * n_rows floats when
+// q.per_row (the caller's, per worker thread). No allocation.
 void quest_bounds(const Entry *entries, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
-                  uint32_t head, const ScoreQuery &q, float *bounds, float *rows);
+                  uint32_t head, const ScoreQuery &q, float *bounds, float *rows, float *scratch);
 
 // The bounds of one (sequence, kv-head) from per-row sums: with shift (the
 // hybrid score) each row's sums less that row's largest over the
 // non-mandatory entries; plus offset[r] (a query-memory row's log(decay),
 // -inf for a row that must not count); bounds[i] = max_r. Mandatory entries
-// get -inf; NaN sums never win.
+// get -inf; NaN sums never win. base: n_rows floats of scratch. No allocation.
 void combine_rows(const Entry *entries, uint32_t n, const float *rows, uint32_t n_rows, const float *offset, bool shift,
-                  float *bounds);
+                  float *bounds, float *base);
 
 // How a step's query-aware selection sizes its budget (ikv_decode_args'
 // topk_* fields; the header's ikv_topk_mode says the rule in full).
@@ -93,12 +98,13 @@ void select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRul
 uint64_t mass_budget(const Entry *in, const float *bounds, const uint32_t *order, uint32_t n_order,
                      uint64_t mandatory_tokens, const TopkRule &rule);
 
+struct PageAverages;  // feedback/page_feedback.hpp
+
 // The attention-feedback prior (ikv_decode_args.topk_feedback_weight) on the
 // bounds of one (sequence, kv-head): bounds[i] = max(bounds[i] - the best
 // non-mandatory bound, log(weight * avg[page])) for candidates whose page has
 // an average > 0; avg may be null (no feedback: bounds unchanged).
-void apply_feedback_prior(const Entry *entries, uint32_t n, const std::vector<float> *avg, float weight,
-                          float *bounds);
+void apply_feedback_prior(const Entry *entries, uint32_t n, const PageAverages *avg, float weight, float *bounds);
 
 // Adds [begin, end) to runs (ascending), merged into the last run when it
 // starts where that one ends: ikv_decoder_last_selection's form.

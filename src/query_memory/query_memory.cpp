@@ -1,16 +1,20 @@
 #include "query_memory/query_memory.hpp"
 
 #include <algorithm>
+#include <utility>
 
 void ikv_query_memory::remember(ikv_seq_id seq, uint32_t layer, const float *q, uint32_t n) {
     const uint64_t row = uint64_t(n_q_heads) * head_dim, all = row * n_layers;
-    ikv::SeqQueryMemory &s = seqs[seq];
-    if (s.m.empty()) {  // first use: everything sized at once, so later calls cannot fail half-way
-        s.m.assign(all, 0.0f);
-        s.weight.assign(n_layers, 0.0f);
-        s.turn_sum.assign(all, 0.0);
-        s.turn_n.assign(n_layers, 0);
+    auto it = seqs.find(seq);
+    if (it == seqs.end()) {  // first use: built whole aside, then moved in (a bad_alloc leaves nothing behind)
+        ikv::SeqQueryMemory fresh;
+        fresh.m.assign(all, 0.0f);
+        fresh.weight.assign(n_layers, 0.0f);
+        fresh.turn_sum.assign(all, 0.0);
+        fresh.turn_n.assign(n_layers, 0);
+        it = seqs.emplace(seq, std::move(fresh)).first;
     }
+    ikv::SeqQueryMemory &s = it->second;
     double *sum = s.turn_sum.data() + layer * row;
     for (uint32_t t = 0; t < n; ++t)
         for (uint64_t e = 0; e < row; ++e) sum[e] += q[t * row + e];

@@ -596,7 +596,7 @@ class Decoder(_Handle):
         ob = _Buffer(out, DType.F32, "out")
         lse = array.array("f", bytes(4 * n_rows)) if return_lse else None
         lb = _Buffer(lse, DType.F32, "lse") if return_lse else None
-        args = _ffi.lib().ikv_decode_args_default()
+        args = _ffi.lib().ikv_decode_args_default_v2()
         args.layer, args.n_seqs, args.n_query_tokens, args.n_q_heads = layer, len(seqs), n_query_tokens, n_q_heads
         c_seqs = (c_uint32 * len(seqs))(*seqs)
         args.seqs = c_seqs

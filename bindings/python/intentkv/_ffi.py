@@ -221,7 +221,7 @@ _PROTOTYPES = [
     ("ikv_decoder_default_config", DecoderConfig, []),
     ("ikv_decoder_create", _S, [POINTER(DecoderConfig), _PV]),
     ("ikv_decoder_destroy", None, [_V]),
-    ("ikv_decode_args_default", DecodeArgs, []),
+    ("ikv_decode_args_default_v2", DecodeArgs, []),  # this struct version's default (the header's macro)
     ("ikv_decode", _S, [_V, _V, POINTER(DecodeArgs)]),
     ("ikv_decoder_last_bytes_read", _S, [_V, POINTER(c_uint64)]),
     ("ikv_query_memory_default_config", QueryMemoryConfig, []),

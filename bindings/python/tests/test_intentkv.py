@@ -353,7 +353,7 @@ class StructTest(unittest.TestCase):
             (lib.ikv_model_shape_default(), _ffi.ModelShape),
             (lib.ikv_pool_default_config(), _ffi.PoolConfig),
             (lib.ikv_decoder_default_config(), _ffi.DecoderConfig),
-            (lib.ikv_decode_args_default(), _ffi.DecodeArgs),
+            (lib.ikv_decode_args_default_v2(), _ffi.DecodeArgs),
         ]
         for value, cls in pairs:
             self.assertEqual(value.struct_size, ctypes.sizeof(cls), cls.__name__)

@@ -421,6 +421,8 @@ extern "C" {
     pub fn ikv_decoder_default_config() -> ikv_decoder_config;
     pub fn ikv_decoder_create(config: *const ikv_decoder_config, out: *mut *mut ikv_decoder) -> ikv_status;
     pub fn ikv_decoder_destroy(decoder: *mut ikv_decoder);
+    // The header's ikv_decode_args_default() is a macro naming this version's symbol.
+    #[link_name = "ikv_decode_args_default_v2"]
     pub fn ikv_decode_args_default() -> ikv_decode_args;
     pub fn ikv_decode(decoder: *mut ikv_decoder, pool: *mut ikv_pool, args: *const ikv_decode_args) -> ikv_status;
     pub fn ikv_decoder_last_bytes_read(decoder: *const ikv_decoder, bytes_out: *mut u64) -> ikv_status;
