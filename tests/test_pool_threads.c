@@ -177,9 +177,113 @@ static void test_threads(void **state) {
     ikv_pool_destroy(g_pool);
 }
 
+/* Several decoders on one pool at once (each with its worker threads; top-k
+ * with the hybrid score, a query memory and attention feedback of their own),
+ * while another thread appends to a sequence none of them reads: every
+ * decode equals, bit for bit, the same decode run alone beforehand. */
+enum { DECODERS = 3, DSEQ_LEN = 300, DQ = 4 * 64, STEPS = 40 };
+typedef struct decoder_job {
+    ikv_seq_id seq;
+    ikv_query_memory *memory;
+    float q[DQ], want[DQ];
+    int failures;
+} decoder_job;
+static decoder_job g_jobs[DECODERS];
+
+static ikv_status decode_job(ikv_decoder *dec, decoder_job *j, float *out) {
+    ikv_page_feedback *fb = NULL;
+    ikv_page_feedback_config fc = ikv_page_feedback_default_config();
+    ikv_status st = ikv_page_feedback_create(g_pool, &fc, &fb);
+    if (st != IKV_OK) return st;
+    ikv_decode_args a = ikv_decode_args_default();
+    a.layer = 1;
+    a.seqs = &j->seq;
+    a.n_q_heads = 4;
+    a.q = j->q;
+    a.out = out;
+    a.topk_token_budget = 96;
+    a.topk_score = IKV_TOPK_SCORE_HYBRID;
+    a.query_memory = j->memory;
+    a.feedback = fb;
+    st = ikv_decode(dec, g_pool, &a);
+    ikv_page_feedback_destroy(fb);
+    return st;
+}
+
+static void *decoder_main(void *arg) {
+    decoder_job *j = arg;
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    dc.n_threads = 2;
+    ikv_decoder *dec = NULL;
+    if (ikv_decoder_create(&dc, &dec) != IKV_OK) {
+        j->failures++;
+        return NULL;
+    }
+    float out[DQ];
+    for (int i = 0; i < STEPS; ++i)
+        if (decode_job(dec, j, out) != IKV_OK || memcmp(out, j->want, sizeof out) != 0) j->failures++;
+    ikv_decoder_destroy(dec);
+    return NULL;
+}
+
+static void *appender_main(void *arg) {
+    const ikv_seq_id s = *(const ikv_seq_id *)arg;
+    static float k[L * ROW], v[L * ROW];
+    for (int i = 0; i < STEPS * 4; ++i) {
+        k[i % (L * ROW)] = (float)i;
+        v[i % (L * ROW)] = -(float)i;
+        append(s, k, v, 1);
+    }
+    return NULL;
+}
+
+static void test_concurrent_decoders(void **state) {
+    (void)state;
+    g_pool = ikvt_make_pool(
+        (ikvt_pool_spec){.n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P, .capacity_bytes = 64u << 20});
+    static float k[L * DSEQ_LEN * ROW], v[L * DSEQ_LEN * ROW];
+    ikvt_rng r = {5151};
+    ikv_decoder *solo = NULL;
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    dc.n_threads = 2;
+    IKVT_OK(ikv_decoder_create(&dc, &solo));
+    for (int i = 0; i < DECODERS; ++i) {
+        decoder_job *j = &g_jobs[i];
+        memset(j, 0, sizeof *j);
+        ikvt_fill_normal(&r, k, sizeof k / sizeof *k, 1.0f);
+        ikvt_fill_normal(&r, v, sizeof v / sizeof *v, 1.0f);
+        ikvt_fill_normal(&r, j->q, DQ, 1.0f);
+        IKVT_OK(ikv_seq_create(g_pool, &j->seq));
+        assert_true(append(j->seq, k, v, DSEQ_LEN));
+        ikv_query_memory_config mc = ikv_query_memory_default_config();
+        mc.n_q_heads = 4;
+        IKVT_OK(ikv_query_memory_create(g_pool, &mc, &j->memory));
+        IKVT_OK(ikv_query_memory_remember(j->memory, j->seq, 1, k, IKV_DTYPE_F32, 1)); /* any earlier query */
+        IKVT_OK(ikv_query_memory_end_turn(j->memory, j->seq));
+        IKVT_OK(decode_job(solo, j, j->want));
+    }
+    ikv_seq_id grow;
+    IKVT_OK(ikv_seq_create(g_pool, &grow));
+    pthread_t th[DECODERS], app;
+    assert_int_equal(pthread_create(&app, NULL, appender_main, &grow), 0);
+    for (int i = 0; i < DECODERS; ++i) assert_int_equal(pthread_create(&th[i], NULL, decoder_main, &g_jobs[i]), 0);
+    for (int i = 0; i < DECODERS; ++i) pthread_join(th[i], NULL);
+    pthread_join(app, NULL);
+    uint32_t len = 0;
+    IKVT_OK(ikv_seq_length(g_pool, grow, &len));
+    assert_int_equal(len, STEPS * 4);
+    for (int i = 0; i < DECODERS; ++i) {
+        assert_int_equal(g_jobs[i].failures, 0);
+        ikv_query_memory_destroy(g_jobs[i].memory);
+    }
+    ikv_decoder_destroy(solo);
+    ikv_pool_destroy(g_pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_concurrent_decoders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
