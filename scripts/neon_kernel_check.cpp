@@ -115,6 +115,34 @@ int main() {
         std::printf("quest bounds (%u records, group %u): neon and scalar vs float64, worst scaled err %.3g\n", n, group,
                     worst);
         if (!(worst < 1e-5)) ++failures;
+        // The per-row path with the mean key's term (IKV_TOPK_SCORE_HYBRID: halved queries, every row's sum).
+        std::vector<float> hp(q.size()), hn(q.size()), hm(q.size()), rows[2];
+        for (size_t e = 0; e < q.size(); ++e) hp[e] = 0.5f * qpos[e], hn[e] = 0.5f * qneg[e], hm[e] = 0.5f * q[e];
+        for (int which = 0; which < 2; ++which) {
+            rows[which].assign(size_t(n) * group, 0.0f);
+            QuestTask t{ptr.data(), n, hp.data(), hn.data(), group, D, nullptr};
+            t.qmid = hm.data();
+            t.rows = rows[which].data();
+            (which == 0 ? cpu_kernels_neon() : cpu_kernels_scalar()).quest_bounds(t);
+        }
+        double worst_rows = 0;
+        for (uint32_t i = 0; i < n; ++i) {
+            const uint16_t *r = recs.data() + size_t(i) * 3 * D;
+            for (uint32_t g = 0; g < group; ++g) {
+                double s = 0, m = 0;
+                for (uint32_t d = 0; d < D; ++d) {
+                    const double qd = q[g * D + d], lo = bf16_to_f32(r[d]), hi = bf16_to_f32(r[D + d]);
+                    const double mean = bf16_to_f32(r[2 * D + d]);
+                    s += 0.5 * (std::fmax(qd * lo, qd * hi) + qd * mean);
+                    m += std::fabs(qd) * std::fmax(std::fabs(lo), std::fabs(hi));
+                }
+                for (int which = 0; which < 2; ++which)
+                    worst_rows = std::fmax(worst_rows, std::fabs(rows[which][size_t(i) * group + g] - s) / (1.0 + m));
+            }
+        }
+        std::printf("hybrid per-row sums (%u records, group %u): neon and scalar vs float64, worst scaled err %.3g\n", n,
+                    group, worst_rows);
+        if (!(worst_rows < 1e-5)) ++failures;
     }
     std::printf(failures ? "FAILED\n" : "OK\n");
     return failures ? 1 : 0;
