@@ -98,6 +98,29 @@ pub struct ikv_pool {
 pub struct ikv_decoder {
     _private: [u8; 0],
 }
+#[repr(C)]
+pub struct ikv_query_memory {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct ikv_page_feedback {
+    _private: [u8; 0],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ikv_query_memory_config {
+    pub struct_size: u32,
+    pub n_q_heads: u32,
+    pub decay: c_float,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ikv_page_feedback_config {
+    pub struct_size: u32,
+    pub rate: c_float,
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -337,8 +360,8 @@ pub struct ikv_decode_args {
     pub topk_mass: c_float,
     pub topk_min_tokens: u32,
     pub topk_score: ikv_topk_score,
-    pub query_memory: *const c_void,
-    pub feedback: *mut c_void,
+    pub query_memory: *const ikv_query_memory,
+    pub feedback: *mut ikv_page_feedback,
     pub topk_feedback_weight: c_float,
 }
 
@@ -426,6 +449,23 @@ extern "C" {
     pub fn ikv_decode_args_default() -> ikv_decode_args;
     pub fn ikv_decode(decoder: *mut ikv_decoder, pool: *mut ikv_pool, args: *const ikv_decode_args) -> ikv_status;
     pub fn ikv_decoder_last_bytes_read(decoder: *const ikv_decoder, bytes_out: *mut u64) -> ikv_status;
+    pub fn ikv_query_memory_default_config() -> ikv_query_memory_config;
+    pub fn ikv_query_memory_create(pool: *const ikv_pool, config: *const ikv_query_memory_config,
+                                   out: *mut *mut ikv_query_memory) -> ikv_status;
+    pub fn ikv_query_memory_destroy(memory: *mut ikv_query_memory);
+    pub fn ikv_query_memory_remember(memory: *mut ikv_query_memory, seq: ikv_seq_id, layer: u32, q: *const c_void,
+                                     q_dtype: ikv_dtype, n_tokens: u32) -> ikv_status;
+    pub fn ikv_query_memory_end_turn(memory: *mut ikv_query_memory, seq: ikv_seq_id) -> ikv_status;
+    pub fn ikv_query_memory_forget(memory: *mut ikv_query_memory, seq: ikv_seq_id) -> ikv_status;
+    pub fn ikv_query_memory_reset(memory: *mut ikv_query_memory) -> ikv_status;
+    pub fn ikv_page_feedback_default_config() -> ikv_page_feedback_config;
+    pub fn ikv_page_feedback_create(pool: *const ikv_pool, config: *const ikv_page_feedback_config,
+                                    out: *mut *mut ikv_page_feedback) -> ikv_status;
+    pub fn ikv_page_feedback_destroy(feedback: *mut ikv_page_feedback);
+    pub fn ikv_page_feedback_get(feedback: *const ikv_page_feedback, seq: ikv_seq_id, layer: u32, kv_head: u32,
+                                 mass: *mut c_float, capacity: u32, n_pages_out: *mut u32) -> ikv_status;
+    pub fn ikv_page_feedback_forget(feedback: *mut ikv_page_feedback, seq: ikv_seq_id) -> ikv_status;
+    pub fn ikv_page_feedback_reset(feedback: *mut ikv_page_feedback) -> ikv_status;
     pub fn ikv_decoder_last_selection(decoder: *const ikv_decoder, seq_index: u32, kv_head: u32,
                                       ranges: *mut ikv_token_range, capacity: usize, n_out: *mut usize)
                                       -> ikv_status;

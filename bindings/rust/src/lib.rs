@@ -591,13 +591,20 @@ pub struct DecodeRequest<'a> {
     pub topk_min_tokens: u32,
     /// What pages are ranked by: `ffi::IKV_TOPK_SCORE_QUEST` (default) or `ffi::IKV_TOPK_SCORE_HYBRID`.
     pub topk_score: ffi::ikv_topk_score,
+    /// What earlier turns asked (a memory of the same pool), scored beside the queries.
+    pub query_memory: Option<&'a QueryMemory<'a>>,
+    /// Receives the attention share of every page read (the decode writes into it).
+    pub feedback: Option<&'a PageFeedback<'a>>,
+    /// With `feedback`: the averages as a prior of the ranking, in [0, 1] (0 = off).
+    pub topk_feedback_weight: f32,
 }
 
 impl<'a> DecodeRequest<'a> {
     pub fn new(seqs: &'a [SeqId], q: &'a [f32], n_q_heads: u32) -> DecodeRequest<'a> {
         DecodeRequest { layer: 0, seqs, plans: &[], n_query_tokens: 1, n_q_heads, q, scale: 0.0, softcap: 0.0,
                         topk_token_budget: 0, topk_mass: None, topk_min_tokens: 0,
-                        topk_score: ffi::IKV_TOPK_SCORE_QUEST }
+                        topk_score: ffi::IKV_TOPK_SCORE_QUEST, query_memory: None, feedback: None,
+                        topk_feedback_weight: 0.0 }
     }
 }
 
@@ -654,6 +661,9 @@ impl Decoder {
         args.softcap = req.softcap;
         args.topk_token_budget = req.topk_token_budget;
         args.topk_score = req.topk_score;
+        args.query_memory = req.query_memory.map_or(ptr::null(), |m| m.raw as *const _);
+        args.feedback = req.feedback.map_or(ptr::null_mut(), |f| f.raw);
+        args.topk_feedback_weight = req.topk_feedback_weight;
         if let Some(share) = req.topk_mass {
             args.topk_mode = ffi::IKV_TOPK_MASS;
             args.topk_mass = share;
@@ -701,5 +711,83 @@ impl Decoder {
 impl Drop for Decoder {
     fn drop(&mut self) {
         unsafe { ffi::ikv_decoder_destroy(self.raw) }
+    }
+}
+
+// ------------------------------------------------------------------ what earlier steps teach
+
+/// What earlier turns of each sequence asked (`ikv_query_memory`); lives no longer than its pool.
+#[derive(Debug)]
+pub struct QueryMemory<'p> {
+    raw: *mut ffi::ikv_query_memory,
+    row: usize,
+    _pool: std::marker::PhantomData<&'p Pool>,
+}
+
+impl<'p> QueryMemory<'p> {
+    pub fn new(pool: &'p Pool, n_q_heads: u32, decay: f32) -> Result<QueryMemory<'p>> {
+        let mut config = unsafe { ffi::ikv_query_memory_default_config() };
+        config.n_q_heads = n_q_heads;
+        config.decay = decay;
+        let mut raw = ptr::null_mut();
+        check(unsafe { ffi::ikv_query_memory_create(pool.raw, &config, &mut raw) })?;
+        Ok(QueryMemory { raw, row: n_q_heads as usize * pool.config.head_dim as usize, _pool: std::marker::PhantomData })
+    }
+
+    /// Adds query tokens `[n_tokens][n_q_heads][head_dim]` of `seq` at `layer` to the current turn.
+    pub fn remember(&mut self, seq: SeqId, layer: u32, q: &[f32]) -> Result<()> {
+        if q.is_empty() || q.len() % self.row != 0 {
+            return Err(Error { status: ffi::IKV_E_INVALID,
+                               message: format!("q has {} floats, not a positive multiple of n_q_heads*head_dim = {}",
+                                                q.len(), self.row) });
+        }
+        let n = (q.len() / self.row) as u32;
+        check(unsafe { ffi::ikv_query_memory_remember(self.raw, seq, layer, q.as_ptr().cast(), ffi::IKV_DTYPE_F32, n) })
+    }
+
+    pub fn end_turn(&mut self, seq: SeqId) -> Result<()> { check(unsafe { ffi::ikv_query_memory_end_turn(self.raw, seq) }) }
+    pub fn forget(&mut self, seq: SeqId) -> Result<()> { check(unsafe { ffi::ikv_query_memory_forget(self.raw, seq) }) }
+    pub fn reset(&mut self) -> Result<()> { check(unsafe { ffi::ikv_query_memory_reset(self.raw) }) }
+}
+
+impl Drop for QueryMemory<'_> {
+    fn drop(&mut self) {
+        unsafe { ffi::ikv_query_memory_destroy(self.raw) }
+    }
+}
+
+/// The attention mass each read page received, averaged per page (`ikv_page_feedback`).
+/// Decodes that are given it write into it: use it from one thread at a time.
+#[derive(Debug)]
+pub struct PageFeedback<'p> {
+    raw: *mut ffi::ikv_page_feedback,
+    _pool: std::marker::PhantomData<&'p Pool>,
+}
+
+impl<'p> PageFeedback<'p> {
+    pub fn new(pool: &'p Pool, rate: f32) -> Result<PageFeedback<'p>> {
+        let mut config = unsafe { ffi::ikv_page_feedback_default_config() };
+        config.rate = rate;
+        let mut raw = ptr::null_mut();
+        check(unsafe { ffi::ikv_page_feedback_create(pool.raw, &config, &mut raw) })?;
+        Ok(PageFeedback { raw, _pool: std::marker::PhantomData })
+    }
+
+    /// The averages of `seq` at `layer` and `kv_head`, one per page fed back so far.
+    pub fn get(&self, seq: SeqId, layer: u32, kv_head: u32) -> Result<Vec<f32>> {
+        let mut n = 0u32;
+        check(unsafe { ffi::ikv_page_feedback_get(self.raw, seq, layer, kv_head, ptr::null_mut(), 0, &mut n) })?;
+        let mut out = vec![0f32; n as usize];
+        check(unsafe { ffi::ikv_page_feedback_get(self.raw, seq, layer, kv_head, out.as_mut_ptr(), n, &mut n) })?;
+        Ok(out)
+    }
+
+    pub fn forget(&mut self, seq: SeqId) -> Result<()> { check(unsafe { ffi::ikv_page_feedback_forget(self.raw, seq) }) }
+    pub fn reset(&mut self) -> Result<()> { check(unsafe { ffi::ikv_page_feedback_reset(self.raw) }) }
+}
+
+impl Drop for PageFeedback<'_> {
+    fn drop(&mut self) {
+        unsafe { ffi::ikv_page_feedback_destroy(self.raw) }
     }
 }

@@ -1,7 +1,8 @@
 //! Route a synthetic layout, fill a pool, decode one step, and compare with a plain f64 attention
 //! over the values read back; plus error paths and struct-size checks.
 
-use intentkv::{ffi, Block, DecodeRequest, Decoder, Error, Layout, Plan, Pool, Router, TokenRange};
+use intentkv::{ffi, Block, DecodeRequest, Decoder, Error, Layout, PageFeedback, Plan, Pool, QueryMemory, Router,
+               TokenRange};
 
 const SEQ_LEN: u32 = 1024;
 const N_LAYERS: u32 = 2;
@@ -278,4 +279,43 @@ fn struct_sizes_match_the_library() {
     assert!(["avx512", "avx2", "neon", "scalar"].contains(&info.cpu_isa.as_str()));
     assert!(info.cpu_isa_available.split(',').any(|isa| isa == info.cpu_isa));
     assert_eq!(intentkv::version_string().matches('.').count(), 2);
+}
+
+#[test]
+fn query_memory_and_feedback() {
+    let pc = small_config(1, 16);
+    let mut pool = Pool::new(&pc).unwrap();
+    let seq = pool.seq_create().unwrap();
+    let mut rng = Rng(0x5EED);
+    let k = rng.vec(256 * 64);
+    pool.append(seq, &k, &k, Some(0), None).unwrap();
+    let q = rng.vec(2 * 64);
+    let seqs = [seq];
+    let mut decoder = Decoder::new(1).unwrap();
+    // A dense step fed back at rate 1: the averages are its shares, which cover the softmax.
+    let feedback = PageFeedback::new(&pool, 1.0).unwrap();
+    let mut req = DecodeRequest::new(&seqs, &q, 2);
+    req.feedback = Some(&feedback);
+    decoder.decode(&pool, &req).unwrap();
+    let shares = feedback.get(seq, 0, 0).unwrap();
+    assert_eq!(shares.len(), 16);
+    assert!((shares.iter().sum::<f32>() - 1.0).abs() < 1e-4);
+    // A remembered query that points at page 3's keys puts page 3 in a 4-page top-k (it is not there alone).
+    let mut alone = DecodeRequest::new(&seqs, &q, 2);
+    alone.topk_token_budget = 64;
+    decoder.decode(&pool, &alone).unwrap();
+    let read: Vec<u32> = decoder.last_selection(0, 0).unwrap().iter().flat_map(|r| r.begin..r.end).collect();
+    assert!(!(48..64).all(|t| read.contains(&t)));
+    let mut memory = QueryMemory::new(&pool, 2, 0.5).unwrap();
+    let then: Vec<f32> = (0..2 * 64).map(|i| 40.0 * k[3 * 16 * 64 + i % 64]).collect();
+    memory.remember(seq, 0, &then).unwrap();
+    memory.end_turn(seq).unwrap();
+    let mut req = DecodeRequest::new(&seqs, &q, 2);
+    req.topk_token_budget = 64;
+    req.query_memory = Some(&memory);
+    decoder.decode(&pool, &req).unwrap();
+    let read: Vec<u32> = decoder.last_selection(0, 0).unwrap().iter().flat_map(|r| r.begin..r.end).collect();
+    assert!((48..64).all(|t| read.contains(&t)));
+    assert!(memory.remember(seq, 1, &then).is_err()); // layer out of range
+    assert!(memory.remember(seq, 0, &then[..3]).is_err());
 }
