@@ -4,9 +4,10 @@
 #      skip visibly without a GPU), all CTest tests;
 #   2. the pool, layout, router, plan and decode (AVX2 path) tests again under
 #      AddressSanitizer + UBSan;
-#   3. the threaded tests under ThreadSanitizer; the NEON kernel
-#      cross-compiled for aarch64 and checked against the scalar kernel under
-#      qemu-user;
+#   3. the threaded tests under ThreadSanitizer; the libFuzzer targets for
+#      20 s each (scripts/fuzz.sh; longer: bash scripts/fuzz.sh 3600); the NEON
+#      kernel cross-compiled for aarch64 and checked against the scalar kernel
+#      under qemu-user;
 #   4. the selection-quality harness (bench/quality): its user-format tests and
 #      its properties on small real (MiniLM) and synthetic sets;
 #   5. the Python (ctypes) and Rust bindings' tests against the build;
@@ -32,6 +33,9 @@ BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo bash scripts/build.sh -DIKV_ENABL
   -DIKV_BUILD_TESTS=ON -DIKV_BUILD_BENCH=OFF -DIKV_BUILD_EXAMPLES=OFF
 (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --no-tests=error --output-on-failure -j"$(nproc)" \
   -R "test_(pool_threads|pool_batch|decode_avx2)")
+
+echo "== libFuzzer (clang, ASan + UBSan): layouts, routes, plans, pool edits and decodes, 20 s per target =="
+bash scripts/fuzz.sh 20
 
 echo "== NEON kernel: aarch64 cross build, checked under qemu-user =="
 bash scripts/check_neon_build.sh

@@ -4,21 +4,34 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <cpuid.h>
+#endif
+
 #include "common/error.hpp"
 #include "cpu/attn_kernel.hpp"
 
 namespace ikv {
+
+#if defined(__x86_64__) || defined(_M_X64)
+// F16C (CPUID leaf 1, ECX bit 29): asked through cpuid, since clang's
+// __builtin_cpu_supports does not know the name (gcc's does).
+static bool has_f16c() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
 
 bool isa_supported(Isa isa) {
     switch (isa) {
         case Isa::Scalar: return true;
 #if defined(__x86_64__) || defined(_M_X64)
         case Isa::Avx2:
-            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
         case Isa::Avx512:
             return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                   __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+                   has_f16c() && __builtin_cpu_supports("fma");
 #endif
 #if defined(__aarch64__)
         case Isa::Neon: return true;
