@@ -973,11 +973,15 @@ typedef enum ikv_topk_score {
  * gets out = 0 and lse = -INFINITY.
  * CUDA pools: q, out, lse are device pointers; the call enqueues on stream and
  * returns without synchronizing. CPU pools: host pointers, done on return.
- * CUDA graphs: a call on a capturing stream is captured whole (the page
- * lists' upload becomes a copy node reading the decoder's pinned staging at
- * replay time, so the lists are those of the captured call). Run the same
- * call eagerly twice first (capture must not grow the decoder's buffers),
- * and run no other ikv_decode on that decoder while the graph may still be
+ * CUDA graphs: a call on a capturing stream is captured whole, in any
+ * capture mode (global, thread-local, relaxed): the page lists' upload
+ * becomes a copy node reading the decoder's pinned staging at replay time, so
+ * the lists are those of the captured call. A capture cannot allocate: run
+ * the same call (same batch, plans and selection, or a larger one) eagerly
+ * once first; a captured call that would grow the decoder's staging, device
+ * lists or workspace is refused with IKV_E_STATE (one whose workspace is too
+ * small may leave its upload node in the graph being captured: discard it).
+ * Run no other ikv_decode on that decoder while the graph may still be
  * replayed (they refill the staging); eager calls afterwards work as before.
  * Environment (read once per process): IKV_CUDA_MULTI_TOKEN=auto|fused|gemm
  * picks the CUDA path of multi-token steps; IKV_CUDA_DECODE_COMPUTE=
@@ -1069,8 +1073,8 @@ IKV_API ikv_decode_args ikv_decode_args_default_v2(void);
  * IKV_E_UNSUPPORTED (a CUDA pool with query-aware selection: more than 256
  * query heads per kv-head with IKV_TOPK_SCORE_HYBRID, a kv-group's queries
  * larger than the device's shared memory per block, or more candidate pages
- * than its top-k handles),
- * IKV_E_DEVICE.
+ * than its top-k handles), IKV_E_STATE (a captured call that would have to
+ * grow the decoder's buffers: see CUDA graphs above), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args);
 

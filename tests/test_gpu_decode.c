@@ -358,6 +358,79 @@ static void test_page_lists_reused_across_layers(void **state) {
     ikvt_list_reuse_scenario(IKV_BACKEND_CUDA);
 }
 
+/* Capture in every mode engines use (torch.cuda.graph captures in global
+ * mode): dense, plan and top-k steps, each captured after ONE eager call on a
+ * fresh decoder, replay twice and write what the eager call wrote; a capture
+ * on a fresh decoder (nothing sized yet) is refused with IKV_E_STATE. */
+static void test_capture_modes(void **state) {
+    (void)state;
+    ikvt_rng rng = {0xCA97};
+    ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, IKV_FMT_F16), *gpu = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16);
+    ikv_seq_id sc, sg;
+    fill_both(cpu, gpu, &sc, &sg, 301, &rng);
+    const size_t n_out = (size_t)HQ * D;
+    float *q = malloc(4 * n_out), *eager = malloc(4 * n_out), *replay = malloc(4 * n_out);
+    ikvt_fill_normal(&rng, q, n_out, 1.0f);
+    void *dq = ikvt_dev_upload(q, 4 * n_out), *dout = ikvt_dev_upload(NULL, 4 * n_out);
+    static const ikv_token_range ranges[] = {{0, 37}, {100, 250}};
+    ikv_plan *plan = NULL;
+    IKVT_OK(ikv_plan_from_ranges(ranges, 2, 301, P, IKV_FMT_F16, &plan));
+    const ikv_plan *plans[1] = {plan};
+    const int modes[] = {IKVT_CAPTURE_GLOBAL, IKVT_CAPTURE_THREAD_LOCAL, IKVT_CAPTURE_RELAXED};
+    for (int m = 0; m < 3; ++m)
+        for (int kind = 0; kind < 3; ++kind) { /* dense, plan, hybrid top-k */
+            void *stream = NULL;
+            assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
+            ikv_decoder_config dc = ikv_decoder_default_config();
+            ikv_decoder *dec = NULL;
+            IKVT_OK(ikv_decoder_create(&dc, &dec));
+            ikv_decode_args a = ikv_decode_args_default();
+            a.layer = 1;
+            a.seqs = &sg;
+            a.n_q_heads = HQ;
+            a.q = dq;
+            a.out = dout;
+            a.stream = stream;
+            a.plans = kind == 1 ? plans : NULL;
+            a.topk_token_budget = kind == 2 ? 96 : 0;
+            a.topk_score = IKV_TOPK_SCORE_HYBRID;
+            void *graph = NULL, *exec = NULL;
+            if (kind == 0) { /* nothing sized yet: refused, nothing captured but the refusal */
+                assert_int_equal(ikvt_rt.begin_capture_(stream, modes[m]), 0);
+                const ikv_status st = ikv_decode(dec, gpu, &a);
+                assert_int_equal(ikvt_rt.end_capture_(stream, &graph), 0);
+                IKVT_EXPECT_STATUS(st, IKV_E_STATE, "eagerly");
+                if (graph) ikvt_rt.graph_destroy_(graph);
+                graph = NULL;
+            }
+            IKVT_OK(ikv_decode(dec, gpu, &a)); /* the one eager call */
+            assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+            assert_int_equal(ikvt_rt.memcpy_(eager, dout, 4 * n_out, IKVT_D2H), 0);
+            assert_int_equal(ikvt_rt.memset_(dout, 0xFF, 4 * n_out), 0);
+            assert_int_equal(ikvt_rt.begin_capture_(stream, modes[m]), 0);
+            const ikv_status st = ikv_decode(dec, gpu, &a);
+            assert_int_equal(ikvt_rt.end_capture_(stream, &graph), 0);
+            if (st != IKV_OK) fail_msg("mode %d kind %d: %s: %s", modes[m], kind, ikv_status_name(st), ikv_last_error());
+            assert_int_equal(ikvt_rt.graph_instantiate_(&exec, graph, 0), 0);
+            for (int rep = 0; rep < 2; ++rep) {
+                assert_int_equal(ikvt_rt.memset_(dout, 0xFF, 4 * n_out), 0);
+                assert_int_equal(ikvt_rt.graph_launch_(exec, stream), 0);
+                assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+                assert_int_equal(ikvt_rt.memcpy_(replay, dout, 4 * n_out, IKVT_D2H), 0);
+                assert_memory_equal(eager, replay, 4 * n_out);
+            }
+            ikvt_rt.graph_exec_destroy_(exec);
+            ikvt_rt.graph_destroy_(graph);
+            ikv_decoder_destroy(dec);
+            ikvt_rt.stream_destroy_(stream);
+        }
+    ikv_plan_destroy(plan);
+    ikvt_rt.free_(dq), ikvt_rt.free_(dout);
+    free(q), free(eager), free(replay);
+    ikv_pool_destroy(cpu);
+    ikv_pool_destroy(gpu);
+}
+
 static void test_decode_step_captured_in_cuda_graph(void **state) {
     (void)state;
     ikvt_rng rng = {0x6A7F};
@@ -649,6 +722,7 @@ int main(void) {
         cmocka_unit_test(test_cuda_pool_and_decode_match_cpu),
         cmocka_unit_test(test_long_multi_token_step),
         cmocka_unit_test(test_decode_step_captured_in_cuda_graph),
+        cmocka_unit_test(test_capture_modes),
         cmocka_unit_test(test_page_lists_reused_across_layers),
     };
     const int rc = cmocka_run_group_tests_name("cuda_gpu", gpu, NULL, NULL);

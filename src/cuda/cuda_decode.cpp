@@ -171,6 +171,16 @@ ikv_status ensure_state(CudaDecoderState **state, int device) {
     return IKV_OK;
 }
 
+// A call on a capturing stream that would have to grow one of the decoder's
+// buffers: a graph must not own (or free) them, so the capture is refused and
+// the engine runs the same call eagerly first (the header's recipe).
+ikv_status refuse_growth_in_capture(const char *what, uint64_t need) {
+    return fail(IKV_E_STATE,
+                "%s: the stream is capturing a CUDA graph and this call needs %llu bytes of %s, more than the "
+                "decoder holds; run the same call once eagerly before capturing it (a capture cannot allocate)",
+                kFn, (unsigned long long)need, what);
+}
+
 // Grow a stream-ordered device buffer to at least `need` bytes (half again
 // as much, so slowly growing steps do not reallocate every time).
 cudaError_t grow_device(uint8_t **buf, uint64_t *bytes, uint64_t need, cudaStream_t stream) {
@@ -236,12 +246,24 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
         if (err != cudaSuccess) return cuda_fail(err, kFn, "waiting for an earlier staging copy");
     }
     if (s.pinned_bytes[half] < sum.staged) {
-        if (s.pinned[half]) cudaFreeHost(s.pinned[half]);
-        s.pinned[half] = nullptr;
-        s.pinned_bytes[half] = 0;
-        err = cudaHostAlloc(reinterpret_cast<void **>(&s.pinned[half]), sum.staged * 2, cudaHostAllocDefault);
-        if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaHostAlloc of the plan staging buffer");
-        s.pinned_bytes[half] = sum.staged * 2;
+        if (capturing) return refuse_growth_in_capture("page-list staging", sum.staged);
+        // Both halves grow together, so that after one eager call a captured call
+        // (which takes the other half) never allocates: pinned allocation is not
+        // capturable, in any capture mode.
+        for (int i = 0; i < 2; ++i) {
+            if (s.pinned_bytes[i] >= sum.staged) continue;
+            if (s.copied_valid[i]) {  // the copy that last read it is done before it goes
+                err = cudaEventSynchronize(s.copied[i]);
+                if (err != cudaSuccess) return cuda_fail(err, kFn, "waiting for an earlier staging copy");
+                s.copied_valid[i] = false;
+            }
+            if (s.pinned[i]) cudaFreeHost(s.pinned[i]);
+            s.pinned[i] = nullptr;
+            s.pinned_bytes[i] = 0;
+            err = cudaHostAlloc(reinterpret_cast<void **>(&s.pinned[i]), sum.staged * 2, cudaHostAllocDefault);
+            if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaHostAlloc of the plan staging buffer");
+            s.pinned_bytes[i] = sum.staged * 2;
+        }
     }
     s.next ^= 1;
     uint8_t *h = s.pinned[half];
@@ -271,6 +293,7 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
             sum.all_tokens += n;
         }
     }
+    if (capturing && s.lists_bytes < sum.staged) return refuse_growth_in_capture("device page lists", sum.staged);
     err = grow_device(&s.lists, &s.lists_bytes, sum.staged, stream);
     if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMallocAsync of the decoder's device page lists");
     err = cudaMemcpyAsync(s.lists, h, sum.staged, cudaMemcpyHostToDevice, stream);
@@ -393,6 +416,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint64_t off_ws = off_weights + (mass ? align256(8ull * B * Hkv * stride) : 0);
     const uint64_t total = off_ws + align256(gemm ? cuda::multi_token_workspace_bytes(p, max_tokens)
                                                   : cuda::decode_workspace_bytes(p, p.n_splits));
+    if (capturing && s.dev_bytes < total) return refuse_growth_in_capture("device workspace", total);
     err = grow_device(&s.dev, &s.dev_bytes, total, stream);  // stream-ordered: no host synchronization
     if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMallocAsync of the decoder's device buffer");
 
