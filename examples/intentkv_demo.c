@@ -572,7 +572,7 @@ int main(int argc, char **argv) {
     const uint32_t t25 = n_tokens / 4, t12 = n_tokens / 8;
     char name_plan[48];
     snprintf(name_plan, sizeof name_plan, "router plan, budget %.1f%%", kConfigs[MAIN_CONFIG].budget_per_mille / 10.0);
-    enum { ROW_DENSE, ROW_PLAN_ALL, ROW_PLAN, ROW_K25, ROW_K12, ROW_PLAN_K25, ROW_MASS };
+    enum { ROW_DENSE, ROW_PLAN_ALL, ROW_PLAN, ROW_K25, ROW_K12, ROW_PLAN_K25, ROW_MASS, ROW_H25, ROW_H12 };
     const selection sels[] = {
         {"dense (every token)", NULL, IKV_TOPK_FIXED, 0, 0.0f, IKV_TOPK_SCORE_QUEST},
         {"router plan, no budget", plans[0], IKV_TOPK_FIXED, 0, 0.0f, IKV_TOPK_SCORE_QUEST},
@@ -621,6 +621,12 @@ int main(int argc, char **argv) {
                100.0 * k25->recall_mean, 100.0 * k25->recall_min, 100.0 * k25->err,
                t12 < union_mean * n_tokens ? ", less than a kv-head's query heads read together," : "",
                100.0 * k12->recall_mean, 100.0 * k12->recall_min, 100.0 * k12->err);
+        const measured *h25 = &res[ROW_H25], *h12 = &res[ROW_H12];
+        if (h25->status == IKV_OK && h12->status == IKV_OK)
+            printf("  Ranked by the hybrid score (IKV_TOPK_SCORE_HYBRID) it keeps %.0f%% at 25%% (worst head %.0f%%) and\n"
+                   "  %.0f%% at 12.5%% (worst head %.0f%%), reading %.1f and %.1f points more bytes for k_mean.\n",
+                   100.0 * h25->recall_mean, 100.0 * h25->recall_min, 100.0 * h12->recall_mean, 100.0 * h12->recall_min,
+                   100.0 * (h25->bytes - k25->bytes) / res[0].bytes, 100.0 * (h12->bytes - k12->bytes) / res[0].bytes);
         /* The router's plan: whole blocks by score; name the block holding the most attention it did not read. */
         size_t worst_block = s.n_blocks;
         double worst_attn = 0;
