@@ -649,6 +649,25 @@ static void run_decode_bench(void) {
             }
             assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
             bench_line("layers", B, ctx, kSel[topk], (ikvt_now_us() - t0) / STEPS, host, STEPS, dec, &before);
+            { /* the same step as a CUDA graph (global capture mode, as torch.cuda.graph), replayed back to back */
+                void *graph = NULL, *exec = NULL;
+                a.layer = 0;
+                IKVT_OK(ikv_decode(dec, pool, &a)); /* the eager call the capture follows */
+                assert_int_equal(ikvt_rt.begin_capture_(stream, IKVT_CAPTURE_GLOBAL), 0);
+                const ikv_status st = ikv_decode(dec, pool, &a);
+                assert_int_equal(ikvt_rt.end_capture_(stream, &graph), 0);
+                IKVT_OK(st);
+                assert_int_equal(ikvt_rt.graph_instantiate_(&exec, graph, 0), 0);
+                for (int i = 0; i < WARM; ++i) assert_int_equal(ikvt_rt.graph_launch_(exec, stream), 0);
+                assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+                const double g0 = ikvt_now_us();
+                for (int i = 0; i < STEPS; ++i) assert_int_equal(ikvt_rt.graph_launch_(exec, stream), 0);
+                assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+                printf("BENCH decode B=%-2u ctx=%-6u %-6s graph  step %.4f ms  (replays of one captured ikv_decode)\n", B,
+                       ctx, kSel[topk], (ikvt_now_us() - g0) / STEPS * 1e-3);
+                ikvt_rt.graph_exec_destroy_(exec);
+                ikvt_rt.graph_destroy_(graph);
+            }
             if (topk >= 2) continue;  /* the engine loops: dense and Quest top-k only */
 
             /* The engine loop: a token per layer (to each sequence, then to all
