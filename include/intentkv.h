@@ -974,9 +974,13 @@ typedef enum ikv_topk_score {
  * CUDA pools: q, out, lse are device pointers; the call enqueues on stream and
  * returns without synchronizing. CPU pools: host pointers, done on return.
  * CUDA graphs: a call on a capturing stream is captured whole, in any
- * capture mode (global, thread-local, relaxed): the page lists' upload
- * becomes a copy node reading the decoder's pinned staging at replay time, so
- * the lists are those of the captured call. A capture cannot allocate: run
+ * capture mode (global, thread-local, relaxed). When the decoder's page lists
+ * from its last eager call on the same stream are still exact for the call
+ * (ikv_decoder_stats: same pool, sequences, lengths, plans and block tables),
+ * the graph reads those device lists at replay, as an eager call reusing them
+ * does; otherwise their upload becomes a copy node reading the decoder's
+ * pinned staging at replay time. Either way the lists are those of the
+ * captured call. A capture cannot allocate: run
  * the same call (same batch, plans and selection, or a larger one) eagerly
  * once first; a captured call that would grow the decoder's staging, device
  * lists or workspace is refused with IKV_E_STATE (one whose workspace is too
@@ -1124,8 +1128,9 @@ IKV_API ikv_status ikv_decoder_last_selection(const ikv_decoder *decoder, uint32
  * engine calling ikv_decode once per layer with the same batch and plans
  * therefore builds lists once per step (appends that stay inside allocated
  * pages keep them; one that opens a page, the first call after it, builds).
- * A call on a capturing CUDA stream always builds (the graph holds its own
- * upload), and so does the first eager call after it.
+ * A call on a capturing CUDA stream reuses them on the same conditions (and
+ * stream); when it builds instead, the graph holds its own upload and the
+ * first eager call after it builds again.
  * Set struct_size before the call; fields beyond it are not written.
  * Errors: IKV_E_NULL, IKV_E_INVALID (struct_size).
  */

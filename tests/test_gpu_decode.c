@@ -360,8 +360,10 @@ static void test_page_lists_reused_across_layers(void **state) {
 
 /* Capture in every mode engines use (torch.cuda.graph captures in global
  * mode): dense, plan and top-k steps, each captured after ONE eager call on a
- * fresh decoder, replay twice and write what the eager call wrote; a capture
- * on a fresh decoder (nothing sized yet) is refused with IKV_E_STATE. */
+ * fresh decoder (dense and top-k reuse that call's device lists; the plan's
+ * eager call runs on another stream, so its capture uploads its own), replay
+ * twice and write what the eager call wrote; a capture on a fresh decoder
+ * (nothing sized yet) is refused with IKV_E_STATE. */
 static void test_capture_modes(void **state) {
     (void)state;
     ikvt_rng rng = {0xCA97};
@@ -403,8 +405,12 @@ static void test_capture_modes(void **state) {
                 if (graph) ikvt_rt.graph_destroy_(graph);
                 graph = NULL;
             }
-            IKVT_OK(ikv_decode(dec, gpu, &a)); /* the one eager call */
-            assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+            /* The one eager call; for the plan step on the default stream, so that the capture
+             * (on `stream`) builds its own lists: an upload node from pinned staging. */
+            if (kind == 1) a.stream = NULL;
+            IKVT_OK(ikv_decode(dec, gpu, &a));
+            a.stream = stream;
+            assert_int_equal(ikvt_rt.sync_(), 0);
             assert_int_equal(ikvt_rt.memcpy_(eager, dout, 4 * n_out, IKVT_D2H), 0);
             assert_int_equal(ikvt_rt.memset_(dout, 0xFF, 4 * n_out), 0);
             assert_int_equal(ikvt_rt.begin_capture_(stream, modes[m]), 0);
@@ -477,17 +483,17 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
     assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
     assert_int_equal(ikvt_rt.memcpy_(replay, dout, 4 * n_out, IKVT_D2H), 0);
     assert_memory_equal(eager, replay, 4 * n_out);
-    /* Eager calls on the same decoder after the capture (both staging halves,
-     * one of them last copied inside the capture) run and write the same: the
-     * first builds its lists (the captured upload only runs at replay), the
-     * others reuse them, the last one on another stream (the default one,
-     * ordered after the lists' copy on the device). */
+    /* The capture, on the warm-up calls' stream with their lists still exact,
+     * reused those device lists (no upload in the graph). Eager calls on the
+     * same decoder after it run and write the same, reusing them as well, the
+     * last one on another stream (the default one, ordered after the lists'
+     * copy on the device). */
     ikv_decoder_stats counts;
     memset(&counts, 0, sizeof counts);
     counts.struct_size = sizeof counts;
     IKVT_OK(ikv_decoder_get_stats(dec, &counts));
-    assert_int_equal(counts.lists_built, 2); /* the first warm-up call and the captured one */
-    assert_int_equal(counts.lists_reused, 1);
+    assert_int_equal(counts.lists_built, 1); /* the first warm-up call */
+    assert_int_equal(counts.lists_reused, 2); /* the second and the captured one */
     for (int i = 0; i < 4; ++i) {
         assert_int_equal(ikvt_rt.memset_(dout, 0xFF, 4 * n_out), 0);
         if (i == 3) {
@@ -500,8 +506,8 @@ static void test_decode_step_captured_in_cuda_graph(void **state) {
         assert_memory_equal(eager, replay, 4 * n_out);
     }
     IKVT_OK(ikv_decoder_get_stats(dec, &counts));
-    assert_int_equal(counts.lists_built, 3);
-    assert_int_equal(counts.lists_reused, 4);
+    assert_int_equal(counts.lists_built, 1);
+    assert_int_equal(counts.lists_reused, 6);
 
     ikvt_rt.graph_exec_destroy_(exec);
     ikvt_rt.graph_destroy_(graph);

@@ -345,8 +345,12 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const bool capturing = cap != cudaStreamCaptureStatusNone;
 
     // 1-2. The page lists on the device: the last call's when they are still
-    // exact (a capture always records its own upload), else built now.
-    const bool reuse = lists.reuse && !capturing && s.lists_half >= 0 && s.sum.n_seqs == B;
+    // exact, else built now. A capture reuses them too when they came from an
+    // eager call on this stream: the graph then reads the device lists as that
+    // call did, with no upload node (replays cost what eager reusing calls do;
+    // bench/RESULTS.md section 7). From another stream it builds its own (a
+    // wait on an event recorded outside the capture is not capturable).
+    const bool reuse = lists.reuse && s.lists_half >= 0 && s.sum.n_seqs == B && (!capturing || stream == s.lists_stream);
     if (reuse) {
         if (stream != s.lists_stream) {  // their copy ran on another stream: order after it on the device
             err = cudaStreamWaitEvent(stream, s.copied[s.lists_half], 0);
