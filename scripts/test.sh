@@ -10,12 +10,12 @@
 #      under qemu-user;
 #   4. the selection-quality harness (bench/quality): its user-format tests and
 #      its properties on small real (MiniLM) and synthetic sets;
-#   5. the Python (ctypes) and Rust bindings' tests against the build;
+#   5. the Python (ctypes), Rust and Go (cgo, pkg-config) bindings' tests;
 #   6. install into a temporary prefix and build an outside C program against
 #      it with pkg-config only, and another with find_package(intentkv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install_deps.sh g++-aarch64-linux-gnu qemu-user
+bash scripts/install_deps.sh g++-aarch64-linux-gnu qemu-user golang-go
 
 echo "== build and test =="
 # Every option this pass needs is set here: the build directory's cache may
@@ -48,6 +48,9 @@ OPENBLAS_NUM_THREADS=1 INTENTKV_LIB="$PWD/build/libintentkv.so" python3 bench/qu
 
 echo "== bindings: Python (ctypes) and Rust =="
 bash scripts/test_bindings.sh build
+
+echo "== Go binding (cgo through pkg-config, against an installed copy) =="
+bash scripts/test_go.sh build
 
 echo "== install and use from outside =="
 bash scripts/check_install.sh build

@@ -1,0 +1,3 @@
+module intentkv
+
+go 1.19
