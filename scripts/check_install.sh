@@ -2,7 +2,7 @@
 # Install the library from build dir $1 into a temporary prefix, then compile
 # and run an outside C program against it using only pkg-config, and again
 # through CMake's find_package(intentkv). Also checks that the shared library
-# exports only ikv_* symbols.
+# exports only ikv_* symbols, and that the Rust crate links it through pkg-config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -30,3 +30,12 @@ cmake -S tests/install -B "$WORK/cm" -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null
 cmake --build "$WORK/cm" >/dev/null
 LD_LIBRARY_PATH="$LIBDIR" "$WORK/cm/consumer"
 echo "check_install: find_package consumer OK"
+
+# The Rust crate finds the installed library through the pkg-config program
+# (bindings/rust/build.rs), with no INTENTKV_LIB_DIR override.
+if command -v cargo >/dev/null 2>&1; then
+  (cd bindings/rust && env -u INTENTKV_LIB_DIR PKG_CONFIG_PATH="$LIBDIR/pkgconfig" CARGO_TARGET_DIR="$WORK/cargo" \
+    cargo test --offline --quiet --test roundtrip >"$WORK/cargo.log" 2>&1) ||
+    { tail -20 "$WORK/cargo.log"; echo "check_install: the Rust crate did not link through pkg-config"; exit 1; }
+  echo "check_install: Rust crate linked through pkg-config OK"
+fi
