@@ -20,9 +20,7 @@ ikv_status queries_f32(const void *q, int d, uint64_t n, uint64_t row, const cha
         return ikv::fail(IKV_E_INVALID, "%s: q_dtype %d is not F32, F16 or BF16", fn, d);
     out.resize(n);
     for (uint64_t i = 0; i < n; ++i) {
-        const float x = d == IKV_DTYPE_F32   ? static_cast<const float *>(q)[i]
-                        : d == IKV_DTYPE_F16 ? ikv::f16_to_f32(static_cast<const uint16_t *>(q)[i])
-                                             : ikv::bf16_to_f32(static_cast<const uint16_t *>(q)[i]);
+        const float x = ikv::load_dtype_elem(q, d, i);
         if (!std::isfinite(x))
             return ikv::fail(IKV_E_INVALID, "%s: q holds a non-finite value at token %llu, element %llu", fn,
                              (unsigned long long)(i / row), (unsigned long long)(i % row));

@@ -60,6 +60,16 @@ IKV_HD uint16_t f32_to_bf16(float f) {
 }
 IKV_HD float bf16_to_f32(uint16_t b) { return bits_f32(uint32_t(b) << 16); }
 
+// Element i of an engine array of ikv_dtype dtype (F32, F16, BF16; taken as
+// an int, so a caller's raw value is never loaded as the enum) as fp32.
+inline float load_dtype_elem(const void *base, int dtype, uint64_t i) {
+    switch (dtype) {
+        case IKV_DTYPE_F16: return f16_to_f32(static_cast<const uint16_t *>(base)[i]);
+        case IKV_DTYPE_BF16: return bf16_to_f32(static_cast<const uint16_t *>(base)[i]);
+        default: return static_cast<const float *>(base)[i];
+    }
+}
+
 // ---- key summaries: bfloat16 records (page_format.hpp) ----
 // Directed bf16 rounding keeps k_min/k_max outward: bf16_down(x) <= x <=
 // bf16_up(x), both exact bf16 values next to x. Truncating the low 16 bits

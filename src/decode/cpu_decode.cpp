@@ -14,14 +14,6 @@
 namespace ikv {
 namespace {
 
-float load_elem(const void *base, ikv_dtype dt, uint64_t i) {
-    switch (dt) {
-        case IKV_DTYPE_F16: return f16_to_f32(static_cast<const uint16_t *>(base)[i]);
-        case IKV_DTYPE_BF16: return bf16_to_f32(static_cast<const uint16_t *>(base)[i]);
-        default: return static_cast<const float *>(base)[i];
-    }
-}
-
 void store_elem(void *base, ikv_dtype dt, uint64_t i, float x) {
     switch (dt) {
         case IKV_DTYPE_F16: static_cast<uint16_t *>(base)[i] = f32_to_f16(x); break;
@@ -107,7 +99,7 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                 const uint32_t h = hq / group, r = t * group + hq % group;
                 float *dst = S.q.data() + (uint64_t(b) * H + h) * RD + uint64_t(r) * D;
                 const uint64_t src = ((uint64_t(b) * nqt + t) * nq + hq) * D;
-                for (uint32_t d = 0; d < D; ++d) dst[d] = load_elem(a.q, a.q_dtype, src + d) * scale;
+                for (uint32_t d = 0; d < D; ++d) dst[d] = load_dtype_elem(a.q, a.q_dtype, src + d) * scale;
             }
 
     // ---- the entries of every sequence (kept from the last call when still exact) ----
