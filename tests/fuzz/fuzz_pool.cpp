@@ -134,17 +134,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ikv_page_feedback *fb = nullptr;
     ikv_page_feedback_config fc = ikv_page_feedback_default_config();
     ikv_plan *plan = nullptr;
-    const ikv_token_range ranges[2] = {{in.below(24), 24 + in.below(24)}, {50, 50 + in.below(30)}};
-    if (ikv_decoder_create(&dc, &dec) != IKV_OK || ikv_query_memory_create(s.pool, &mc, &mem) != IKV_OK ||
-        ikv_page_feedback_create(s.pool, &fc, &fb) != IKV_OK ||
-        ikv_plan_from_ranges(ranges, 2, 80, pc.page_size, ikv_format(in.below(5)), &plan) != IKV_OK) {
+    auto release = [&] {  // every destroy accepts NULL
         ikv_plan_destroy(plan);
         ikv_page_feedback_destroy(fb);
         ikv_query_memory_destroy(mem);
         ikv_decoder_destroy(dec);
         ikv_pool_destroy(s.pool);
         return 0;
-    }
+    };
+    const ikv_token_range ranges[2] = {{in.below(24), 24 + in.below(24)}, {50, 50 + in.below(30)}};
+    if (ikv_decoder_create(&dc, &dec) != IKV_OK || ikv_query_memory_create(s.pool, &mc, &mem) != IKV_OK ||
+        ikv_page_feedback_create(s.pool, &fc, &fb) != IKV_OK ||
+        ikv_plan_from_ranges(ranges, 2, 80, pc.page_size, ikv_format(in.below(5)), &plan) != IKV_OK)
+        return release();
     for (int op = 0; op < 32 && !in.empty(); ++op) {
         const std::vector<uint64_t> before = observe(s);
         ikv_status st = IKV_OK;
@@ -209,10 +211,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             FUZZ_CHECK(ikv_last_error()[0] != '\0');
         }
     }
-    ikv_plan_destroy(plan);
-    ikv_page_feedback_destroy(fb);
-    ikv_query_memory_destroy(mem);
-    ikv_decoder_destroy(dec);
-    ikv_pool_destroy(s.pool);
-    return 0;
+    return release();
 }
