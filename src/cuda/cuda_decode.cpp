@@ -59,6 +59,7 @@ struct ListSummary {
 struct CudaDecoderState {
     int device = -1;
     int n_sms = 0;
+    int max_smem_optin = 0;  // shared memory a block may opt in to (read once, not per step)
     // Pinned staging, two halves used alternately.
     uint8_t *pinned[2] = {nullptr, nullptr};
     uint64_t pinned_bytes[2] = {0, 0};
@@ -162,6 +163,8 @@ ikv_status ensure_state(CudaDecoderState **state, int device) {
     if (s == nullptr) return fail(IKV_E_NOMEM, "%s: out of host memory", kFn);
     s->device = device;
     cudaError_t err = cudaDeviceGetAttribute(&s->n_sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&s->max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     for (int i = 0; i < 2 && err == cudaSuccess; ++i) err = cudaEventCreateWithFlags(&s->copied[i], cudaEventDisableTiming);
     if (err != cudaSuccess) {
         cuda_decoder_state_destroy(s);
@@ -320,24 +323,23 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
     if (!cuda::head_dim_supported(D))
         return fail(IKV_E_UNSUPPORTED, "%s: head_dim %u is not built into the CUDA kernels (64, 128, 256)", kFn, D);
-    if (topk_enabled(a)) {  // what the scoring kernels can take (checked before any device work)
-        const uint32_t G = a.n_q_heads / Hkv, parts = a.topk_score == IKV_TOPK_SCORE_HYBRID ? 3 : 2;
-        if (parts == 3 && G > cuda::kMaxHybridGroup)
-            return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_HYBRID on a CUDA pool handles at most %u query heads "
-                        "per kv-head, the call has %u", kFn, cuda::kMaxHybridGroup, G);
-        int optin = 0;
-        if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, pool_device(pool)) == cudaSuccess &&
-            uint64_t(G) * D * 4 * parts > uint64_t(optin))
-            return fail(IKV_E_UNSUPPORTED, "%s: query-aware selection on a CUDA pool stages the kv-group's queries in "
-                        "shared memory: %u query heads per kv-head at head_dim %u need %llu bytes, the device has %d",
-                        kFn, G, D, (unsigned long long)(uint64_t(G) * D * 4 * parts), optin);
-    }
     const int device = pool_device(pool);
     DeviceGuard guard(device);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), kFn, "cudaSetDevice");
     ikv_status st = ensure_state(state, device);
     if (st != IKV_OK) return st;
     CudaDecoderState &s = **state;
+    if (topk_enabled(a)) {  // what the scoring kernels can take (checked before any device work)
+        const uint32_t G = a.n_q_heads / Hkv, parts = a.topk_score == IKV_TOPK_SCORE_HYBRID ? 3 : 2;
+        const uint64_t qbytes = uint64_t(G) * D * 4 * parts;
+        if (parts == 3 && G > cuda::kMaxHybridGroup)
+            return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_HYBRID on a CUDA pool handles at most %u query heads "
+                        "per kv-head, the call has %u", kFn, cuda::kMaxHybridGroup, G);
+        if (qbytes > uint64_t(s.max_smem_optin))
+            return fail(IKV_E_UNSUPPORTED, "%s: query-aware selection on a CUDA pool stages the kv-group's queries in "
+                        "shared memory: %u query heads per kv-head at head_dim %u need %llu bytes, the device has %d",
+                        kFn, G, D, (unsigned long long)qbytes, s.max_smem_optin);
+    }
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     cudaError_t err = cudaStreamIsCapturing(stream, &cap);
