@@ -531,7 +531,9 @@ typedef struct ikv_pool_stats {
     uint64_t pages_by_format[IKV_FMT_COUNT];
     uint64_t bytes_by_format[IKV_FMT_COUNT];
     uint64_t reserved_bytes;                  /**< slab memory held, >= used_bytes */
-    uint64_t staging_bytes;                   /**< fp32 copies of partial tail pages (device memory on CUDA pools) */
+    uint64_t staging_bytes;                   /**< fp32 copies of partial tail pages (device memory on CUDA pools):
+                                                   2*n_kv_heads*page_size*head_dim*4 bytes per layer with a partial
+                                                   tail page */
     uint32_t n_sequences;
     uint64_t tokens_total;                    /**< sum of sequence lengths */
 } ikv_pool_stats;
@@ -606,9 +608,12 @@ IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
  * [layer_length, layer_length + n_tokens) of that layer; the sequence length
  * grows when every layer has them. Quantize on write: a page's format is fixed
  * when the page is first allocated. While the tail page is partial, the pool
- * keeps an fp32 copy of its tokens (staging) and re-quantizes the whole page
- * from it on every append, so scales always cover the page's true range and a
- * page's error bound is that of one quantization.
+ * keeps an fp32 copy of its tokens (staging) and the page always holds what
+ * quantizing all its tokens at once from that copy stores, so scales cover
+ * the page's true range and a page's error bound is that of one quantization
+ * (token-by-token appends store the same bytes as one bulk append). A CPU
+ * pool gets there incrementally: an append encodes its new rows and
+ * re-quantizes older rows only where a scale widened (docs/FORMATS.md).
  * Atomic: on error nothing was written and no page was allocated.
  * Strides must be >= head_dim. K and V must be finite: a NaN or inf anywhere
  * is rejected with IKV_E_INVALID naming its layer, token, head and channel

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's second command: install dependencies, build, run every test.
 #   1. the normal build (CUDA kernels compiled when nvcc is present; GPU tests
-#      skip visibly without a GPU), all CTest tests;
+#      skip visibly without a GPU), all CTest tests; the pool tests again on
+#      an emulated CPU without AVX (the append path's baseline copy);
 #   2. the pool, layout, router, plan and decode (AVX2 path) tests again under
 #      AddressSanitizer + UBSan;
 #   3. the threaded tests under ThreadSanitizer; the libFuzzer targets for
@@ -22,6 +23,9 @@ echo "== build and test =="
 # hold another script's choices (scripts/demo.sh configures without tests).
 bash scripts/build.sh -DIKV_BUILD_TESTS=ON -DIKV_BUILD_EXAMPLES=ON -DIKV_BUILD_BENCH=OFF
 (cd build && ctest --no-tests=error --output-on-failure -j"$(nproc)")
+
+echo "== baseline x86-64 copies (no AVX), the pool tests under qemu-x86_64 -cpu Nehalem =="
+bash scripts/check_baseline_x86.sh build
 
 echo "== AddressSanitizer + UBSan (CPU only) =="
 BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DIKV_ENABLE_CUDA=OFF -DIKV_SANITIZE=ON \

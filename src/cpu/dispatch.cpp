@@ -16,7 +16,7 @@ namespace ikv {
 #if defined(__x86_64__) || defined(_M_X64)
 // F16C (CPUID leaf 1, ECX bit 29): asked through cpuid, since clang's
 // __builtin_cpu_supports does not know the name (gcc's does).
-static bool has_f16c() {
+bool has_f16c() {
     unsigned a = 0, b = 0, c = 0, d = 0;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
 }

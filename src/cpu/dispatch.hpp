@@ -8,6 +8,11 @@ namespace ikv {
 
 enum class Isa { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3 };
 
+#if defined(__x86_64__) || defined(_M_X64)
+// Whether the CPU converts halves in hardware (F16C).
+bool has_f16c();
+#endif
+
 // True if this build has kernels for isa and this CPU can run them.
 bool isa_supported(Isa isa);
 // The path in use (decided on first call; thread-safe).

@@ -126,8 +126,9 @@ inline void encode_row_bf16(const float *x, uint32_t D, uint16_t *out) {
 // rows (row r at k + r*row_stride) and zero rows [n_valid, P); rows below t0
 // stay as they are. With t0 == 0 this stores exactly what write_subpage does
 // (these formats have no scales and no padding: 2*D*P is a multiple of 16).
+// zero_tail = false skips zeroing rows [n_valid, P) where they are known zero.
 inline void encode_rows_16(ikv_format f, uint32_t P, uint32_t D, const float *k, const float *v, uint64_t row_stride,
-                           uint32_t t0, uint32_t n_valid, uint8_t *sub) {
+                           uint32_t t0, uint32_t n_valid, uint8_t *sub, bool zero_tail = true) {
     const SubpageLayout L = subpage_layout(f, P, D);
     const uint64_t rb = row_bytes(f, D);
     for (int which = 0; which < 2; ++which) {
@@ -141,7 +142,7 @@ inline void encode_rows_16(ikv_format f, uint32_t P, uint32_t D, const float *k,
                 encode_row_bf16(src + t * row_stride, D, b);
             std::memcpy(data + t * rb, b, 2ull * D);
         }
-        if (n_valid < P) std::memset(data + n_valid * rb, 0, (P - n_valid) * rb);
+        if (zero_tail && n_valid < P) std::memset(data + n_valid * rb, 0, (P - n_valid) * rb);
     }
 }
 
@@ -176,97 +177,159 @@ inline float libm_fmaxf(float a, float b) {
 inline float min_exact(float lo, float x) { return x < lo ? x : (lo < x ? lo : libm_fminf(lo, x)); }
 inline float max_exact(float hi, float x) { return x > hi ? x : (hi > x ? hi : libm_fmaxf(hi, x)); }
 
+// ---- the quantized formats' writers, in pieces ----
+// Each piece is one loop of write_subpage's (quant.hpp) over a token range,
+// with the same per-element operations, so a page written in pieces holds
+// the same bytes. The folds (running |x| maxima, minima, maxima) run in token
+// order from a given start, so folding rows [0, t) and then [t, n) gives the
+// fold of [0, n): the incremental tail append (tail_append.hpp) relies on it.
+
+// Running max |x| over rows [t0, t1), all channels, from m (FP8's one scale).
+inline float fold_absmax(const float *src, uint64_t stride, uint32_t D, uint32_t t0, uint32_t t1, float m) {
+    for (uint32_t t = t0; t < t1; ++t)
+        for (uint32_t d = 0; d < D; ++d) m = max_abs(m, src[t * stride + d]);
+    return m;
+}
+// Per-channel running max |x| over rows [t0, t1) (INT8 K).
+inline void fold_absmax_channels(const float *src, uint64_t stride, uint32_t D, uint32_t t0, uint32_t t1,
+                                 float *amax) {
+    for (uint32_t t = t0; t < t1; ++t)
+        for (uint32_t d = 0; d < D; ++d) amax[d] = max_abs(amax[d], src[t * stride + d]);
+}
+// Per-channel running min and max over rows [t0, t1) (INT4 K).
+inline void fold_range_channels(const float *src, uint64_t stride, uint32_t D, uint32_t t0, uint32_t t1, float *lo,
+                                float *hi) {
+    for (uint32_t t = t0; t < t1; ++t)
+        for (uint32_t d = 0; d < D; ++d) {
+            lo[d] = min_exact(lo[d], src[t * stride + d]);
+            hi[d] = max_exact(hi[d], src[t * stride + d]);
+        }
+}
+
+// FP8 codes of rows [t0, t1) at scale s.
+inline void fp8_rows(const float *src, uint64_t stride, uint32_t D, uint32_t t0, uint32_t t1, float s,
+                     uint8_t *data, uint64_t rb) {
+    for (uint32_t t = t0; t < t1; ++t) {
+        float y[256];
+        uint32_t bits[256], normal = 1;
+        for (uint32_t d = 0; d < D; ++d) y[d] = src[t * stride + d] / s;
+        std::memcpy(bits, y, 4ull * D);
+        for (uint32_t d = 0; d < D; ++d) {
+            const uint32_t a = bits[d] & 0x7FFFFFFFu;
+            normal &= uint32_t(a >= 0x3C800000u) & uint32_t(a < 0x43E00000u);  // [2^-6, 448)
+        }
+        uint8_t *row = data + t * rb;
+        if (normal)
+            for (uint32_t d = 0; d < D; ++d) row[d] = e4m3_normal_code(bits[d]);
+        else
+            for (uint32_t d = 0; d < D; ++d) row[d] = f32_to_e4m3(y[d]);
+    }
+}
+// INT8 K codes of rows [t0, t1) at per-channel scales.
+inline void int8_k_rows(const float *src, uint64_t stride, uint32_t D, uint32_t t0, uint32_t t1,
+                        const float *scales, uint8_t *data, uint64_t rb) {
+    for (uint32_t t = t0; t < t1; ++t)
+        for (uint32_t d = 0; d < D; ++d) data[t * rb + d] = uint8_t(quant_int8(src[t * stride + d], scales[d]));
+}
+// INT8 V: each row of [t0, t1) gets its own scale (scales[t]) and codes.
+inline void int8_v_rows(const float *src, uint64_t stride, uint32_t D, uint32_t t0, uint32_t t1, float *scales,
+                        uint8_t *data, uint64_t rb) {
+    for (uint32_t t = t0; t < t1; ++t) {
+        float amax = 0.0f;
+        for (uint32_t d = 0; d < D; ++d) amax = max_abs(amax, src[t * stride + d]);
+        scales[t] = int8_scale(amax);
+        for (uint32_t d = 0; d < D; ++d) data[t * rb + d] = uint8_t(quant_int8(src[t * stride + d], scales[t]));
+    }
+}
+// INT4 K codes of rows [t0, t1) at per-channel minima and scales, two
+// channels per byte (whole bytes written).
+inline void int4_k_rows(const float *src, uint64_t stride, uint32_t D, uint32_t t0, uint32_t t1, const float *mins,
+                        const float *scales, uint8_t *data, uint64_t rb) {
+    for (uint32_t t = t0; t < t1; ++t)
+        for (uint32_t d = 0; d < D; d += 2) {
+            const uint8_t q0 = quant_int4(src[t * stride + d], mins[d], scales[d]);
+            const uint8_t q1 = quant_int4(src[t * stride + d + 1], mins[d + 1], scales[d + 1]);
+            data[t * rb + d / 2] = uint8_t(q0 | (q1 << 4));
+        }
+}
+// INT4 V: each row of [t0, t1) gets per-group minima and scales (groups of
+// kInt4VGroup channels) and codes.
+inline void int4_v_rows(const float *src, uint64_t stride, uint32_t D, uint32_t t0, uint32_t t1, float *scales,
+                        float *mins, uint8_t *data, uint64_t rb) {
+    const uint32_t G = int4_v_groups(D);
+    for (uint32_t t = t0; t < t1; ++t)
+        for (uint32_t g = 0; g < G; ++g) {
+            const uint32_t d0 = g * kInt4VGroup, d1 = d0 + kInt4VGroup < D ? d0 + kInt4VGroup : D;
+            float lo = INFINITY, hi = -INFINITY;
+            for (uint32_t d = d0; d < d1; ++d) {
+                lo = min_exact(lo, src[t * stride + d]);
+                hi = max_exact(hi, src[t * stride + d]);
+            }
+            const float s = int4_scale(lo, hi);
+            scales[t * G + g] = s;
+            mins[t * G + g] = lo;
+            for (uint32_t d = d0; d < d1; d += 2) {
+                const uint8_t q0 = quant_int4(src[t * stride + d], lo, s);
+                const uint8_t q1 = quant_int4(src[t * stride + d + 1], lo, s);
+                data[t * rb + d / 2] = uint8_t(q0 | (q1 << 4));
+            }
+        }
+}
+
+// What the folds over a sub-page's rows ended at: FP8's max |x| of K and of
+// V; INT8 K's per-channel max |x| (ka) or INT4 K's per-channel min (ka) and
+// max (kb). A tail page's running statistics keep them (tail_append.hpp).
+struct QuantFolds {
+    float k_amax = 0.0f, v_amax = 0.0f;
+    float *ka = nullptr, *kb = nullptr;  // D floats each, written when set
+};
+
 // write_subpage for FP8, INT8 and INT4 with the loops in row order (same
 // per-element operations, so the same bytes); F16/BF16 go to encode_rows_16.
+// The folds end up in *folds when it is set.
 inline void write_subpage_quant(ikv_format f, uint32_t P, uint32_t D, const float *k, const float *v,
-                                uint64_t row_stride, uint32_t n_valid, uint8_t *sub) {
+                                uint64_t row_stride, uint32_t n_valid, uint8_t *sub, QuantFolds *folds = nullptr) {
     const SubpageLayout L = subpage_layout(f, P, D);
     std::memset(sub, 0, L.bytes);
     const uint64_t rb = row_bytes(f, D);
-    for (int which = 0; which < 2; ++which) {
-        const float *src = which == 0 ? k : v;
-        uint8_t *data = sub + (which == 0 ? L.k : L.v);
-        float *scales = reinterpret_cast<float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
-        float *mins = reinterpret_cast<float *>(sub + (which == 0 ? L.k_min : L.v_min));
-        if (f == IKV_FMT_FP8_E4M3) {
-            float amax = 0.0f;
-            for (uint32_t t = 0; t < n_valid; ++t)
-                for (uint32_t d = 0; d < D; ++d) amax = max_abs(amax, src[t * row_stride + d]);
-            const float s = fp8_scale(amax);
-            std::memcpy(scales, &s, 4);
-            for (uint32_t t = 0; t < n_valid; ++t) {
-                float y[256];
-                uint32_t bits[256], normal = 1;
-                for (uint32_t d = 0; d < D; ++d) y[d] = src[t * row_stride + d] / s;
-                std::memcpy(bits, y, 4ull * D);
-                for (uint32_t d = 0; d < D; ++d) {
-                    const uint32_t a = bits[d] & 0x7FFFFFFFu;
-                    normal &= uint32_t(a >= 0x3C800000u) & uint32_t(a < 0x43E00000u);  // [2^-6, 448)
-                }
-                uint8_t *row = data + t * rb;
-                if (normal)
-                    for (uint32_t d = 0; d < D; ++d) row[d] = e4m3_normal_code(bits[d]);
-                else
-                    for (uint32_t d = 0; d < D; ++d) row[d] = f32_to_e4m3(y[d]);
-            }
-        } else if (f == IKV_FMT_INT8 && which == 0) {  // K: one scale per channel over the page's tokens
-            for (uint32_t d = 0; d < D; ++d) scales[d] = 0.0f;  // running absmax
-            for (uint32_t t = 0; t < n_valid; ++t)
-                for (uint32_t d = 0; d < D; ++d) scales[d] = max_abs(scales[d], src[t * row_stride + d]);
-            for (uint32_t d = 0; d < D; ++d) scales[d] = int8_scale(scales[d]);
-            for (uint32_t t = 0; t < n_valid; ++t)
-                for (uint32_t d = 0; d < D; ++d)
-                    data[t * rb + d] = uint8_t(quant_int8(src[t * row_stride + d], scales[d]));
-        } else if (f == IKV_FMT_INT8) {  // V: one scale per token
-            for (uint32_t t = 0; t < n_valid; ++t) {
-                float amax = 0.0f;
-                for (uint32_t d = 0; d < D; ++d) amax = max_abs(amax, src[t * row_stride + d]);
-                scales[t] = int8_scale(amax);
-                for (uint32_t d = 0; d < D; ++d)
-                    data[t * rb + d] = uint8_t(quant_int8(src[t * row_stride + d], scales[t]));
-            }
-        } else if (f == IKV_FMT_INT4 && which == 0) {  // K: per channel over the page's tokens
-            float lo[256], hi[256];
-            for (uint32_t d = 0; d < D; ++d) {
-                lo[d] = INFINITY;
-                hi[d] = -INFINITY;
-            }
-            for (uint32_t t = 0; t < n_valid; ++t)
-                for (uint32_t d = 0; d < D; ++d) {
-                    lo[d] = min_exact(lo[d], src[t * row_stride + d]);
-                    hi[d] = max_exact(hi[d], src[t * row_stride + d]);
-                }
-            for (uint32_t d = 0; d < D; ++d) {
-                if (n_valid == 0) lo[d] = hi[d] = 0.0f;
-                scales[d] = int4_scale(lo[d], hi[d]);
-                mins[d] = lo[d];
-            }
-            for (uint32_t t = 0; t < n_valid; ++t)
-                for (uint32_t d = 0; d < D; d += 2) {
-                    const uint8_t q0 = quant_int4(src[t * row_stride + d], lo[d], scales[d]);
-                    const uint8_t q1 = quant_int4(src[t * row_stride + d + 1], lo[d + 1], scales[d + 1]);
-                    data[t * rb + d / 2] = uint8_t(q0 | (q1 << 4));
-                }
-        } else if (f == IKV_FMT_INT4) {  // V: per token, groups of kInt4VGroup channels
-            const uint32_t G = int4_v_groups(D);
-            for (uint32_t t = 0; t < n_valid; ++t)
-                for (uint32_t g = 0; g < G; ++g) {
-                    const uint32_t d0 = g * kInt4VGroup, d1 = d0 + kInt4VGroup < D ? d0 + kInt4VGroup : D;
-                    float lo = INFINITY, hi = -INFINITY;
-                    for (uint32_t d = d0; d < d1; ++d) {
-                        lo = min_exact(lo, src[t * row_stride + d]);
-                        hi = max_exact(hi, src[t * row_stride + d]);
-                    }
-                    const float s = int4_scale(lo, hi);
-                    scales[t * G + g] = s;
-                    mins[t * G + g] = lo;
-                    for (uint32_t d = d0; d < d1; d += 2) {
-                        const uint8_t q0 = quant_int4(src[t * row_stride + d], lo, s);
-                        const uint8_t q1 = quant_int4(src[t * row_stride + d + 1], lo, s);
-                        data[t * rb + d / 2] = uint8_t(q0 | (q1 << 4));
-                    }
-                }
+    uint8_t *kd = sub + L.k, *vd = sub + L.v;
+    float *k_scales = reinterpret_cast<float *>(sub + L.k_scale), *v_scales = reinterpret_cast<float *>(sub + L.v_scale);
+    float *k_mins = reinterpret_cast<float *>(sub + L.k_min), *v_mins = reinterpret_cast<float *>(sub + L.v_min);
+    if (f == IKV_FMT_FP8_E4M3) {
+        const float ka = fold_absmax(k, row_stride, D, 0, n_valid, 0.0f);
+        const float va = fold_absmax(v, row_stride, D, 0, n_valid, 0.0f);
+        k_scales[0] = fp8_scale(ka);
+        v_scales[0] = fp8_scale(va);
+        fp8_rows(k, row_stride, D, 0, n_valid, k_scales[0], kd, rb);
+        fp8_rows(v, row_stride, D, 0, n_valid, v_scales[0], vd, rb);
+        if (folds) {
+            folds->k_amax = ka;
+            folds->v_amax = va;
         }
+    } else if (f == IKV_FMT_INT8) {  // K: one scale per channel over the page's tokens; V: one per token
+        float amax[256];
+        for (uint32_t d = 0; d < D; ++d) amax[d] = 0.0f;
+        fold_absmax_channels(k, row_stride, D, 0, n_valid, amax);
+        for (uint32_t d = 0; d < D; ++d) k_scales[d] = int8_scale(amax[d]);
+        int8_k_rows(k, row_stride, D, 0, n_valid, k_scales, kd, rb);
+        int8_v_rows(v, row_stride, D, 0, n_valid, v_scales, vd, rb);
+        if (folds && folds->ka) std::memcpy(folds->ka, amax, 4ull * D);
+    } else if (f == IKV_FMT_INT4) {  // K: per channel over the page's tokens; V: per token and group
+        float lo[256], hi[256];
+        for (uint32_t d = 0; d < D; ++d) {
+            lo[d] = INFINITY;
+            hi[d] = -INFINITY;
+        }
+        fold_range_channels(k, row_stride, D, 0, n_valid, lo, hi);
+        if (folds && folds->ka) std::memcpy(folds->ka, lo, 4ull * D);
+        if (folds && folds->kb) std::memcpy(folds->kb, hi, 4ull * D);
+        for (uint32_t d = 0; d < D; ++d) {
+            if (n_valid == 0) lo[d] = hi[d] = 0.0f;
+            k_scales[d] = int4_scale(lo[d], hi[d]);
+            k_mins[d] = lo[d];
+        }
+        int4_k_rows(k, row_stride, D, 0, n_valid, k_mins, k_scales, kd, rb);
+        int4_v_rows(v, row_stride, D, 0, n_valid, v_scales, v_mins, vd, rb);
     }
 }
 

@@ -12,6 +12,7 @@
 #include "pool/host_codec.hpp"
 #include "pool/page_store.hpp"
 #include "pool/slab_allocator.hpp"
+#include "pool/tail_append.hpp"
 
 namespace ikv {
 namespace {
@@ -37,7 +38,8 @@ public:
     explicit HostPageStore(const ikv_pool_config &c)
         : shape_{c.n_layers, c.n_kv_heads, c.head_dim, c.page_size},
           slabs_(shape_, c.capacity_bytes, kSlabAlign, kSlabTargetBytes, memory_),
-          stage_bytes_(2ull * c.n_kv_heads * c.page_size * c.head_dim * sizeof(float)) {}
+          stage_bytes_(2ull * c.n_kv_heads * c.page_size * c.head_dim * sizeof(float)),
+          stats_bytes_(c.n_kv_heads * TailStats::bytes(c.head_dim)) {}
 
     ikv_status alloc(ikv_format f, uint8_t **page) override { return slabs_.alloc(f, page); }
     void release(ikv_format f, uint8_t *page) override { slabs_.release(f, page); }
@@ -54,30 +56,31 @@ public:
         return IKV_OK;
     }
 
+    // k is the start of a staging buffer of this store (write_layer's
+    // contract) and v its second half; the running statistics of the tail
+    // page live after the staging floats (stage_alloc), so a full write
+    // leaves them describing what it stored.
     ikv_status write_layer(ikv_format f, uint8_t *page, uint32_t layer, const float *k, const float *v,
                            uint32_t n_valid) override {
         return write_layer_tail(f, page, layer, k, v, n_valid, 0);
     }
 
+    // Rows [0, unchanged) as the previous write stored them: where the
+    // running statistics describe exactly those rows, only the new rows are
+    // encoded and folded in (tail_append.hpp); otherwise the whole layer is
+    // rewritten and the statistics rebuilt. Same bytes either way.
     ikv_status write_layer_tail(ikv_format f, uint8_t *page, uint32_t layer, const float *k, const float *v,
                                 uint32_t n_valid, uint32_t unchanged) override {
         const uint32_t P = shape_.page_size, D = shape_.head_dim;
-        // F16/BF16 rows are encoded independently: an append only needs its new rows.
-        const bool half = f == IKV_FMT_F16 || f == IKV_FMT_BF16;
-        const uint32_t first = unchanged <= n_valid ? unchanged : 0;
-        std::vector<float> rows(uint64_t(P) * D);
         for (uint32_t h = 0; h < shape_.n_kv_heads; ++h) {
             uint8_t *sub = page + subpage_offset(shape_, f, layer, h);
-            const uint64_t head_off = uint64_t(h) * P * D;
-            if (half)
-                encode_rows_16(f, P, D, k + head_off, v + head_off, D, first, n_valid, sub);
-            else
-                write_subpage_quant(f, P, D, k + head_off, v + head_off, D, n_valid, sub);
-            // Summaries describe the keys as stored, so recompute them from
-            // the dequantized rows rather than from the fp32 input.
-            dequant_rows(f, P, D, sub, 0, 0, n_valid, rows.data(), D);
             uint16_t *rec = reinterpret_cast<uint16_t *>(page + summary_offset(shape_, f, layer, h));
-            summarize(rows.data(), n_valid, D, rec);
+            const uint64_t head_off = uint64_t(h) * P * D;
+            const TailStats stats = stats_of(const_cast<float *>(k), h);  // our writable staging allocation
+            if (unchanged >= 1 && unchanged <= n_valid && stats.describes(f, unchanged))
+                tail_write_append(f, P, D, k + head_off, v + head_off, unchanged, n_valid, sub, rec, stats);
+            else
+                tail_write_full(f, P, D, k + head_off, v + head_off, n_valid, sub, rec, &stats);
         }
         return IKV_OK;
     }
@@ -102,15 +105,17 @@ public:
     }
 
     ikv_status stage_alloc(float **stage) override {
-        *stage = static_cast<float *>(mi_malloc_aligned(stage_bytes_, kSlabAlign));
+        const uint64_t bytes = stage_bytes_ + stats_bytes_;
+        *stage = static_cast<float *>(mi_malloc_aligned(bytes, kSlabAlign));
         if (*stage == nullptr)
             return fail(IKV_E_NOMEM, "ikv_pool: out of host memory for a %llu-byte staging buffer",
-                        (unsigned long long)stage_bytes_);
+                        (unsigned long long)bytes);
+        invalidate_stats(*stage);
         return IKV_OK;
     }
     void stage_free(float *stage) override { mi_free(stage); }
     ikv_status stage_copy(float *dst, const float *src) override {
-        std::memcpy(dst, src, stage_bytes_);
+        std::memcpy(dst, src, stage_bytes_ + stats_bytes_);  // the child's tail page starts as the parent's
         return IKV_OK;
     }
     ikv_status stage_from_page(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t n_valid,
@@ -119,6 +124,7 @@ public:
         float *k = stage, *v = stage + head_floats * shape_.n_kv_heads;
         for (uint32_t h = 0; h < shape_.n_kv_heads; ++h)
             read_rows(f, page, layer, h, 0, n_valid, k + h * head_floats, v + h * head_floats, shape_.head_dim);
+        invalidate_stats(stage);  // the staging now holds values the page was not written from
         return IKV_OK;
     }
 
@@ -143,35 +149,20 @@ public:
     uint64_t reserved_bytes() const override { return slabs_.reserved_bytes(); }
 
 private:
-    // The summary record (quant.hpp encode_summary) of n rows of D floats:
-    // per-channel min, max and mean (all zero for n == 0).
-    static void summarize(const float *rows, uint32_t n, uint32_t D, uint16_t *rec) {
-        if (n == 0) {
-            std::memset(rec, 0, 3ull * D * sizeof(uint16_t));
-            return;
-        }
-        float mn[256], mx[256];
-        double sum[256];
-        for (uint32_t d = 0; d < D; ++d) {
-            mn[d] = rows[d];
-            mx[d] = rows[d];
-            sum[d] = rows[d];
-        }
-        for (uint32_t t = 1; t < n; ++t) {  // rows outer: channels vectorize; per-channel order is by token
-            const float *r = rows + uint64_t(t) * D;
-            for (uint32_t d = 0; d < D; ++d) {
-                mn[d] = std::min(mn[d], r[d]);
-                mx[d] = std::max(mx[d], r[d]);
-                sum[d] += r[d];
-            }
-        }
-        for (uint32_t d = 0; d < D; ++d) encode_summary(rec, D, d, mn[d], mx[d], float(sum[d] / n));
+    // The running statistics of kv-head h's tail page, after the staging floats.
+    TailStats stats_of(float *stage, uint32_t h) const {
+        return TailStats(reinterpret_cast<uint8_t *>(stage) + stage_bytes_ + h * TailStats::bytes(shape_.head_dim),
+                         shape_.head_dim);
+    }
+    void invalidate_stats(float *stage) const {
+        for (uint32_t h = 0; h < shape_.n_kv_heads; ++h) stats_of(stage, h).rows() = TailStats::kInvalid;
     }
 
     PageShape shape_;
     MimallocMemory memory_;  // declared before slabs_: outlives it
     SlabAllocator slabs_;
-    uint64_t stage_bytes_;
+    uint64_t stage_bytes_;  // the fp32 staging floats (what ikv_pool_stats counts)
+    uint64_t stats_bytes_;  // the tail pages' running statistics after them
 };
 
 }  // namespace

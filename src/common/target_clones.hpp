@@ -1,0 +1,16 @@
+// IKV_AVX2_CLONES: on x86-64 Linux, a function gets an AVX2 copy beside its
+// baseline one, chosen once at load time (GCC/clang target_clones, an ifunc),
+// with everything it calls inlined into each copy (flatten) so the helpers
+// vectorize with it. Used on the host append path, which the library builds
+// for baseline x86-64. AVX2 without FMA keeps every IEEE operation and its
+// order, so both copies compute the same bits; the tests run whichever copy
+// the machine picks (docs/FORMATS.md).
+#pragma once
+
+#if defined(__x86_64__) && defined(__linux__) && defined(__clang__)
+#define IKV_AVX2_CLONES __attribute__((target_clones("avx2", "default")))  // clang refuses flatten here
+#elif defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+#define IKV_AVX2_CLONES __attribute__((target_clones("avx2", "default"), flatten))
+#else
+#define IKV_AVX2_CLONES
+#endif
