@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the library from build dir $1 into a temporary prefix, then compile
 # and run an outside C program against it using only pkg-config, and again
-# through CMake's find_package(intentkv). Also checks that the shared library
+# through CMake's find_package(intentkv); both again against the static
+# library (pkg-config --static, intentkv::intentkv_static). Also checks that the shared library
 # exports only ikv_* symbols, and that the Rust crate links it through pkg-config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,11 +26,31 @@ cc -std=c11 -Wall -Wextra -Werror -pedantic tests/install/consumer.c -o "$WORK/c
 LD_LIBRARY_PATH="$LIBDIR" "$WORK/consumer"
 echo "check_install: pkg-config consumer OK"
 
+# Static linking through pkg-config: a prefix holding only the archive (as a
+# distribution's -dev package of a static-only build would), so -lintentkv
+# can only mean libintentkv.a; Libs.private supplies its dependencies.
+STATIC="$WORK/static-prefix"
+mkdir -p "$STATIC/lib"
+cp -r "$PREFIX/include" "$STATIC/"
+cp -r "$LIBDIR/pkgconfig" "$LIBDIR/libintentkv.a" "$STATIC/lib/"
+cc -std=c11 -Wall -Wextra -Werror -pedantic tests/install/consumer.c -o "$WORK/consumer_static_pc" \
+  $(PKG_CONFIG_PATH="$STATIC/lib/pkgconfig" pkg-config --static --cflags --libs intentkv)
+if ldd "$WORK/consumer_static_pc" | grep -q libintentkv; then
+  echo "check_install: the pkg-config --static consumer still loads libintentkv.so"; exit 1
+fi
+"$WORK/consumer_static_pc"
+echo "check_install: pkg-config --static consumer OK (libintentkv.a linked in)"
+
 mkdir -p "$WORK/cm"
 cmake -S tests/install -B "$WORK/cm" -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null
 cmake --build "$WORK/cm" >/dev/null
 LD_LIBRARY_PATH="$LIBDIR" "$WORK/cm/consumer"
 echo "check_install: find_package consumer OK"
+if ldd "$WORK/cm/consumer_static" | grep -q libintentkv; then
+  echo "check_install: the intentkv::intentkv_static consumer loads libintentkv.so"; exit 1
+fi
+"$WORK/cm/consumer_static"
+echo "check_install: find_package static consumer OK (intentkv::intentkv_static from a C project)"
 
 # The Rust crate finds the installed library through the pkg-config program
 # (bindings/rust/build.rs), with no INTENTKV_LIB_DIR override.
