@@ -1,35 +1,93 @@
 // Package intentkv is the Go binding of intentkv (include/intentkv.h): page
 // selection and decode over a paged KV cache, linked through pkg-config.
 //
-// Handles (Layout, Router, Plan, Pool, Decoder) are closed with Close; a
-// finalizer closes a forgotten one, as a leak guard only. Errors are values
-// of type *Error carrying the status and the library's sentence, read on the
-// OS thread of the failing call. Slices passed to the library are copied
-// into C memory for the call (cgo forbids C memory that holds Go pointers),
-// so large appends cost one copy of their K/V.
+// Handles (Layout, Router, Plan, Pool, Decoder, QueryMemory, PageFeedback)
+// are closed with Close; a finalizer closes a forgotten one, as a leak guard
+// only. A closed handle is passed to the library as NULL, so its calls fail
+// with ErrNull (or, where the binding would otherwise read a closed handle
+// as "none", ErrState). Errors are values of type *Error carrying the
+// status, its name and the library's sentence, read on the OS thread of the
+// failing call; errors.Is(err, ErrRange) and friends test the status.
+// Slices passed to the library are copied into C memory for the call (cgo
+// forbids C memory that holds Go pointers), so large appends cost one copy
+// of their K/V.
+//
+// The wrappers pass host memory. CPU pools are served completely; a CUDA
+// pool can be created, appended to from host memory, read and edited, but
+// Decoder.Step refuses it (its queries and outputs would have to be device
+// pointers) and the CUDA stream fields of the header are not exposed.
 package intentkv
 
 /*
 #cgo pkg-config: intentkv
 #include <stdlib.h>
 #include <intentkv.h>
+
+// The log trampoline: the library calls it with a const message; the Go
+// function exported in log.go takes a plain char pointer.
+extern void ikvGoLog(ikv_log_level level, char *message, void *user);
+static void ikv_go_log(ikv_log_level level, const char *message, void *user) {
+	ikvGoLog(level, (char *)message, user);
+}
+static void ikv_go_set_log(int on, void *user, ikv_log_level min_level) {
+	ikv_set_log_callback(on ? ikv_go_log : NULL, user, min_level);
+}
 */
 import "C"
 
 import (
 	"fmt"
 	"runtime"
+	"strings"
 	"unsafe"
 )
 
-// Error is a failed call: the ikv_status, its name and ikv_last_error().
+// ---------------------------------------------------------------- status and errors
+
+// Status is an ikv_status. It implements error so that errors.Is(err,
+// ErrRange) tests the status of an *Error.
+type Status int
+
+const (
+	StatusOK       Status = C.IKV_OK
+	ErrInvalid     Status = C.IKV_E_INVALID     // an argument is outside its documented domain
+	ErrNull        Status = C.IKV_E_NULL        // a required pointer or handle is NULL (e.g. a closed handle)
+	ErrRange       Status = C.IKV_E_RANGE       // a token, page, layer, head or index is out of range
+	ErrNoMem       Status = C.IKV_E_NOMEM       // pool capacity exhausted or allocation failed
+	ErrBudget      Status = C.IKV_E_BUDGET      // mandatory blocks alone exceed the router's token budget
+	ErrOverlap     Status = C.IKV_E_OVERLAP     // a layout block overlaps another block
+	ErrUnsupported Status = C.IKV_E_UNSUPPORTED // valid request this build or machine cannot serve
+	ErrNoDevice    Status = C.IKV_E_NO_DEVICE   // CUDA requested but not built in, or no GPU present
+	ErrDevice      Status = C.IKV_E_DEVICE      // a CUDA call failed
+	ErrShared      Status = C.IKV_E_SHARED      // the page is shared by several sequences (fork)
+	ErrEvicted     Status = C.IKV_E_EVICTED     // the tokens asked for were evicted
+	ErrNotFound    Status = C.IKV_E_NOT_FOUND   // no such block id or sequence id
+	ErrState       Status = C.IKV_E_STATE       // the object is not in a state that allows the call
+	ErrInternal    Status = C.IKV_E_INTERNAL    // a bug in intentkv
+)
+
+// String is ikv_status_name, e.g. "IKV_E_RANGE" ("IKV_UNKNOWN_STATUS" for others).
+func (s Status) String() string { return C.GoString(C.ikv_status_name(C.ikv_status(s))) }
+
+// Error makes a Status usable as an errors.Is target.
+func (s Status) Error() string { return s.String() }
+
+// Error is a failed call: the ikv_status, its name and ikv_last_error() (or,
+// for checks the binding makes before calling, a sentence naming the Go
+// method and the argument).
 type Error struct {
-	Status  int
+	Status  Status
 	Name    string
 	Message string
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Name, e.Message) }
+
+// Is reports whether target is this error's Status (errors.Is(err, ErrNotFound)).
+func (e *Error) Is(target error) bool {
+	s, ok := target.(Status)
+	return ok && s == e.Status
+}
 
 // call runs f with its goroutine locked to its OS thread, so that the error
 // sentence (thread-local in the library) is the one of this call.
@@ -40,400 +98,210 @@ func call(f func() C.ikv_status) error {
 	if st == C.IKV_OK {
 		return nil
 	}
-	return &Error{Status: int(st), Name: C.GoString(C.ikv_status_name(st)), Message: C.GoString(C.ikv_last_error())}
+	return &Error{Status: Status(st), Name: C.GoString(C.ikv_status_name(st)), Message: C.GoString(C.ikv_last_error())}
 }
 
-// Version is the linked library's "MAJOR.MINOR.PATCH".
-func Version() string { return C.GoString(C.ikv_version_string()) }
+// bindErr is an error found by the binding before it calls the library.
+func bindErr(s Status, format string, args ...interface{}) error {
+	return &Error{Status: s, Name: s.String(), Message: fmt.Sprintf(format, args...)}
+}
 
-// cFloats copies xs into C memory (freed by the caller with C.free).
-func cFloats(xs []float32) *C.float {
-	if len(xs) == 0 {
-		return nil
+// ---------------------------------------------------------------- C memory helpers
+
+// cAlloc is C memory for n elements of size bytes (at least one element, so
+// that an empty buffer is still a valid pointer); freed by the caller.
+func cAlloc(n int, size uintptr) unsafe.Pointer {
+	if n < 1 {
+		n = 1
 	}
-	p := (*C.float)(C.malloc(C.size_t(len(xs)) * C.size_t(unsafe.Sizeof(C.float(0)))))
+	return C.malloc(C.size_t(uintptr(n) * size))
+}
+
+// cFloats copies xs into C memory (freed by the caller with C.free; never NULL).
+func cFloats(xs []float32) *C.float {
+	p := (*C.float)(cAlloc(len(xs), 4))
 	copy(unsafe.Slice((*float32)(unsafe.Pointer(p)), len(xs)), xs)
 	return p
 }
 
-// ---------------------------------------------------------------- layouts
+// cHalves copies 16-bit elements (F16/BF16 bits) into C memory (never NULL).
+func cHalves(xs []uint16) unsafe.Pointer {
+	p := cAlloc(len(xs), 2)
+	copy(unsafe.Slice((*uint16)(p), len(xs)), xs)
+	return p
+}
 
-// Policy and Kind of a layout block (ikv_policy, ikv_block_kind).
-type Policy int
-type Kind int
+func goFloats(p *C.float, n int) []float32 {
+	return append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(p)), n)...)
+}
+
+func goUint32s(p *C.uint32_t, n int) []uint32 {
+	if n == 0 {
+		return []uint32{}
+	}
+	return append([]uint32(nil), unsafe.Slice((*uint32)(unsafe.Pointer(p)), n)...)
+}
+
+func goChars(p *C.char) string { return C.GoString(p) }
+
+// ---------------------------------------------------------------- version and runtime
+
+// HeaderVersion is IKV_VERSION_NUMBER of the header this binding compiled
+// against (MAJOR*10000 + MINOR*100 + PATCH); compare with VersionNumber.
+const HeaderVersion = C.IKV_VERSION_NUMBER
+
+// Version is the linked library's "MAJOR.MINOR.PATCH" (ikv_version_string).
+func Version() string { return C.GoString(C.ikv_version_string()) }
+
+// VersionNumber is the linked library's MAJOR*10000 + MINOR*100 + PATCH (ikv_version).
+func VersionNumber() uint { return uint(C.ikv_version()) }
+
+// RuntimeInfo is ikv_runtime_info: what the linked library runs on.
+type RuntimeInfo struct {
+	Version         uint     // ikv_version()
+	CUDABuilt       bool     // compiled with the CUDA backend
+	CUDADeviceCount int      // GPUs visible now
+	CUDADeviceName  string   // name of device 0, "" if none
+	CPUISA          string   // SIMD path in use: "avx512", "avx2", "neon" or "scalar"
+	CPUISAAvailable []string // paths this CPU supports
+	CUDAArchs       string   // SM architectures compiled in, e.g. "80,90"; "" without CUDA
+}
+
+// GetRuntimeInfo is ikv_runtime_info_get.
+func GetRuntimeInfo() (RuntimeInfo, error) {
+	var info C.ikv_runtime_info
+	info.struct_size = C.uint32_t(C.sizeof_ikv_runtime_info)
+	if err := call(func() C.ikv_status { return C.ikv_runtime_info_get(&info) }); err != nil {
+		return RuntimeInfo{}, err
+	}
+	avail := goChars(&info.cpu_isa_available[0])
+	var list []string
+	if avail != "" {
+		list = strings.Split(avail, ",")
+	}
+	return RuntimeInfo{
+		Version:         uint(info.version),
+		CUDABuilt:       info.cuda_built != 0,
+		CUDADeviceCount: int(info.cuda_device_count),
+		CUDADeviceName:  goChars(&info.cuda_device_name[0]),
+		CPUISA:          goChars(&info.cpu_isa[0]),
+		CPUISAAvailable: list,
+		CUDAArchs:       goChars(&info.cuda_archs[0]),
+	}, nil
+}
+
+// ---------------------------------------------------------------- shared vocabulary
+
+// Format is the storage format of a KV page (ikv_format).
+type Format uint8
 
 const (
-	PolicyAlways Policy = C.IKV_POLICY_ALWAYS
-	PolicyAttend Policy = C.IKV_POLICY_ATTEND
-	PolicySkip   Policy = C.IKV_POLICY_SKIP
-	PolicyRecent Policy = C.IKV_POLICY_RECENT
-	PolicyGlobal Policy = C.IKV_POLICY_GLOBAL
-
-	KindSystemPrompt Kind = C.IKV_KIND_SYSTEM_PROMPT
-	KindRetrievedDoc Kind = C.IKV_KIND_RETRIEVED_DOC
-	KindConversation Kind = C.IKV_KIND_CONVERSATION
-	KindOther        Kind = C.IKV_KIND_OTHER
+	FormatF16     Format = C.IKV_FMT_F16
+	FormatBF16    Format = C.IKV_FMT_BF16
+	FormatFP8E4M3 Format = C.IKV_FMT_FP8_E4M3
+	FormatINT8    Format = C.IKV_FMT_INT8
+	FormatINT4    Format = C.IKV_FMT_INT4
+	// FormatAuto is "no preference" (a block's precision hint).
+	FormatAuto Format = C.IKV_FMT_AUTO
 )
 
-// Block describes a layout block: tokens [Start, End).
-type Block struct {
-	Name       string
-	Kind       Kind
-	Policy     Policy
-	Start, End uint32
-	Score      float32
-}
+// FormatCount is the number of storage formats (the length of the *ByFormat arrays).
+const FormatCount = C.IKV_FMT_COUNT
 
-// Layout is an ikv_layout: the semantic blocks of a context.
-type Layout struct{ raw *C.ikv_layout }
+// String is ikv_format_name, e.g. "int8".
+func (f Format) String() string { return C.GoString(C.ikv_format_name(C.ikv_format(f))) }
 
-func NewLayout() (*Layout, error) {
-	l := &Layout{}
-	if err := call(func() C.ikv_status { return C.ikv_layout_create(&l.raw) }); err != nil {
-		return nil, err
+// Hint returns a pointer to f, for Block.PrecisionHint.
+func Hint(f Format) *Format { return &f }
+
+// DType is the element type of engine-side arrays (ikv_dtype): K/V input,
+// queries, outputs. F16 and BF16 arrays are passed as []uint16 raw bits.
+type DType int
+
+const (
+	DTypeF32  DType = C.IKV_DTYPE_F32
+	DTypeF16  DType = C.IKV_DTYPE_F16
+	DTypeBF16 DType = C.IKV_DTYPE_BF16
+)
+
+func (d DType) String() string {
+	switch d {
+	case DTypeF32:
+		return "F32"
+	case DTypeF16:
+		return "F16"
+	case DTypeBF16:
+		return "BF16"
 	}
-	runtime.SetFinalizer(l, (*Layout).Close)
-	return l, nil
+	return fmt.Sprintf("DType(%d)", int(d))
 }
 
-// Add adds a block and returns its id; a refused block changes nothing.
-func (l *Layout) Add(b Block) (uint32, error) {
-	d := C.ikv_block_desc_default()
-	name := C.CString(b.Name)
-	defer C.free(unsafe.Pointer(name))
-	d.name = name
-	d.kind = C.ikv_block_kind(b.Kind)
-	d.policy = C.ikv_policy(b.Policy)
-	d.start, d.end = C.uint32_t(b.Start), C.uint32_t(b.End)
-	d.score = C.float(b.Score)
-	var id C.uint32_t
-	err := call(func() C.ikv_status { return C.ikv_layout_add(l.raw, &d, &id) })
-	return uint32(id), err
-}
+// Backend is where a pool stores its pages (ikv_backend).
+type Backend int
 
-func (l *Layout) Count() int { return int(C.ikv_layout_count(l.raw)) }
-
-func (l *Layout) Close() {
-	if l.raw != nil {
-		C.ikv_layout_destroy(l.raw)
-		l.raw = nil
-	}
-}
-
-// ---------------------------------------------------------------- routers and plans
-
-// RouterConfig holds the fields of ikv_router_config most engines set.
-type RouterConfig struct {
-	PageSize, TokenBudget, RecentWindow uint32
-	AttendThreshold                     float32
-}
-
-// DefaultRouterConfig is ikv_router_default_config's values.
-func DefaultRouterConfig() RouterConfig {
-	c := C.ikv_router_default_config()
-	return RouterConfig{uint32(c.page_size), uint32(c.token_budget), uint32(c.recent_window), float32(c.attend_threshold)}
-}
-
-// Router is an ikv_router.
-type Router struct{ raw *C.ikv_router }
-
-func NewRouter(cfg RouterConfig) (*Router, error) {
-	c := C.ikv_router_default_config()
-	c.page_size, c.token_budget, c.recent_window = C.uint32_t(cfg.PageSize), C.uint32_t(cfg.TokenBudget), C.uint32_t(cfg.RecentWindow)
-	c.attend_threshold = C.float(cfg.AttendThreshold)
-	r := &Router{}
-	if err := call(func() C.ikv_status { return C.ikv_router_create(&c, &r.raw) }); err != nil {
-		return nil, err
-	}
-	runtime.SetFinalizer(r, (*Router).Close)
-	return r, nil
-}
-
-// Route routes a layout for a sequence of seqLen tokens into a plan.
-func (r *Router) Route(l *Layout, seqLen uint32) (*Plan, error) {
-	p := &Plan{}
-	if err := call(func() C.ikv_status { return C.ikv_router_route(r.raw, l.raw, C.uint32_t(seqLen), &p.raw) }); err != nil {
-		return nil, err
-	}
-	runtime.SetFinalizer(p, (*Plan).Close)
-	return p, nil
-}
-
-func (r *Router) Close() {
-	if r.raw != nil {
-		C.ikv_router_destroy(r.raw)
-		r.raw = nil
-	}
-}
+const (
+	BackendCPU  Backend = C.IKV_BACKEND_CPU
+	BackendCUDA Backend = C.IKV_BACKEND_CUDA
+)
 
 // TokenRange is a half-open token range [Begin, End).
 type TokenRange struct{ Begin, End uint32 }
 
-// PlanPage is one selected page of a plan (ikv_plan_page).
-type PlanPage struct {
-	Page, TokenBegin, TokenEnd uint32
-	Format, Flags              uint8
-}
-
-// Plan is an ikv_plan: the pages a step reads.
-type Plan struct{ raw *C.ikv_plan }
-
-// PlanFromRanges reads exactly the given token ranges (all pages in F16).
-func PlanFromRanges(ranges []TokenRange, seqLen, pageSize uint32) (*Plan, error) {
-	cr := make([]C.ikv_token_range, len(ranges)) // Go memory without Go pointers: may be passed
-	for i, r := range ranges {
-		cr[i] = C.ikv_token_range{begin: C.uint32_t(r.Begin), end: C.uint32_t(r.End)}
-	}
-	var first *C.ikv_token_range
-	if len(cr) > 0 {
-		first = &cr[0]
-	}
-	p := &Plan{}
-	err := call(func() C.ikv_status {
-		return C.ikv_plan_from_ranges(first, C.size_t(len(cr)), C.uint32_t(seqLen), C.uint32_t(pageSize), C.IKV_FMT_F16, &p.raw)
-	})
-	if err != nil {
-		return nil, err
-	}
-	runtime.SetFinalizer(p, (*Plan).Close)
-	return p, nil
-}
-
-// Pages are the plan's selected pages, copied out.
-func (p *Plan) Pages() ([]PlanPage, error) {
-	var pages *C.ikv_plan_page
-	var n C.size_t
-	if err := call(func() C.ikv_status { return C.ikv_plan_pages(p.raw, &pages, &n) }); err != nil {
-		return nil, err
-	}
-	out := make([]PlanPage, int(n))
-	for i, pg := range unsafe.Slice(pages, int(n)) {
-		out[i] = PlanPage{uint32(pg.page), uint32(pg.token_begin), uint32(pg.token_end), uint8(pg.format), uint8(pg.flags)}
-	}
-	return out, nil
-}
-
-// TokensSelected is the plan summary's token count.
-func (p *Plan) TokensSelected() (uint32, error) {
-	var s C.ikv_plan_summary
-	err := call(func() C.ikv_status { return C.ikv_plan_get_summary(p.raw, &s) })
-	return uint32(s.tokens_selected), err
-}
-
-func (p *Plan) Close() {
-	if p.raw != nil {
-		C.ikv_plan_destroy(p.raw)
-		p.raw = nil
-	}
-}
-
-// ---------------------------------------------------------------- pools
-
-// PoolConfig holds the fields of ikv_pool_config (CPU pools, float32 K/V here).
-type PoolConfig struct {
-	Layers, KVHeads, HeadDim, PageSize uint32
-	CapacityBytes                      uint64
-}
-
-// Pool is an ikv_pool with float32 input (kv_dtype F32), F16 pages by default.
-type Pool struct {
-	raw *C.ikv_pool
-	cfg PoolConfig
-}
-
-func NewPool(cfg PoolConfig) (*Pool, error) {
-	c := C.ikv_pool_default_config()
-	c.n_layers, c.n_kv_heads, c.head_dim, c.page_size = C.uint32_t(cfg.Layers), C.uint32_t(cfg.KVHeads), C.uint32_t(cfg.HeadDim), C.uint32_t(cfg.PageSize)
-	c.capacity_bytes = C.uint64_t(cfg.CapacityBytes)
-	c.kv_dtype = C.IKV_DTYPE_F32
-	p := &Pool{cfg: cfg}
-	if err := call(func() C.ikv_status { return C.ikv_pool_create(&c, &p.raw) }); err != nil {
-		return nil, err
-	}
-	runtime.SetFinalizer(p, (*Pool).Close)
-	return p, nil
-}
-
-func (p *Pool) SeqCreate() (uint32, error) {
-	var id C.ikv_seq_id
-	err := call(func() C.ikv_status { return C.ikv_seq_create(p.raw, &id) })
-	return uint32(id), err
-}
-
-func (p *Pool) SeqLength(seq uint32) (uint32, error) {
-	var n C.uint32_t
-	err := call(func() C.ikv_status { return C.ikv_seq_length(p.raw, C.ikv_seq_id(seq), &n) })
-	return uint32(n), err
-}
-
-// Append appends tokens to one layer: k and v are [token][kv_head][head_dim].
-func (p *Pool) Append(seq, layer uint32, k, v []float32) error {
-	row := int(p.cfg.KVHeads * p.cfg.HeadDim)
-	if len(k) == 0 || len(k)%row != 0 || len(v) != len(k) {
-		return &Error{Status: int(C.IKV_E_INVALID), Name: "IKV_E_INVALID",
-			Message: fmt.Sprintf("Pool.Append: k and v need the same positive multiple of kv_heads*head_dim = %d floats (k %d, v %d)", row, len(k), len(v))}
-	}
-	ck, cv := cFloats(k), cFloats(v)
-	defer C.free(unsafe.Pointer(ck))
-	defer C.free(unsafe.Pointer(cv))
-	a := C.ikv_append_default(p.raw, C.uint32_t(len(k)/row))
-	a.layer = C.uint32_t(layer)
-	a.k, a.v = unsafe.Pointer(ck), unsafe.Pointer(cv)
-	return call(func() C.ikv_status { return C.ikv_pool_append(p.raw, C.ikv_seq_id(seq), &a) })
-}
-
-// Read returns the stored (dequantized) K and V of tokens [begin, end) of a layer.
-func (p *Pool) Read(seq, layer, begin, end uint32) (k, v []float32, err error) {
-	n := int(end-begin) * int(p.cfg.KVHeads*p.cfg.HeadDim)
-	if end < begin {
-		n = 0
-	}
-	ck := (*C.float)(C.malloc(C.size_t(n+1) * 4))
-	cv := (*C.float)(C.malloc(C.size_t(n+1) * 4))
-	defer C.free(unsafe.Pointer(ck))
-	defer C.free(unsafe.Pointer(cv))
-	err = call(func() C.ikv_status {
-		return C.ikv_seq_read(p.raw, C.ikv_seq_id(seq), C.uint32_t(layer), C.uint32_t(begin), C.uint32_t(end), ck, cv)
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(ck)), n)...),
-		append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(cv)), n)...), nil
-}
-
-func (p *Pool) Close() {
-	if p.raw != nil {
-		C.ikv_pool_destroy(p.raw)
-		p.raw = nil
-	}
-}
-
-// ---------------------------------------------------------------- decode
-
-// TopkScore is what query-aware selection ranks pages by (ikv_topk_score).
-type TopkScore int
-
-const (
-	TopkQuest  TopkScore = C.IKV_TOPK_SCORE_QUEST
-	TopkHybrid TopkScore = C.IKV_TOPK_SCORE_HYBRID
-)
-
-// DecodeRequest is one decode step over float32 queries and outputs
-// ([seq][q_head][head_dim], one query token).
-type DecodeRequest struct {
-	Layer           uint32
-	Seqs            []uint32
-	Plans           []*Plan // one per sequence (nil entries: dense), or empty: all dense
-	QHeads          uint32
-	Q               []float32
-	TopkTokenBudget uint32
-	TopkScore       TopkScore
-}
-
-// Decoder is an ikv_decoder; use one per goroutine at a time.
-type Decoder struct{ raw *C.ikv_decoder }
-
-func NewDecoder(threads uint32) (*Decoder, error) {
-	c := C.ikv_decoder_default_config()
-	c.n_threads = C.uint32_t(threads)
-	d := &Decoder{}
-	if err := call(func() C.ikv_status { return C.ikv_decoder_create(&c, &d.raw) }); err != nil {
-		return nil, err
-	}
-	runtime.SetFinalizer(d, (*Decoder).Close)
-	return d, nil
-}
-
-// Decode runs the step and returns the output, laid out as Q.
-func (d *Decoder) Decode(p *Pool, r DecodeRequest) ([]float32, error) {
-	if len(r.Seqs) == 0 || r.QHeads == 0 || len(r.Q) != len(r.Seqs)*int(r.QHeads*p.cfg.HeadDim) {
-		return nil, &Error{Status: int(C.IKV_E_INVALID), Name: "IKV_E_INVALID",
-			Message: fmt.Sprintf("Decoder.Decode: Q has %d floats for %d sequences of %d query heads of head_dim %d",
-				len(r.Q), len(r.Seqs), r.QHeads, p.cfg.HeadDim)}
-	}
-	n := len(r.Q)
-	cq := cFloats(r.Q)
-	cout := (*C.float)(C.malloc(C.size_t(n) * 4))
-	seqs := (*C.ikv_seq_id)(C.malloc(C.size_t(len(r.Seqs)) * 4))
-	defer C.free(unsafe.Pointer(cq))
-	defer C.free(unsafe.Pointer(cout))
-	defer C.free(unsafe.Pointer(seqs))
-	for i, s := range r.Seqs {
-		unsafe.Slice(seqs, len(r.Seqs))[i] = C.ikv_seq_id(s)
-	}
-	a := C.ikv_decode_args_default_v2()
-	if len(r.Plans) > 0 {
-		if len(r.Plans) != len(r.Seqs) {
-			return nil, &Error{Status: int(C.IKV_E_INVALID), Name: "IKV_E_INVALID",
-				Message: fmt.Sprintf("Decoder.Decode: %d plans for %d sequences", len(r.Plans), len(r.Seqs))}
-		}
-		plans := (**C.ikv_plan)(C.malloc(C.size_t(len(r.Plans)) * C.size_t(unsafe.Sizeof(uintptr(0)))))
-		defer C.free(unsafe.Pointer(plans))
-		for i, pl := range r.Plans {
-			var raw *C.ikv_plan
-			if pl != nil {
-				raw = pl.raw
-			}
-			unsafe.Slice(plans, len(r.Plans))[i] = raw
-		}
-		a.plans = plans
-	}
-	a.layer, a.n_seqs, a.n_q_heads = C.uint32_t(r.Layer), C.uint32_t(len(r.Seqs)), C.uint32_t(r.QHeads)
-	a.seqs = seqs
-	a.q, a.out = unsafe.Pointer(cq), unsafe.Pointer(cout)
-	a.topk_token_budget = C.uint32_t(r.TopkTokenBudget)
-	a.topk_score = C.ikv_topk_score(r.TopkScore)
-	if err := call(func() C.ikv_status { return C.ikv_decode(d.raw, p.raw, &a) }); err != nil {
-		return nil, err
-	}
-	runtime.KeepAlive(r.Plans)
-	return append([]float32(nil), unsafe.Slice((*float32)(unsafe.Pointer(cout)), n)...), nil
-}
-
-// LastSelection is the token ranges the last step read for sequence index
-// seqIndex (into its Seqs) and kvHead.
-func (d *Decoder) LastSelection(seqIndex, kvHead uint32) ([]TokenRange, error) {
-	var n C.size_t
-	if err := call(func() C.ikv_status {
-		return C.ikv_decoder_last_selection(d.raw, C.uint32_t(seqIndex), C.uint32_t(kvHead), nil, 0, &n)
-	}); err != nil {
-		return nil, err
-	}
-	runs := make([]C.ikv_token_range, int(n)+1)
-	if err := call(func() C.ikv_status {
-		return C.ikv_decoder_last_selection(d.raw, C.uint32_t(seqIndex), C.uint32_t(kvHead), &runs[0], n, &n)
-	}); err != nil {
-		return nil, err
-	}
-	out := make([]TokenRange, int(n))
-	for i := range out {
-		out[i] = TokenRange{uint32(runs[i].begin), uint32(runs[i].end)}
-	}
-	return out, nil
-}
-
-func (d *Decoder) LastBytesRead() (uint64, error) {
-	var b C.uint64_t
-	err := call(func() C.ikv_status { return C.ikv_decoder_last_bytes_read(d.raw, &b) })
-	return uint64(b), err
-}
-
-func (d *Decoder) Close() {
-	if d.raw != nil {
-		C.ikv_decoder_destroy(d.raw)
-		d.raw = nil
-	}
-}
+// ---------------------------------------------------------------- struct sizes
 
 // structSizes reports, per config struct, the struct_size its default sets
 // and the size of the struct this binding compiled against (the tests
 // compare them: a binding built with another header would differ).
 func structSizes() map[string][2]uintptr {
 	return map[string][2]uintptr{
-		"ikv_decode_args":   {uintptr(C.ikv_decode_args_default_v2().struct_size), C.sizeof_ikv_decode_args},
-		"ikv_pool_config":   {uintptr(C.ikv_pool_default_config().struct_size), C.sizeof_ikv_pool_config},
-		"ikv_router_config": {uintptr(C.ikv_router_default_config().struct_size), C.sizeof_ikv_router_config},
-		"ikv_block_desc":    {uintptr(C.ikv_block_desc_default().struct_size), C.sizeof_ikv_block_desc},
+		"ikv_decode_args":          {uintptr(C.ikv_decode_args_default_v2().struct_size), C.sizeof_ikv_decode_args},
+		"ikv_pool_config":          {uintptr(C.ikv_pool_default_config().struct_size), C.sizeof_ikv_pool_config},
+		"ikv_router_config":        {uintptr(C.ikv_router_default_config().struct_size), C.sizeof_ikv_router_config},
+		"ikv_block_desc":           {uintptr(C.ikv_block_desc_default().struct_size), C.sizeof_ikv_block_desc},
+		"ikv_synth_config":         {uintptr(C.ikv_synth_default_config().struct_size), C.sizeof_ikv_synth_config},
+		"ikv_model_shape":          {uintptr(C.ikv_model_shape_default().struct_size), C.sizeof_ikv_model_shape},
+		"ikv_decoder_config":       {uintptr(C.ikv_decoder_default_config().struct_size), C.sizeof_ikv_decoder_config},
+		"ikv_query_memory_config":  {uintptr(C.ikv_query_memory_default_config().struct_size), C.sizeof_ikv_query_memory_config},
+		"ikv_page_feedback_config": {uintptr(C.ikv_page_feedback_default_config().struct_size), C.sizeof_ikv_page_feedback_config},
 	}
+}
+
+// appendStructSize is ikv_append_default's struct_size for p and sizeof(ikv_append).
+func appendStructSize(p *Pool) [2]uintptr {
+	defer runtime.KeepAlive(p)
+	return [2]uintptr{uintptr(C.ikv_append_default(p.raw, 1).struct_size), C.sizeof_ikv_append}
+}
+
+// plainStructSizes are the sizes of the structs without struct_size this
+// binding compiled against (the tests compare them with the header's field lists).
+func plainStructSizes() map[string]uintptr {
+	return map[string]uintptr{
+		"ikv_token_range":      C.sizeof_ikv_token_range,
+		"ikv_block_info":       C.sizeof_ikv_block_info,
+		"ikv_plan_page":        C.sizeof_ikv_plan_page,
+		"ikv_block_decision":   C.sizeof_ikv_block_decision,
+		"ikv_plan_summary":     C.sizeof_ikv_plan_summary,
+		"ikv_plan_cost":        C.sizeof_ikv_plan_cost,
+		"ikv_precision_policy": C.sizeof_ikv_precision_policy,
+		"ikv_pool_stats":       C.sizeof_ikv_pool_stats,
+		"ikv_decoder_stats":    C.sizeof_ikv_decoder_stats,
+		"ikv_runtime_info":     C.sizeof_ikv_runtime_info,
+	}
+}
+
+// runtimeInfoWithSize calls ikv_runtime_info_get with an explicit
+// struct_size (the tests check that a too small one is refused).
+func runtimeInfoWithSize(size uint32) error {
+	var info C.ikv_runtime_info
+	info.struct_size = C.uint32_t(size)
+	return call(func() C.ikv_status { return C.ikv_runtime_info_get(&info) })
+}
+
+// setLogSink installs or removes the C trampoline (log.go holds the Go side).
+func setLogSink(on bool, user unsafe.Pointer, min LogLevel) {
+	flag := C.int(0)
+	if on {
+		flag = 1
+	}
+	C.ikv_go_set_log(flag, user, C.ikv_log_level(min))
 }

@@ -2,9 +2,11 @@ package intentkv
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -59,10 +61,10 @@ func newSession(t *testing.T) (*Pool, uint32, *Plan) {
 	}
 	defer layout.Close()
 	for _, b := range []Block{
-		{"system", KindSystemPrompt, PolicyAlways, 0, 64, 1},
-		{"doc-a", KindRetrievedDoc, PolicyAttend, 64, 256, 0.9},
-		{"doc-b", KindRetrievedDoc, PolicyAttend, 256, 448, 0.1},
-		{"turn", KindConversation, PolicyRecent, 448, seqLen, 1},
+		{Name: "system", Kind: KindSystemPrompt, Policy: PolicyAlways, Start: 0, End: 64, Score: 1},
+		{Name: "doc-a", Kind: KindRetrievedDoc, Policy: PolicyAttend, Start: 64, End: 256, Score: 0.9},
+		{Name: "doc-b", Kind: KindRetrievedDoc, Policy: PolicyAttend, Start: 256, End: 448, Score: 0.1},
+		{Name: "turn", Kind: KindConversation, Policy: PolicyRecent, Start: 448, End: seqLen, Score: 1},
 	} {
 		if _, err := layout.Add(b); err != nil {
 			t.Fatal(err)
@@ -79,7 +81,7 @@ func newSession(t *testing.T) (*Pool, uint32, *Plan) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pool, err := NewPool(PoolConfig{layers, kvHeads, headDim, page, 64 << 20})
+	pool, err := NewPool(PoolConfig{Layers: layers, KVHeads: kvHeads, HeadDim: headDim, PageSize: page, CapacityBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,10 +179,10 @@ func TestErrorsCarryStatusAndSentenceAndChangeNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer layout.Close()
-	if _, err := layout.Add(Block{"a", KindOther, PolicyAttend, 0, 100, 0.5}); err != nil {
+	if _, err := layout.Add(Block{Name: "a", Kind: KindOther, Policy: PolicyAttend, Start: 0, End: 100, Score: 0.5}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = layout.Add(Block{"b", KindOther, PolicyAttend, 50, 150, 0.5})
+	_, err = layout.Add(Block{Name: "b", Kind: KindOther, Policy: PolicyAttend, Start: 50, End: 150, Score: 0.5})
 	var e *Error
 	if !errors.As(err, &e) || e.Name != "IKV_E_OVERLAP" || !strings.Contains(e.Message, "overlaps") {
 		t.Fatalf("overlapping block: %v", err)
@@ -188,7 +190,7 @@ func TestErrorsCarryStatusAndSentenceAndChangeNothing(t *testing.T) {
 	if layout.Count() != 1 {
 		t.Fatalf("a refused add changed the layout: %d blocks", layout.Count())
 	}
-	if _, err := NewPool(PoolConfig{1, 1, 48, 16, 1 << 20}); err == nil || !strings.Contains(err.Error(), "head_dim") {
+	if _, err := NewPool(PoolConfig{Layers: 1, KVHeads: 1, HeadDim: 48, PageSize: 16, CapacityBytes: 1 << 20}); err == nil || !strings.Contains(err.Error(), "head_dim") {
 		t.Fatalf("head_dim 48: %v", err)
 	}
 	pool, seq, plan := newSession(t)
@@ -218,5 +220,110 @@ func TestStructSizesMatchTheLibrary(t *testing.T) {
 		if s[0] != s[1] {
 			t.Errorf("%s: the library's default says %d bytes, this binding compiled %d", name, s[0], s[1])
 		}
+	}
+	pool := newTestPool(t, PoolConfig{Layers: 1, KVHeads: 1, HeadDim: 64, PageSize: 16, CapacityBytes: 1 << 20})
+	if s := appendStructSize(pool); s[0] != s[1] {
+		t.Errorf("ikv_append: the library's default says %d bytes, this binding compiled %d", s[0], s[1])
+	}
+	// Structs without a default: sizes from the header's field lists (64-bit).
+	want := map[string]uintptr{
+		"ikv_token_range": 8, "ikv_block_info": 4 + 64 + 4*7, "ikv_plan_page": 16, "ikv_block_decision": 20,
+		"ikv_plan_summary": 4*6 + 4*5 + 4*3, "ikv_plan_cost": 8 * 9, "ikv_precision_policy": 40,
+		"ikv_pool_stats": 8 + 8*3 + 8*5*2 + 8*2 + 8 + 8, "ikv_decoder_stats": 8 + 8*4,
+		"ikv_runtime_info": 4*4 + 64 + 16 + 64 + 32,
+	}
+	for name, size := range plainStructSizes() {
+		if want[name] != size {
+			t.Errorf("%s: %d bytes, the header's fields make %d", name, size, want[name])
+		}
+	}
+	if n := structSizes()["ikv_decode_args"][1]; n != 144 {
+		t.Errorf("ikv_decode_args: %d bytes, the header's v2 fields make 144", n)
+	}
+}
+
+func TestVersionRuntimeInfoAndNames(t *testing.T) {
+	n := VersionNumber()
+	if n != HeaderVersion {
+		t.Fatalf("linked library %d, header %d", n, HeaderVersion)
+	}
+	if want := fmt.Sprintf("%d.%d.%d", n/10000, n/100%100, n%100); Version() != want {
+		t.Fatalf("version string %q, number %d", Version(), n)
+	}
+	info, err := GetRuntimeInfo()
+	must(t, err)
+	if info.Version != n {
+		t.Fatalf("runtime info version %d", info.Version)
+	}
+	found := false
+	for _, isa := range info.CPUISAAvailable {
+		found = found || isa == info.CPUISA
+	}
+	if !found || !strings.Contains("avx512 avx2 neon scalar", info.CPUISA) {
+		t.Fatalf("cpu isa %q of %v", info.CPUISA, info.CPUISAAvailable)
+	}
+	if !info.CUDABuilt && (info.CUDADeviceCount != 0 || info.CUDAArchs != "" || info.CUDADeviceName != "") {
+		t.Fatalf("CPU build with CUDA details: %+v", info)
+	}
+	expectErr(t, runtimeInfoWithSize(4), ErrInvalid, "struct_size")
+
+	names := []string{"IKV_OK", "IKV_E_INVALID", "IKV_E_NULL", "IKV_E_RANGE", "IKV_E_NOMEM", "IKV_E_BUDGET",
+		"IKV_E_OVERLAP", "IKV_E_UNSUPPORTED", "IKV_E_NO_DEVICE", "IKV_E_DEVICE", "IKV_E_SHARED", "IKV_E_EVICTED",
+		"IKV_E_NOT_FOUND", "IKV_E_STATE", "IKV_E_INTERNAL"}
+	statuses := []Status{StatusOK, ErrInvalid, ErrNull, ErrRange, ErrNoMem, ErrBudget, ErrOverlap, ErrUnsupported,
+		ErrNoDevice, ErrDevice, ErrShared, ErrEvicted, ErrNotFound, ErrState, ErrInternal}
+	for i, s := range statuses {
+		if int(s) != -i || s.String() != names[i] {
+			t.Errorf("status %d: %d %q, want %d %q", i, int(s), s.String(), -i, names[i])
+		}
+	}
+	if Status(-99).String() != "IKV_UNKNOWN_STATUS" {
+		t.Errorf("unknown status: %q", Status(-99).String())
+	}
+	got := []string{FormatF16.String(), FormatBF16.String(), FormatFP8E4M3.String(), FormatINT8.String(),
+		FormatINT4.String(), FormatAuto.String(), KindToolOutput.String(), PolicyRecent.String(),
+		ReasonBudgetExhausted.String(), DTypeBF16.String(), TopkMass.String(), LogWarn.String()}
+	want := []string{"f16", "bf16", "fp8_e4m3", "int8", "int4", "auto", "tool_output", "RECENT",
+		"budget_exhausted", "BF16", "MASS", "WARN"}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("name %d: %q, want %q", i, got[i], want[i])
+		}
+	}
+}
+
+func TestLogCallbackReceivesErrorSentences(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	SetLogCallback(func(level LogLevel, message string) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, level.String()+" "+message)
+	}, LogWarn)
+	defer SetLogCallback(nil, LogWarn)
+	layout, err := NewLayout()
+	must(t, err)
+	defer layout.Close()
+	err = layout.Validate(0)
+	must(t, err) // an empty layout fits any length: nothing logged
+	_, err = layout.FindToken(5)
+	e := expectErr(t, err, ErrNotFound, "ikv_layout_find_token")
+	mu.Lock()
+	if len(got) != 1 || got[0] != "ERROR "+e.Message {
+		t.Fatalf("log %q, the error %q", got, e.Message)
+	}
+	mu.Unlock()
+	// A new sink replaces the old; nil removes it.
+	var second []string
+	SetLogCallback(func(level LogLevel, message string) { second = append(second, message) }, LogError)
+	_, err = layout.Get(77)
+	expectErr(t, err, ErrNotFound, "ikv_layout_get")
+	SetLogCallback(nil, LogWarn)
+	_, err = layout.Get(78)
+	expectErr(t, err, ErrNotFound, "ikv_layout_get")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 1 || len(second) != 1 || !strings.Contains(second[0], "77") {
+		t.Fatalf("first sink %q, second %q", got, second)
 	}
 }
