@@ -6,23 +6,38 @@
             print(plan.summary())
 
 Every failing C call raises IntentKVError(status_name, message), where message is
-ikv_last_error(). Handles close on close(), on leaving a `with` block, or when
-garbage collected. K/V/query buffers are anything exposing the buffer protocol
-(array.array('f'), memoryview, bytearray, numpy arrays) holding the pool's
-kv_dtype (float32 by default here); numpy is used when installed, never required.
+ikv_last_error(). Argument checks done in Python before any C call (shapes, dtypes, strides,
+host vs device memory) raise InvalidArgumentError, an IntentKVError (IKV_E_INVALID) that is also
+a ValueError. Handles close on close(), on leaving a `with` block, or when garbage collected.
+
+Arrays (K/V of appends, queries, outputs, lse) are passed to C without copying. Accepted:
+host memory through the buffer protocol (array.array, memoryview, bytearray), numpy arrays
+(__array_interface__), CUDA arrays through __cuda_array_interface__ (CuPy, Numba, PyTorch CUDA
+tensors), and DLPack (__dlpack__ / __dlpack_device__: PyTorch CPU tensors, JAX, ...). CPU pools
+take host memory; CUDA pools take device K/V (or host K/V, copied by the library) and device
+q/out/lse. Element types are float32, float16 and bfloat16 (ikv_dtype F32, F16, BF16); numpy is
+used when installed, never required.
 """
 import array
 import ctypes
 import enum
 from collections import namedtuple
 from ctypes import byref, c_float, c_int, c_size_t, c_uint32, c_uint64, c_void_p, POINTER
+from typing import Any, Optional, Sequence, Tuple, Union
 
-from . import _ffi
+from . import _arrays, _ffi
 from ._ffi import IKV_ALL_LAYERS, IKV_MAX_QUERY_TOKENS, IKV_PAGE_MANDATORY, IKV_PAGE_PARTIAL, load
 
-__all__ = ["load", "IntentKVError", "Format", "DType", "TopkMode", "TopkScore", "QueryMemory", "PageFeedback", "Kind", "Policy", "Reason", "OverBudget", "Layout",
+__all__ = ["load", "IntentKVError", "InvalidArgumentError", "IKV_APPEND_ASYNC", "Format", "DType", "Backend", "TopkMode", "TopkScore", "QueryMemory", "PageFeedback", "Kind", "Policy", "Reason", "OverBudget", "Layout",
            "Router", "Plan", "Pool", "Decoder", "runtime_info", "version", "version_string",
            "IKV_ALL_LAYERS", "IKV_MAX_QUERY_TOKENS", "IKV_PAGE_MANDATORY", "IKV_PAGE_PARTIAL"]
+
+IKV_APPEND_ASYNC = 0x1
+
+# Anything array_ref() reads (buffer, numpy array, __cuda_array_interface__, DLPack), and a CUDA
+# stream: None (default stream), an int cudaStream_t, or a stream object (torch, cupy, numba).
+ArrayLike = Any
+StreamLike = Any
 
 
 class Format(enum.IntEnum):
@@ -32,6 +47,11 @@ class Format(enum.IntEnum):
 
 class DType(enum.IntEnum):
     F32, F16, BF16 = 0, 1, 2
+
+
+class Backend(enum.IntEnum):
+    """ikv_backend: where a pool keeps its pages (Pool(backend=Backend.CUDA, device=0, ...))."""
+    CPU, CUDA = 0, 1
 
 
 class TopkMode(enum.IntEnum):
@@ -78,9 +98,14 @@ def _check(status):
         raise IntentKVError(lib.ikv_status_name(status).decode(), message, status)
 
 
+class InvalidArgumentError(IntentKVError, ValueError):
+    """An argument check done in Python before any C call (sizes, shapes, dtypes, strides, host vs
+    device memory): status IKV_E_INVALID; catch it as IntentKVError or as ValueError."""
+
+
 def _invalid(message):
     """A Python-side argument check that must stop before C reads past a buffer."""
-    return IntentKVError("IKV_E_INVALID", message, _ffi.E_INVALID)
+    return InvalidArgumentError("IKV_E_INVALID", message, _ffi.E_INVALID)
 
 
 def _decode_field(value):
@@ -124,41 +149,123 @@ def runtime_info():
     return _struct_dict(info)
 
 
-# ---------------------------------------------------------------- buffers
+# ---------------------------------------------------------------- arrays
 
-_ITEMSIZE = {DType.F32: 4, DType.F16: 2, DType.BF16: 2}
-
-
-class _Buffer:
-    """A C pointer to a contiguous buffer of `count` elements; keeps the source alive while used."""
-
-    def __init__(self, obj, dtype, what):
-        obj = self._numpy_f32(obj, dtype)
-        view = memoryview(obj)
-        if not view.c_contiguous:
-            raise _invalid("%s must be C-contiguous" % what)
-        if view.itemsize != _ITEMSIZE[dtype] or (dtype == DType.F32 and view.format not in ("f", "<f", "=f")):
-            raise _invalid("%s has element format %r (itemsize %d); expected %s" %
-                           (what, view.format, view.itemsize, DType(dtype).name))
-        self.count = view.nbytes // view.itemsize
-        raw = view.cast("B")
-        if raw.readonly:   # ctypes cannot point into read-only memory: copy once
-            self._keep = (ctypes.c_char * raw.nbytes).from_buffer_copy(raw)
-        else:
-            self._keep = (ctypes.c_char * raw.nbytes).from_buffer(raw)
-        self.ptr = ctypes.cast(self._keep, c_void_p)
-
-    @staticmethod
-    def _numpy_f32(obj, dtype):
-        if dtype == DType.F32 and type(obj).__module__ == "numpy" and hasattr(obj, "astype"):
-            import numpy
-            return numpy.ascontiguousarray(obj, dtype=numpy.float32)
-        return obj
+_ELEM_DTYPE = {_arrays.F32: DType.F32, _arrays.F16: DType.F16, _arrays.BF16: DType.BF16}
 
 
-def _need(buf, count, what):
-    if buf.count != count:
-        raise _invalid("%s holds %d elements; this call needs %d" % (what, buf.count, count))
+class _Refs(list):
+    """The arrays of one call; DLPack exports are given back when the call is over."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for ref in self:
+            ref.release()
+
+    def add(self, obj, what, **kwargs):
+        try:
+            ref = _arrays.array_ref(obj, what, **kwargs)
+        except _arrays.ArrayError as exc:
+            raise _invalid(str(exc)) from None
+        self.append(ref)
+        return ref
+
+
+def _stream(stream):
+    try:
+        return _arrays.stream_handle(stream)
+    except (_arrays.ArrayError, TypeError, ValueError) as exc:
+        raise _invalid(str(exc)) from None
+
+
+def _dtype(ref, want, what, want_source):
+    """The ikv_dtype of ref's elements; want (when not None) is what the call requires."""
+    have = _ELEM_DTYPE.get(ref.elem)
+    if have is not None and (want is None or have == want):
+        return have
+    if ref.elem == _arrays.RAW16 and want in (DType.F16, DType.BF16):
+        return DType(want)  # raw 16-bit words (array('H'), uint16 arrays) of the pool's 16-bit type
+    if ref.elem == _arrays.RAW16 and want is None:
+        raise _invalid("%s holds 16-bit elements of no float type; pass %s=DType.F16 or DType.BF16"
+                       % (what, want_source))
+    if want is None:
+        raise _invalid("%s holds %s elements; expected float32, float16 or bfloat16 (F32, F16, BF16)"
+                       % (what, ref.elem))
+    raise _invalid("%s holds %s elements; expected %s (%s)" % (what, ref.elem, DType(want).name, want_source))
+
+
+def _rows(ref, n_rows, width, what):
+    """ref is a C-contiguous array of n_rows rows of width elements (q, out: width head_dim; lse: 1)."""
+    if ref.count != n_rows * width:
+        raise _invalid("%s holds %d elements; this call needs %d" % (what, ref.count, n_rows * width))
+    if not ref.c_contiguous():
+        raise _invalid("%s must be C-contiguous (ikv_decode takes no strides for it); shape %s has strides %s "
+                       "(elements)" % (what, ref.shape, ref.strides))
+    if width > 1 and len(ref.shape) >= 2 and ref.shape[-1] % width:
+        raise _invalid("%s has shape %s; its last dimension must hold whole heads of head_dim %d"
+                       % (what, ref.shape, width))
+
+
+def _kv_layout(ref, lead, n_kv_heads, head_dim, what, describe):
+    """n_tokens and the strides (elements, by dimension name) reading ref as
+    [lead...][token][kv_head][head_dim]; lead is [(name, size), ...] (layer, seq)."""
+    per_token = n_kv_heads * head_dim
+    for _, size in lead:
+        per_token *= size
+    if ref.count == 0 or ref.count % per_token:
+        raise _invalid("%s holds %d elements, not a positive multiple of %d (%s)" % (what, ref.count, per_token,
+                                                                                   describe))
+    if len(ref.shape) >= 2 and ref.shape[-1] % head_dim:
+        raise _invalid("%s has shape %s; its last dimension must hold whole heads of head_dim %d"
+                       % (what, ref.shape, head_dim))
+    n_tokens = ref.count // per_token
+    names = [name for name, _ in lead] + ["token", "kv_head", "head_dim"]
+    logical = [size for _, size in lead] + [n_tokens, n_kv_heads, head_dim]
+    strides = _arrays.nocopy_reshape(ref.shape, ref.strides, logical)
+    if strides is None:
+        raise _invalid("%s (shape %s, strides %s elements) cannot be read as [%s] %s through strides; make it "
+                       "contiguous (numpy.ascontiguousarray, tensor.contiguous())"
+                       % (what, ref.shape, ref.strides, "][".join(names), tuple(logical)))
+    canonical = _arrays.contiguous_strides(logical)
+    strides = [canonical[i] if n == 1 else strides[i] for i, n in enumerate(logical)]  # a size-1 dim's is unused
+    if strides[-1] != 1:
+        raise _invalid("%s's head_dim elements are %d apart; they must be contiguous (shape %s, strides %s)"
+                       % (what, strides[-1], ref.shape, ref.strides))
+    for name, stride in zip(names[:-1], strides[:-1]):
+        if stride < head_dim:
+            raise _invalid("%s's %s stride is %d elements; ikv_append needs every stride >= head_dim %d "
+                           "(shape %s, strides %s)" % (what, name, stride, head_dim, ref.shape, ref.strides))
+    return n_tokens, dict(zip(names, strides))
+
+
+def _device_checks(refs, config):
+    """On a CUDA pool: device arrays must be on the pool's device (where the array says)."""
+    for ref in refs:
+        if ref.kind != _arrays.HOST and ref.device_id is not None and ref.device_id != config["device"]:
+            raise _invalid("%s is on cuda:%d but the pool is on device %d" % (ref.what, ref.device_id,
+                                                                           config["device"]))
+
+
+def _producer_stream(refs):
+    """The one stream the arrays' __cuda_array_interface__ (v3) says they were produced on, or None."""
+    streams = sorted({ref.stream for ref in refs if ref.stream is not None})
+    if len(streams) > 1:
+        raise _invalid("the arrays were produced on different CUDA streams (%s); pass stream= to name the one "
+                       "this call runs on (ordered after the others)" % ", ".join(hex(s) for s in streams))
+    return streams[0] if streams else None
+
+
+_EMPTY = (c_float * 1)()
+
+
+def _host_pointer(buf):
+    """Address of a writable host buffer that this module allocated (never resized while C uses it)."""
+    raw = memoryview(buf).cast("B")
+    if not raw.nbytes:
+        return ctypes.addressof(_EMPTY)
+    return ctypes.addressof((ctypes.c_char * raw.nbytes).from_buffer(raw))
 
 
 # ---------------------------------------------------------------- handles
@@ -380,7 +487,8 @@ class Router(_Handle):
 
 
 class Pool(_Handle):
-    """Paged KV storage. Pool(n_layers=2, n_kv_heads=2, head_dim=64, ...); kv_dtype defaults to F32 here."""
+    """Paged KV storage. Pool(n_layers=2, n_kv_heads=2, head_dim=64, ...); kv_dtype defaults to F32 here.
+    Pool(backend=Backend.CUDA, device=0, ...) keeps the pages in GPU memory (a library built with CUDA)."""
     _destroy_name = "ikv_pool_destroy"
 
     def __init__(self, **fields):
@@ -420,43 +528,86 @@ class Pool(_Handle):
         _check(_ffi.lib().ikv_seq_length(self.handle, seq, byref(out)))
         return out.value
 
-    def _kv_args(self, k, v, n_seqs, layer, plan, what):
-        """K/V buffers checked against [layer][seq][token][kv_head][head_dim] (layer=None: every layer) and
-        the ikv_append for them: (args, n_tokens per sequence)."""
+    def _kv_args(self, refs, k, v, seqs, layer, plan, stream, async_):
+        """K/V checked against [layer][seq][token][kv_head][head_dim] (no layer dim for one layer, no
+        seq dim for one sequence: seqs None) and the ikv_append for them: (args, n_tokens per sequence)."""
         cfg = self._config
         dtype = DType(cfg["kv_dtype"])
-        kb, vb = _Buffer(k, dtype, "k"), _Buffer(v, dtype, "v")
-        row = cfg["n_kv_heads"] * cfg["head_dim"]
-        per_token = (cfg["n_layers"] if layer is None else 1) * n_seqs * row
-        if n_seqs == 0 or kb.count == 0 or kb.count % per_token:
-            raise _invalid("k holds %d elements, not a positive multiple of %d (%s)" % (kb.count, per_token, what))
-        n_tokens = kb.count // per_token
-        _need(vb, kb.count, "v")
+        cuda = cfg["backend"] == _ffi.BACKEND_CUDA
+        explicit = _stream(stream)
+        kw = dict(need=None if cuda else _arrays.HOST, why="the pool is a CPU pool",
+                  f64_to_f32=dtype == DType.F32, dl_stream=explicit)
+        kr, vr = refs.add(k, "k", **kw), refs.add(v, "v", **kw)
+        _dtype(kr, dtype, "k", "the pool's kv_dtype")
+        _dtype(vr, dtype, "v", "the pool's kv_dtype")
+        on_device = kr.kind != _arrays.HOST
+        if cuda:
+            if (vr.kind != _arrays.HOST) != on_device:
+                raise _invalid("k is %s but v is %s; ikv_append reads both from one side (src_on_device): pass "
+                               "both as device arrays or both in host memory" % (kr.where(), vr.where()))
+            _device_checks((kr, vr), cfg)
+            if async_ and not on_device:
+                raise _invalid("async_=True (IKV_APPEND_ASYNC) needs k and v in device memory on a CUDA pool; k "
+                               "is %s: append host arrays without async_" % kr.where())
+        lead = [] if layer is not None else [("layer", cfg["n_layers"])]
+        if seqs is not None:
+            lead.append(("seq", len(seqs)))
+        describe = "*".join(([] if layer is not None else ["n_layers"]) + ([] if seqs is None else ["len(seqs)"]) +
+                            ["n_kv_heads", "head_dim"])
+        n_tokens, ks = _kv_layout(kr, lead, cfg["n_kv_heads"], cfg["head_dim"], "k", describe)
+        if vr.count != kr.count:
+            raise _invalid("v holds %d elements; this call needs %d (as k)" % (vr.count, kr.count))
+        _, vs = _kv_layout(vr, lead, cfg["n_kv_heads"], cfg["head_dim"], "v", describe)
+        if ks != vs:
+            raise _invalid("k and v must share strides (ikv_append reads both with one set); in elements k has "
+                           "%s, v has %s" % (ks, vs))
         args = _ffi.lib().ikv_append_default(self.handle, n_tokens)
         args.layer = IKV_ALL_LAYERS if layer is None else layer
-        args.k, args.v = kb.ptr, vb.ptr
-        args.seq_stride = n_tokens * row
-        args.layer_stride = n_seqs * n_tokens * row
+        args.k, args.v = kr.ptr, vr.ptr
+        args.token_stride, args.head_stride = ks["token"], ks["kv_head"]
+        if "layer" in ks:
+            args.layer_stride = ks["layer"]
+        if "seq" in ks:
+            args.seq_stride = ks["seq"]
+        args.src_on_device = 1 if cuda and on_device else 0
+        args.stream = explicit if explicit is not None else (_producer_stream((kr, vr)) if cuda else None)
+        args.flags = IKV_APPEND_ASYNC if async_ else 0
         args.formats = plan.handle if plan is not None else None
         return args, n_tokens
 
-    def append(self, seq, k, v, layer=None, plan=None):
-        """Append contiguous K and V laid out [layer][token][kv_head][head_dim] (layer=None: every layer
-        at once) or [token][kv_head][head_dim] (one layer). The token count follows from the buffer size."""
-        args, n_tokens = self._kv_args(k, v, 1, layer, plan, "layers*n_kv_heads*head_dim")
-        _check(_ffi.lib().ikv_pool_append(self.handle, seq, byref(args)))
+    def append(self, seq: int, k: ArrayLike, v: ArrayLike, layer: Optional[int] = None,
+               plan: Optional["Plan"] = None, stream: StreamLike = None, async_: bool = False) -> int:
+        """Append K and V laid out [layer][token][kv_head][head_dim] (layer=None: every layer at once)
+        or [token][kv_head][head_dim] (one layer), in the pool's kv_dtype. The token count follows from
+        the element count. Arrays may be strided where ikv_append's strides can express it (head_dim
+        contiguous, every other stride >= head_dim; k and v with the same strides).
+        CUDA pools take device arrays (read on the GPU, src_on_device) or host arrays. stream: the
+        cudaStream_t that wrote k/v (int, or torch/cupy/numba stream object; default: the stream a
+        __cuda_array_interface__ v3 array names, else the default stream). async_=True
+        (IKV_APPEND_ASYNC, device arrays): enqueue on stream and return at once; run the decode that
+        reads the tokens on the same stream, keep k/v alive until the stream has passed the append,
+        and call sync() to learn of non-finite inputs (stored as 0). Returns the tokens appended."""
+        with _Refs() as refs:
+            args, n_tokens = self._kv_args(refs, k, v, None, layer, plan, stream, async_)
+            _check(_ffi.lib().ikv_pool_append(self.handle, seq, byref(args)))
         return n_tokens
 
-    def append_batch(self, seqs, k, v, layer=None, plan=None):
-        """Append the same number of tokens to each of seqs in one atomic call. K and V are contiguous,
+    def append_batch(self, seqs: Sequence[int], k: ArrayLike, v: ArrayLike, layer: Optional[int] = None,
+                     plan: Optional["Plan"] = None, stream: StreamLike = None, async_: bool = False) -> int:
+        """Append the same number of tokens to each of seqs in one atomic call. K and V are laid out
         [layer][seq][token][kv_head][head_dim] (layer=None: every layer) or [seq][token][kv_head][head_dim]
-        (one layer). Returns the tokens appended to each sequence."""
-        args, n_tokens = self._kv_args(k, v, len(seqs), layer, plan, "layers*len(seqs)*n_kv_heads*head_dim")
-        ids = (c_uint32 * len(seqs))(*seqs)
-        _check(_ffi.lib().ikv_pool_append_batch(self.handle, ids, len(seqs), byref(args)))
+        (one layer); strides, devices, stream and async_ as for append(). Returns the tokens appended to
+        each sequence."""
+        seqs = list(seqs)
+        if not seqs:
+            raise _invalid("seqs is empty; append_batch needs at least one sequence")
+        with _Refs() as refs:
+            args, n_tokens = self._kv_args(refs, k, v, seqs, layer, plan, stream, async_)
+            ids = (c_uint32 * len(seqs))(*seqs)
+            _check(_ffi.lib().ikv_pool_append_batch(self.handle, ids, len(seqs), byref(args)))
         return n_tokens
 
-    def sync(self):
+    def sync(self) -> None:
         """Wait for asynchronous appends; raises IntentKVError for a non-finite value one of them stored as 0."""
         _check(_ffi.lib().ikv_pool_sync(self.handle))
 
@@ -493,12 +644,12 @@ class Pool(_Handle):
     def apply_plan_formats(self, seq, plan):
         _check(_ffi.lib().ikv_seq_apply_plan_formats(self.handle, seq, plan.handle))
 
-    def read(self, seq, layer, begin, end):
-        """Tokens [begin, end) of a layer, dequantized: (k, v) as array('f') laid out [token][kv_head][head_dim]."""
+    def read(self, seq: int, layer: int, begin: int, end: int) -> Tuple[array.array, array.array]:
+        """Tokens [begin, end) of a layer, dequantized: (k, v) as array('f') laid out [token][kv_head][head_dim]
+        (host memory, for CUDA pools too)."""
         n = max(end - begin, 0) * self._config["n_kv_heads"] * self._config["head_dim"]
         k, v = array.array("f", bytes(4 * n)), array.array("f", bytes(4 * n))
-        kb, vb = _Buffer(k, DType.F32, "k_out"), _Buffer(v, DType.F32, "v_out")
-        _check(_ffi.lib().ikv_seq_read(self.handle, seq, layer, begin, end, kb.ptr, vb.ptr))
+        _check(_ffi.lib().ikv_seq_read(self.handle, seq, layer, begin, end, _host_pointer(k), _host_pointer(v)))
         return k, v
 
     seq_read = read
@@ -514,17 +665,24 @@ class QueryMemory(_Handle):
         super().__init__()
         config = _ffi.lib().ikv_query_memory_default_config()
         config.n_q_heads, config.decay = n_q_heads, decay
-        self._row = n_q_heads * pool._config["head_dim"]
+        self._head_dim = pool._config["head_dim"]
+        self._row = n_q_heads * self._head_dim
         _check(_ffi.lib().ikv_query_memory_create(pool.handle, byref(config), byref(self._ptr)))
         self._pool = pool  # the pool must outlive the memory
 
-    def remember(self, seq, layer, q):
-        buf = _Buffer(q, DType.F32, "q")
-        if buf.count == 0 or buf.count % self._row:
-            raise _invalid("q has %d floats, not a positive multiple of n_q_heads*head_dim = %d" %
-                           (buf.count, self._row))
-        _check(_ffi.lib().ikv_query_memory_remember(self.handle, seq, layer, buf.ptr, int(DType.F32),
-                                                     buf.count // self._row))
+    def remember(self, seq: int, layer: int, q: ArrayLike, q_dtype: Optional[DType] = None) -> None:
+        """Add query tokens [n_tokens][n_q_heads][head_dim] (host memory, C-contiguous; float32, float16
+        or bfloat16, or q_dtype for raw 16-bit words) to seq's current turn at layer."""
+        with _Refs() as refs:
+            qr = refs.add(q, "q", need=_arrays.HOST, why="ikv_query_memory_remember reads host memory",
+                          f64_to_f32=q_dtype in (None, DType.F32))
+            qd = _dtype(qr, q_dtype, "q", "q_dtype")
+            if qr.count == 0 or qr.count % self._row:
+                raise _invalid("q has %d elements, not a positive multiple of n_q_heads*head_dim = %d" %
+                               (qr.count, self._row))
+            _rows(qr, qr.count // self._head_dim, self._head_dim, "q")
+            _check(_ffi.lib().ikv_query_memory_remember(self.handle, seq, layer, qr.ptr, int(qd),
+                                                         qr.count // self._row))
 
     def end_turn(self, seq):
         _check(_ffi.lib().ikv_query_memory_end_turn(self.handle, seq))
@@ -576,11 +734,23 @@ class Decoder(_Handle):
         config.n_threads = n_threads
         _check(_ffi.lib().ikv_decoder_create(byref(config), byref(self._ptr)))
 
-    def decode(self, pool, seqs, q, n_q_heads, layer=0, plans=None, n_query_tokens=1, scale=0.0, softcap=0.0,
-               topk_token_budget=0, topk_mass=None, topk_min_tokens=0, topk_score=TopkScore.QUEST,
-               query_memory=None, feedback=None, topk_feedback_weight=0.0, return_lse=False):
-        """Float32 queries [seq][query_token][q_head][head_dim] -> output array('f') of the same shape
-        (and lse array('f') [seq][query_token][q_head] when return_lse).
+    def decode(self, pool: Pool, seqs: Union[int, Sequence[int]], q: ArrayLike, n_q_heads: int, layer: int = 0,
+               plans: Optional[Sequence[Optional[Plan]]] = None, n_query_tokens: int = 1, scale: float = 0.0,
+               softcap: float = 0.0, topk_token_budget: int = 0, topk_mass: Optional[float] = None,
+               topk_min_tokens: int = 0, topk_score: TopkScore = TopkScore.QUEST,
+               query_memory: Optional[QueryMemory] = None, feedback: Optional[PageFeedback] = None,
+               topk_feedback_weight: float = 0.0, return_lse: bool = False, out: Optional[ArrayLike] = None,
+               lse: Optional[ArrayLike] = None, q_dtype: Optional[DType] = None, out_dtype: Optional[DType] = None,
+               stream: StreamLike = None) -> Union[ArrayLike, Tuple[ArrayLike, ArrayLike]]:
+        """One decode step: queries [seq][query_token][q_head][head_dim] -> out of the same shape (and
+        lse [seq][query_token][q_head], float32, when return_lse or lse is given: returns (out, lse)).
+        q and out are C-contiguous float32, float16 or bfloat16 arrays (q_dtype/out_dtype name the type
+        of raw 16-bit words, and must match a typed array). Without out, a CPU pool returns a new
+        array('f'); given out (and lse), the step writes into them in place and returns them.
+        CPU pools: host arrays (buffers, numpy, CPU tensors). CUDA pools: q, out and lse must be device
+        arrays (torch CUDA tensors, CuPy, Numba, DLPack); the step is enqueued on stream (int
+        cudaStream_t or a stream object; default: the stream a __cuda_array_interface__ v3 array names,
+        else the default stream) and returns without synchronizing.
         topk_mass=share selects adaptively (IKV_TOPK_MASS): pages until that estimated share of the
         attention mass, within [topk_min_tokens, topk_token_budget or unlimited] tokens.
         topk_score ranks pages by the Quest bound (QUEST) or IKV_TOPK_SCORE_HYBRID (HYBRID);
@@ -588,35 +758,67 @@ class Decoder(_Handle):
         feedback (a PageFeedback of this pool) receives each read page's attention share, and with
         topk_feedback_weight > 0 its averages are a prior of the ranking."""
         seqs = [seqs] if isinstance(seqs, int) else list(seqs)
-        head_dim = pool._config["head_dim"]
+        cfg = pool._config
+        cuda = cfg["backend"] == _ffi.BACKEND_CUDA
+        head_dim = cfg["head_dim"]
         n_rows = len(seqs) * n_query_tokens * n_q_heads
-        qb = _Buffer(q, DType.F32, "q")
-        _need(qb, n_rows * head_dim, "q")
-        out = array.array("f", bytes(4 * n_rows * head_dim))
-        ob = _Buffer(out, DType.F32, "out")
-        lse = array.array("f", bytes(4 * n_rows)) if return_lse else None
-        lb = _Buffer(lse, DType.F32, "lse") if return_lse else None
-        args = _ffi.lib().ikv_decode_args_default_v2()
-        args.layer, args.n_seqs, args.n_query_tokens, args.n_q_heads = layer, len(seqs), n_query_tokens, n_q_heads
-        c_seqs = (c_uint32 * len(seqs))(*seqs)
-        args.seqs = c_seqs
-        c_plans = None
-        if plans is not None:
-            if len(plans) != len(seqs):
-                raise _invalid("plans has %d entries for %d sequences" % (len(plans), len(seqs)))
-            c_plans = (c_void_p * len(seqs))(*[p.handle if p is not None else None for p in plans])
-            args.plans = c_plans
-        args.q, args.q_dtype, args.out, args.out_dtype = qb.ptr, DType.F32, ob.ptr, DType.F32
-        args.lse = ctypes.cast(lb.ptr, POINTER(c_float)) if lb else None
-        args.scale, args.softcap, args.topk_token_budget = scale, softcap, topk_token_budget
-        args.topk_score = int(topk_score)
-        args.query_memory = query_memory.handle if query_memory is not None else None
-        args.feedback = feedback.handle if feedback is not None else None
-        args.topk_feedback_weight = topk_feedback_weight
-        if topk_mass is not None:
-            args.topk_mode, args.topk_mass, args.topk_min_tokens = TopkMode.MASS, topk_mass, topk_min_tokens
-        _check(_ffi.lib().ikv_decode(self.handle, pool.handle, byref(args)))
-        return (out, lse) if return_lse else out
+        if cuda:
+            kw = dict(need=_arrays.DEVICE, why="the pool is a CUDA pool (ikv_decode reads q and writes out and lse "
+                                               "in device memory)")
+        else:
+            kw = dict(need=_arrays.HOST, why="the pool is a CPU pool (ikv_decode reads q and writes out and lse in "
+                                             "host memory)")
+        explicit = _stream(stream)
+        kw["dl_stream"] = explicit
+        with _Refs() as refs:
+            qr = refs.add(q, "q", f64_to_f32=q_dtype in (None, DType.F32), **kw)
+            qd = _dtype(qr, q_dtype, "q", "q_dtype")
+            _rows(qr, n_rows, head_dim, "q")
+            if out is None:
+                if cuda:
+                    raise _invalid("out is required on a CUDA pool: pass a device array of %d elements to write "
+                                   "into (e.g. torch.empty_like(q))" % (n_rows * head_dim))
+                if out_dtype not in (None, DType.F32):
+                    raise _invalid("out_dtype %s needs out=: pass an array of that type to write into"
+                                   % DType(out_dtype).name)
+                out = array.array("f", bytes(4 * n_rows * head_dim))
+            orf = refs.add(out, "out", writable=True, **kw)
+            od = _dtype(orf, out_dtype, "out", "out_dtype")
+            _rows(orf, n_rows, head_dim, "out")
+            if lse is None and return_lse:
+                if cuda:
+                    raise _invalid("return_lse on a CUDA pool needs lse=: pass a float32 device array of %d "
+                                   "elements to write into" % n_rows)
+                lse = array.array("f", bytes(4 * n_rows))
+            lr = None
+            if lse is not None:
+                lr = refs.add(lse, "lse", writable=True, **kw)
+                _dtype(lr, DType.F32, "lse", "lse is always float32")
+                _rows(lr, n_rows, 1, "lse")
+            if cuda:
+                _device_checks(refs, cfg)
+            args = _ffi.lib().ikv_decode_args_default_v2()
+            args.layer, args.n_seqs, args.n_query_tokens, args.n_q_heads = layer, len(seqs), n_query_tokens, n_q_heads
+            c_seqs = (c_uint32 * len(seqs))(*seqs)
+            args.seqs = c_seqs
+            c_plans = None
+            if plans is not None:
+                if len(plans) != len(seqs):
+                    raise _invalid("plans has %d entries for %d sequences" % (len(plans), len(seqs)))
+                c_plans = (c_void_p * len(seqs))(*[p.handle if p is not None else None for p in plans])
+                args.plans = c_plans
+            args.q, args.q_dtype, args.out, args.out_dtype = qr.ptr, int(qd), orf.ptr, int(od)
+            args.lse = ctypes.cast(c_void_p(lr.ptr), POINTER(c_float)) if lr is not None else None
+            args.scale, args.softcap, args.topk_token_budget = scale, softcap, topk_token_budget
+            args.topk_score = int(topk_score)
+            args.query_memory = query_memory.handle if query_memory is not None else None
+            args.feedback = feedback.handle if feedback is not None else None
+            args.topk_feedback_weight = topk_feedback_weight
+            if topk_mass is not None:
+                args.topk_mode, args.topk_mass, args.topk_min_tokens = TopkMode.MASS, topk_mass, topk_min_tokens
+            args.stream = explicit if explicit is not None else (_producer_stream(refs) if cuda else None)
+            _check(_ffi.lib().ikv_decode(self.handle, pool.handle, byref(args)))
+        return (out, lse) if lse is not None else out
 
     def last_bytes_read(self):
         out = c_uint64()
