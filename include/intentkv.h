@@ -499,7 +499,7 @@ typedef struct ikv_pool_config {
     int device;                 /**< CUDA device ordinal; default 0 */
     uint32_t n_layers;          /**< >= 1 */
     uint32_t n_kv_heads;        /**< >= 1 */
-    uint32_t head_dim;          /**< 32, 64, 80, 96, 128 or 256 (CUDA pools decode 64, 128 and 256) */
+    uint32_t head_dim;          /**< 32, 64, 80, 96, 128 or 256 (CUDA pools decode 32, 64, 128 and 256) */
     uint32_t page_size;         /**< power of two in [8, 128]; default 16 */
     uint64_t capacity_bytes;    /**< bytes of page storage (all formats, scales included); default 1 GiB */
     ikv_format default_format;  /**< format of new pages when no plan says otherwise; default F16 */

@@ -11,7 +11,8 @@
 // __syncwarp only; the next work-list entry is loaded one chunk ahead.
 //
 // Lane mapping (format independent): D/8 lanes per token row, 8 channels each,
-// 32/(D/8) rows per warp step. The CTA stages its R query rows (pre-scaled by
+// 32/(D/8) rows per warp step (D = 32: 4 lanes per row, 8 rows per step).
+// The CTA stages its R query rows (pre-scaled by
 // scale*log2(e)) in shared memory once; per chunk a lane loads its 8-channel
 // slices into registers with the chunk's K scales folded in (per channel for
 // INT8/INT4, per sub-page for FP8; R <= 4), dequantizes its 8 channels of K
@@ -68,14 +69,29 @@ constexpr float kLn2 = 0.6931471805599453f;
 
 template <int D>
 struct Cfg {
-    static constexpr int kLanesPerRow = D / 8;                 // 8, 16, 32
-    static constexpr int kRowsPerStep = 32 / kLanesPerRow;     // 4, 2, 1
-    static constexpr int kSteps = kChunkRows / kRowsPerStep;   // 4, 8, 16
+    static constexpr int kLanesPerRow = D / 8;                 // 4, 8, 16, 32 (D = 32, 64, 128, 256)
+    static constexpr int kRowsPerStep = 32 / kLanesPerRow;     // 8, 4, 2, 1
+    static constexpr int kSteps = kChunkRows / kRowsPerStep;   // 2, 4, 8, 16
     static constexpr int kSlotBytes = kChunkRows * 2 * 2 * D;  // K + V at 2 bytes per value (widest format)
     // Ring depth: 2 (one chunk in flight per warp while it computes another)
     // keeps D <= 128 at 3 CTAs = 12 warps per SM; D = 256 (one CTA) goes 3 deep.
+    // D = 32 keeps 2 like D = 64/128: its 2 KB slots are not what limits the
+    // CTAs per SM (registers are: they do not depend on D on either path);
+    // deeper rings for it were not measured.
     static constexpr int kStages = D >= 256 ? 3 : 2;
     static constexpr int kRingBytes = kStages * kSlotBytes;    // one warp's ring
+    // The row's lanes are a power-of-two group of a warp, and the R = 4
+    // transposing reduction splits them by two lane bits (kO1, kO2 =
+    // kLanesPerRow/2, /4): at least 4 lanes per row, so D >= 32. A 16-row chunk
+    // is whole warp steps (kSteps >= 1) at every D up to 256.
+    static_assert(kLanesPerRow >= 4 && kLanesPerRow <= 32 && 32 % kLanesPerRow == 0, "D/8 lanes per row");
+    static_assert(kChunkRows % kRowsPerStep == 0, "whole warp steps per chunk");
+    // The slot holds the widest format's rows (F16) and every format's scales
+    // (INT8: 16 K+V rows of D bytes + D + 16 floats; INT4: rows of D/2 + 2D +
+    // 32G floats); at D = 32: 2048 >= 1216 and 896 bytes.
+    static_assert(2 * kChunkRows * D + 4 * (D + kChunkRows) <= kSlotBytes, "INT8 chunk fits a slot");
+    static_assert(kChunkRows * D + 4 * (2 * D + 2 * kChunkRows * int((D + 31) / 32)) <= kSlotBytes,
+                  "INT4 chunk fits a slot");
 };
 
 // What the compute side needs to know about the chunk in a slot.
@@ -451,7 +467,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
     dec::cp_async_wait<0>();
     __syncwarp();
 
-    // Park the warp's (acc, m, l) in its own ring: [R][D] acc, [R] m, [R] l.
+    // Park the warp's (acc, m, l) in its own ring: [R][D] acc, [R] m, [R] l
+    // (fits: at D = 32, R = 16 it is 2176 of the ring's 4096 bytes).
+    static_assert((R * D + 2 * R) * 4 <= C::kRingBytes, "the warp's partial fits its ring");
     float *red = reinterpret_cast<float *>(ring);
     if constexpr (kTc) {
         tc::finish<D, R>(w, red, lane);
@@ -523,6 +541,8 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float *tmp) 
 }
 
 constexpr int kMergeThreads = 128;
+// Every head dim's float4 columns (D/4 = 8 at D = 32 ... 64 at D = 256) tile the block.
+static_assert(kMergeThreads % (256 / 4) == 0 && kMergeThreads % (32 / 4) == 0, "whole column groups");
 
 // One block per (seq, head, row). The splits' (m, l) are read in parallel
 // across the block and their weights exp(m_s - m) kept in shared memory
@@ -544,7 +564,9 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams
     const uint64_t stride = rows_total;
     const uint64_t b0 = (uint64_t(seq) * Hkv + head) * n_splits * stride + row;
     const float2 *ml = reinterpret_cast<const float2 *>(part_ml);
-    const uint32_t cols = D / 4, groups = kMergeThreads / cols;  // D 64/128/256: 8/4/2 groups
+    // A thread per float4 column: D 32/64/128/256 -> 8/16/32/64 columns and
+    // 16/8/4/2 groups of splits (at D = 32 a block reads 16 splits at once).
+    const uint32_t cols = D / 4, groups = kMergeThreads / cols;
     const uint32_t col = threadIdx.x % cols, grp = threadIdx.x / cols;
     const float4 *acc = reinterpret_cast<const float4 *>(part_acc) + b0 * cols + col;
     pdl_wait();  // the decode grid's partials are complete and visible
@@ -635,7 +657,9 @@ struct KernelEntry {
     IKV_DECODE_ENTRY(D, 1, kSimt), IKV_DECODE_ENTRY(D, 4, kSimt), IKV_DECODE_ENTRY(D, 8, kSimt),           \
         IKV_DECODE_ENTRY(D, 8, kTcF16), IKV_DECODE_ENTRY(D, 16, kTcF16), IKV_DECODE_ENTRY(D, 8, kTcBF16), \
         IKV_DECODE_ENTRY(D, 16, kTcBF16)
-const KernelEntry kTable[] = {IKV_DECODE_D(64), IKV_DECODE_D(128), IKV_DECODE_D(256)};
+// D = 32 (small models, MiniLM-sized heads): the same templates; SIMT with 4
+// lanes per row, tensor cores with 2 k-steps for S and 4 n-tiles for P V.
+const KernelEntry kTable[] = {IKV_DECODE_D(32), IKV_DECODE_D(64), IKV_DECODE_D(128), IKV_DECODE_D(256)};
 #undef IKV_DECODE_D
 #undef IKV_DECODE_ENTRY
 

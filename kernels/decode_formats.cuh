@@ -55,23 +55,52 @@ struct Fmt {
     static constexpr int kScaleOff = 2 * kChunkRows * kRowBytes;  // bytes from the slot base
     static constexpr int kLaneBytes = kRowBytes / (D / 8);        // bytes of one lane's 8 channels
     static constexpr int kG = int(int4_v_groups(D));
+    // Every row is whole 16-byte pieces (the cp.async unit): D = 32 gives the
+    // narrowest, one piece per INT4 row (D/2 = 16 bytes), two per INT8/FP8
+    // row, four per F16/BF16 row. An 8-channel slice of INT4 is 4 bytes.
+    static_assert(D % 32 == 0 && D >= 32 && D <= 256, "head_dim 32, 64, 128 or 256");
+    static_assert(kRowBytes % 16 == 0 && kLaneBytes >= 4, "rows of whole 16-byte pieces");
 };
 
 // XOR swizzle of the 16-byte pieces of a slot's K and V rows, for the
 // tensor-core path (kernels/decode_mma.cuh): piece p of chunk row r is stored
 // at piece p ^ swizzle(r). Its lanes read K rows {0,1,4,5,..} and V rows
 // {4c+i} at the same column, which without it land in the same banks (rows
-// are 32..512 bytes, multiples of the 128-byte bank line). The per-row XOR is
-// linear in r's bits, x0*r0 ^ x1*r1 ^ x2*r2 ^ x3*r3, with the x chosen by an
-// exhaustive search over both read patterns (wavefronts per load minimal:
-// e.g. D=128 F16 192 -> 64, INT8 128 -> 32, INT4 64 -> 24 per chunk).
-// Nibbles of the code: x0 | x1 << 4 | x2 << 8 | x3 << 12; rows: D = 64, 128,
-// 256; columns: 2-byte, 1-byte, half-byte elements.
+// are 16..512 bytes). The per-row XOR is linear in r's bits,
+// x0*r0 ^ x1*r1 ^ x2*r2 ^ x3*r3, with the x chosen by an exhaustive search
+// over both read patterns (wavefronts per load minimal: e.g. D=128 F16
+// 192 -> 64, INT8 128 -> 32, INT4 64 -> 24 per chunk).
+// Nibbles of the code: x0 | x1 << 4 | x2 << 8 | x3 << 12; rows: D = 32, 64,
+// 128, 256; columns: 2-byte, 1-byte, half-byte elements.
+// D = 32: rows of 64, 32, 16 bytes (4, 2, 1 pieces: every x is below the
+// piece count), narrower than the 128-byte bank line, so a row cannot leave
+// its part of the line and some conflicts stay whatever the code. Searched
+// over every code with a bank model (16-byte loads served per quarter warp,
+// 8-byte per half warp, narrower per warp; distinct 4-byte words per bank;
+// the model ranks each code of D = 64 and 128 above among its row's best):
+//   F16/BF16 0x0200 (x2 = 2): 40 -> 24 wavefronts per chunk. K (2 loads of
+//     16 bytes) is conflict-free either way (rows 4k, 4k+1 of a quarter warp
+//     fill both halves of a line); V (4 loads of 8 bytes: W = 4 channels)
+//     reads rows 4c+t, all in the same 64-byte half of the line, and x2
+//     moves the rows of odd c onto the other two pieces of that half: 8 -> 4
+//     wavefronts a load, the floor for 64-byte rows.
+//   INT8/FP8 0: 24 with every code (rows 0/4 and 1/5 of a half warp share a
+//     32-byte quarter of the line for K; V's rows 4c+t all share one).
+//   INT4 0: one piece, nothing to permute (12 wavefronts).
 template <int D, int F>
 __host__ __device__ constexpr uint32_t swizzle_code() {
     constexpr int cls = (F == IKV_FMT_F16 || F == IKV_FMT_BF16) ? 0 : F == IKV_FMT_INT4 ? 2 : 1;
-    constexpr uint32_t kCodes[3][3] = {{0x4204, 0x0200, 0x1000}, {0x4104, 0x2402, 0x2100}, {0x2104, 0x1402, 0x4201}};
-    return kCodes[D == 64 ? 0 : D == 128 ? 1 : 2][cls];
+    static_assert(D == 32 || D == 64 || D == 128 || D == 256, "a swizzle is searched per head_dim");
+    constexpr uint32_t kCodes[4][3] = {
+        {0x0200, 0x0000, 0x0000}, {0x4204, 0x0200, 0x1000}, {0x4104, 0x2402, 0x2100}, {0x2104, 0x1402, 0x4201}};
+    return kCodes[D == 32 ? 0 : D == 64 ? 1 : D == 128 ? 2 : 3][cls];
+}
+// Every XOR term must stay inside the row's pieces (the swizzle permutes a
+// row's own 16-byte pieces; rows hold a power of two of them).
+template <int D, int F>
+__host__ __device__ constexpr bool swizzle_fits() {
+    constexpr uint32_t c = swizzle_code<D, F>(), n = uint32_t(Fmt<D, F>::kRowBytes / 16);
+    return (c & 0xF) < n && ((c >> 4) & 0xF) < n && ((c >> 8) & 0xF) < n && ((c >> 12) & 0xF) < n && (n & (n - 1)) == 0;
 }
 template <int D, int F>
 __device__ __forceinline__ int swizzle(int r) {
@@ -87,8 +116,9 @@ template <int D, int F, bool kSwz = false>
 __device__ __forceinline__ void copy_chunk(const uint8_t *sub, int P, int c0, int lo, int hi, uint8_t *slot,
                                            int lane) {
     using M = Fmt<D, F>;
-    constexpr int kPieces = M::kRowBytes / 16;  // 16-byte pieces per row (a power of two)
+    constexpr int kPieces = M::kRowBytes / 16;  // 16-byte pieces per row (a power of two; 1 for INT4 at D = 32)
     constexpr int kN = kChunkRows * kPieces;
+    static_assert(!kSwz || swizzle_fits<D, F>(), "swizzle code out of the row's pieces");
     const SubpageLayout L = subpage_layout(ikv_format(F), uint32_t(P), uint32_t(D));
 #pragma unroll
     for (int idx = lane; idx < kN; idx += 32) {
@@ -136,16 +166,37 @@ __device__ __forceinline__ float nibble(uint32_t w, int j) {  // nibble j of w, 
     return __uint_as_float(0x4B000000u | ((w >> (4 * j)) & 0xFu)) - 8388608.0f;
 }
 
-// One lane's 8 channels of a row, before any scale (F16/BF16: the values;
-// FP8: the E4M3 values; INT8: the integers; INT4: the nibbles).
-template <int F>
-__device__ __forceinline__ void raw8(const uint8_t *src, float x[8]) {
-    if (F == IKV_FMT_F16 || F == IKV_FMT_BF16) {
-        const uint4 w = *reinterpret_cast<const uint4 *>(src);
-        const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+// kBytes bytes at src (16-, 8-, 4- or 2-byte aligned) as little-endian 32-bit
+// words in one load (2 bytes: the low half of w[0]).
+template <int kBytes>
+__device__ __forceinline__ void load_words(const uint8_t *src, uint32_t *w) {
+    if constexpr (kBytes == 16) {
+        const uint4 v = *reinterpret_cast<const uint4 *>(src);
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else if constexpr (kBytes == 8) {
+        const uint2 v = *reinterpret_cast<const uint2 *>(src);
+        w[0] = v.x, w[1] = v.y;
+    } else if constexpr (kBytes == 4) {
+        w[0] = *reinterpret_cast<const uint32_t *>(src);
+    } else {
+        static_assert(kBytes == 2, "16, 8, 4 or 2 bytes");
+        w[0] = *reinterpret_cast<const uint16_t *>(src);
+    }
+}
+
+// One lane's N contiguous channels of a row (N = 8; N = 4 for the tensor-core
+// V slices at D = 32, where a lane's P V columns are D/8 = 4 channels), before
+// any scale (F16/BF16: the values; FP8: the E4M3 values; INT8: the integers;
+// INT4: the nibbles). One load of N x (2, 1, 1, 1/2) bytes.
+template <int F, int N = 8>
+__device__ __forceinline__ void raw(const uint8_t *src, float x[N]) {
+    static_assert(N == 8 || N == 4, "8 or 4 channels");
+    if constexpr (F == IKV_FMT_F16 || F == IKV_FMT_BF16) {
+        uint32_t u[N / 2];
+        load_words<2 * N>(src, u);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            if (F == IKV_FMT_F16) {
+        for (int j = 0; j < N / 2; ++j) {
+            if constexpr (F == IKV_FMT_F16) {
                 __half2_raw h;
                 h.x = uint16_t(u[j] & 0xFFFFu);
                 h.y = uint16_t(u[j] >> 16);
@@ -157,28 +208,34 @@ __device__ __forceinline__ void raw8(const uint8_t *src, float x[8]) {
                 x[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
             }
         }
-    } else if (F == IKV_FMT_FP8_E4M3) {
-        const uint2 w = *reinterpret_cast<const uint2 *>(src);
-        const uint32_t u[2] = {w.x, w.y};
+    } else if constexpr (F == IKV_FMT_FP8_E4M3) {
+        uint32_t u[N / 4];
+        load_words<N>(src, u);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int j = 0; j < N / 2; ++j) {
             const __nv_fp8x2_storage_t pair = __nv_fp8x2_storage_t((u[j / 2] >> (16 * (j % 2))) & 0xFFFFu);
             const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
             x[2 * j] = v.x;
             x[2 * j + 1] = v.y;
         }
-    } else if (F == IKV_FMT_INT8) {
-        const uint2 w = *reinterpret_cast<const uint2 *>(src);
+    } else if constexpr (F == IKV_FMT_INT8) {
+        uint32_t u[N / 4];
+        load_words<N>(src, u);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            x[j] = int8_lane(w.x, j);
-            x[4 + j] = int8_lane(w.y, j);
-        }
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int k = 0; k < N / 4; ++k) x[4 * k + j] = int8_lane(u[k], j);
     } else {  // INT4
-        const uint32_t w = *reinterpret_cast<const uint32_t *>(src);
+        uint32_t w[1];
+        load_words<N / 2>(src, w);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) x[j] = nibble(w, j);
+        for (int j = 0; j < N; ++j) x[j] = nibble(w[0], j);
     }
+}
+// The common case: 8 channels (a 16/8/8/4-byte load).
+template <int F>
+__device__ __forceinline__ void raw8(const uint8_t *src, float x[8]) {
+    raw<F, 8>(src, x);
 }
 
 }  // namespace dec

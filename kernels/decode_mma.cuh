@@ -23,7 +23,12 @@
 //     k-indices 2c, 2c+1, 2c+8, 2c+9: so P V's token order is that permutation;
 //   * for P V: V rows 4c..4c+3 and channels W*g .. W*g + W - 1 (W = D/8);
 //     n-tile j holds channel W*n + j in column n, so the lane ends with output
-//     channels [2cW, 2cW + 2W) of its row(s): contiguous.
+//     channels [2cW, 2cW + 2W) of its row(s): contiguous. The V slice is read
+//     8 channels (8 n-tiles) per load, or W = 4 at D = 32 (one 8/4/2-byte
+//     load per row: the lane's whole slice).
+// Head dims: D = 32 is the smallest this layout takes: S needs whole pairs of
+// k-steps (32 channels: 8 per lane quad member c), P V needs W = D/8 >= 4
+// n-tiles of 8 columns.
 // The slot's rows are XOR-swizzled (decode_formats.cuh: swizzle) so these
 // reads are free of bank conflicts.
 //
@@ -148,8 +153,16 @@ constexpr bool fast_path() {
 // ------------------------------------------------------------ warp state --
 template <int D, int TR>
 struct State {
+    // S's k-steps come in pairs of 32 channels (kchan), P V's n-tiles of one
+    // V load are 8, or all 4 at D = 32 (v_pairs' NC): D = 32 is the smallest.
+    static_assert(D % 32 == 0 && D >= 32, "head_dim a multiple of 32");
+    static_assert(TR == 8 || TR == 16, "8 or 16 query rows");
     static constexpr int kH = TR / 8;  // row halves: g, and g + 8 when TR == 16
-    static constexpr int kW = D / 8;   // channels per lane per V row = P V n-tiles
+    static constexpr int kW = D / 8;   // channels per lane per V row = P V n-tiles (4 at D = 32)
+    // n-tiles per V load (v_pairs' NC): 8 contiguous channels (16/8/4 bytes a
+    // row), or at D = 32 the lane's whole slice of kW = 4 (8/4/2 bytes).
+    static constexpr int kVB = kW < 8 ? kW : 8;
+    static_assert(kW % kVB == 0, "whole V loads");
     uint32_t qf[D / 16][2 * kH];       // Q fragments per k-step: {row g: 2c.., (row g+8), row g: 2c+8.., (row g+8)}
     float acc[kW][2 * kH];             // O fragments per n-tile
     float m[kH];                       // running max (base 2) of rows g, g + 8 (same in the row's 4 lanes)
@@ -250,40 +263,48 @@ __device__ __forceinline__ void k_pairs(const uint8_t *Karea, const float *Sc, c
     }
 }
 
-// V of tokens 4c..4c+3 at channels [ch, ch+8) as B pairs of 8 n-tiles:
-// lo[j] = (V[4c][ch+j], V[4c+1][ch+j]), hi[j] = (V[4c+2][..], V[4c+3][..]),
-// V scales applied.
-template <int D, int F, bool BF>
-__device__ __forceinline__ void v_pairs(const uint8_t *Varea, const float *Sc, int c, int ch, uint32_t lo[8],
-                                        uint32_t hi[8]) {
+// V of tokens 4c..4c+3 at channels [ch, ch+NC) as B pairs of NC n-tiles
+// (NC = 8, or 4 at D = 32: State::kVB): lo[j] = (V[4c][ch+j], V[4c+1][ch+j]),
+// hi[j] = (V[4c+2][..], V[4c+3][..]), V scales applied. One load per row of
+// NC x (2, 1, 1, 1/2) bytes (F16/BF16, FP8, INT8, INT4), aligned to its size
+// (ch is a multiple of NC).
+template <int D, int F, bool BF, int NC = 8>
+__device__ __forceinline__ void v_pairs(const uint8_t *Varea, const float *Sc, int c, int ch, uint32_t lo[NC],
+                                        uint32_t hi[NC]) {
+    static_assert(NC == 8 || NC == 4, "8 channels, or the 4 of a lane at D = 32");
     using M = dec::Fmt<D, F>;
     const int t0 = 4 * c, boff = ch * M::kLaneBytes / 8;
     if constexpr (fast_path<F, BF>() && (F == IKV_FMT_F16 || F == IKV_FMT_BF16)) {
+        constexpr int kWords = NC / 2;  // 2 channels per 32-bit word
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
-            const uint4 a = *reinterpret_cast<const uint4 *>(at<D, F>(Varea, t0 + 2 * hp, boff));
-            const uint4 b = *reinterpret_cast<const uint4 *>(at<D, F>(Varea, t0 + 2 * hp + 1, boff));
-            const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+            uint32_t wa[kWords], wb[kWords];
+            dec::load_words<4 * kWords>(at<D, F>(Varea, t0 + 2 * hp, boff), wa);
+            dec::load_words<4 * kWords>(at<D, F>(Varea, t0 + 2 * hp + 1, boff), wb);
             uint32_t *o = hp ? hi : lo;
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
+            for (int k = 0; k < kWords; ++k) {
                 o[2 * k] = __byte_perm(wa[k], wb[k], 0x5410);
                 o[2 * k + 1] = __byte_perm(wa[k], wb[k], 0x7632);
             }
         }
     } else if constexpr (fast_path<F, BF>() && (F == IKV_FMT_INT8 || F == IKV_FMT_FP8_E4M3)) {
+        constexpr int kWords = NC / 4;  // 4 channels per 32-bit word
         const float4 vs4 = F == IKV_FMT_INT8 ? *reinterpret_cast<const float4 *>(Sc + D + t0)
                                              : make_float4(Sc[1], Sc[1], Sc[1], Sc[1]);
         const __half2 sc[2] = {__floats2half2_rn(vs4.x, vs4.y), __floats2half2_rn(vs4.z, vs4.w)};
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
-            uint2 a = *reinterpret_cast<const uint2 *>(at<D, F>(Varea, t0 + 2 * hp, boff));
-            uint2 b = *reinterpret_cast<const uint2 *>(at<D, F>(Varea, t0 + 2 * hp + 1, boff));
-            if (F == IKV_FMT_INT8) a.x ^= 0x80808080u, a.y ^= 0x80808080u, b.x ^= 0x80808080u, b.y ^= 0x80808080u;
-            const uint32_t wa[2] = {a.x, a.y}, wb[2] = {b.x, b.y};
+            uint32_t wa[kWords], wb[kWords];
+            dec::load_words<4 * kWords>(at<D, F>(Varea, t0 + 2 * hp, boff), wa);
+            dec::load_words<4 * kWords>(at<D, F>(Varea, t0 + 2 * hp + 1, boff), wb);
+            if (F == IKV_FMT_INT8) {
+#pragma unroll
+                for (int k = 0; k < kWords; ++k) wa[k] ^= 0x80808080u, wb[k] ^= 0x80808080u;
+            }
             uint32_t *o = hp ? hi : lo;
 #pragma unroll
-            for (int k = 0; k < 2; ++k) {
+            for (int k = 0; k < kWords; ++k) {
                 const uint32_t x01 = __byte_perm(wa[k], wb[k], 0x5140);  // a0 b0 a1 b1
                 const uint32_t x23 = __byte_perm(wa[k], wb[k], 0x7362);  // a2 b2 a3 b3
                 uint32_t p[4];
@@ -299,8 +320,8 @@ __device__ __forceinline__ void v_pairs(const uint8_t *Varea, const float *Sc, i
             }
         }
     } else if constexpr (fast_path<F, BF>() && F == IKV_FMT_INT4) {
-        // Token pair (a, b) = rows t0 + 2hp, +1; channels ch..ch+7 lie in one
-        // 32-channel group, so each token has one (scale, min) here.
+        // Token pair (a, b) = rows t0 + 2hp, +1; channels ch..ch+NC-1 lie in
+        // one 32-channel group, so each token has one (scale, min) here.
         constexpr int G = M::kG;
         const int grp = ch / 32;
 #pragma unroll
@@ -309,35 +330,37 @@ __device__ __forceinline__ void v_pairs(const uint8_t *Varea, const float *Sc, i
             const __half2 sc = __floats2half2_rn(Sc[2 * D + ta * G + grp], Sc[2 * D + (ta + 1) * G + grp]);
             const __half2 mn =
                 __floats2half2_rn(Sc[2 * D + 16 * G + ta * G + grp], Sc[2 * D + 16 * G + (ta + 1) * G + grp]);
-            const uint32_t wa = *reinterpret_cast<const uint32_t *>(at<D, F>(Varea, ta, boff));
-            const uint32_t wb = *reinterpret_cast<const uint32_t *>(at<D, F>(Varea, ta + 1, boff));
+            uint32_t wa[1], wb[1];  // NC nibbles: 4 bytes, or 2 at D = 32 (the upper half zero)
+            dec::load_words<NC / 2>(at<D, F>(Varea, ta, boff), wa);
+            dec::load_words<NC / 2>(at<D, F>(Varea, ta + 1, boff), wb);
             uint32_t *o = hp ? hi : lo;
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const uint32_t x = __byte_perm(wa, wb, uint32_t(k | (4 + k) << 8));  // a.byte k at 0, b.byte k at 16
+            for (int k = 0; k < NC / 2; ++k) {
+                // a.byte k at bits 0-7, b.byte k at bits 16-23
+                const uint32_t x = __byte_perm(wa[0], wb[0], uint32_t(k | (4 + k) << 8));
                 o[2 * k] = from_h2(__hfma2(as_h2(i4pair_f16(x)), sc, mn));
                 o[2 * k + 1] = from_h2(__hfma2(as_h2(i4pair_f16(x >> 4)), sc, mn));
             }
         }
     } else {  // through fp32
-        float x[4][8];
+        float x[4][NC];
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-            dec::raw8<F>(at<D, F>(Varea, t0 + t, boff), x[t]);
+            dec::raw<F, NC>(at<D, F>(Varea, t0 + t, boff), x[t]);
             if constexpr (F == IKV_FMT_FP8_E4M3 || F == IKV_FMT_INT8) {
                 const float s = F == IKV_FMT_FP8_E4M3 ? Sc[1] : Sc[D + t0 + t];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) x[t][j] *= s;
+                for (int j = 0; j < NC; ++j) x[t][j] *= s;
             } else if constexpr (F == IKV_FMT_INT4) {
                 constexpr int G = M::kG;
                 const int grp = ch / 32;
                 const float a = Sc[2 * D + (t0 + t) * G + grp], b = Sc[2 * D + 16 * G + (t0 + t) * G + grp];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) x[t][j] = fmaf(x[t][j], a, b);
+                for (int j = 0; j < NC; ++j) x[t][j] = fmaf(x[t][j], a, b);
             }
         }
 #pragma unroll
-        for (int j = 0; j < 8; ++j) lo[j] = pack<BF>(x[0][j], x[1][j]), hi[j] = pack<BF>(x[2][j], x[3][j]);
+        for (int j = 0; j < NC; ++j) lo[j] = pack<BF>(x[0][j], x[1][j]), hi[j] = pack<BF>(x[2][j], x[3][j]);
     }
 }
 
@@ -424,17 +447,20 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, int r0, int r
     // ---- O += P V: A = P (k = tokens in the permuted order), B = V pairs.
     const uint32_t a0 = pack<BF>(p[0][0], p[0][1]), a2 = pack<BF>(p[1][0], p[1][1]);
     const uint32_t a1 = kH > 1 ? pack<BF>(p[0][2], p[0][3]) : 0u, a3 = kH > 1 ? pack<BF>(p[1][2], p[1][3]) : 0u;
+    // V in loads of kVB n-tiles: 8 (kW / 8 loads per row), or at D = 32 the
+    // lane's whole slice of kW = 4 channels in one load per row.
+    constexpr int kVB = St::kVB;
 #pragma unroll
-    for (int jb = 0; jb < kW / 8; ++jb) {
-        uint32_t lo[8], hi[8];
-        v_pairs<D, F, BF>(Varea, Sc, c, kW * g + 8 * jb, lo, hi);
+    for (int jb = 0; jb < kW / kVB; ++jb) {
+        uint32_t lo[kVB], hi[kVB];
+        v_pairs<D, F, BF, kVB>(Varea, Sc, c, kW * g + kVB * jb, lo, hi);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            float d4[4] = {w.acc[8 * jb + j][0], w.acc[8 * jb + j][1], kH > 1 ? w.acc[8 * jb + j][2] : 0.0f,
-                           kH > 1 ? w.acc[8 * jb + j][3] : 0.0f};
+        for (int j = 0; j < kVB; ++j) {
+            const int n = kVB * jb + j;  // the n-tile
+            float d4[4] = {w.acc[n][0], w.acc[n][1], kH > 1 ? w.acc[n][2] : 0.0f, kH > 1 ? w.acc[n][3] : 0.0f};
             mma<BF>(d4, a0, a1, a2, a3, lo[j], hi[j]);
-            w.acc[8 * jb + j][0] = d4[0], w.acc[8 * jb + j][1] = d4[1];
-            if (kH > 1) w.acc[8 * jb + j][2] = d4[2], w.acc[8 * jb + j][3] = d4[3];
+            w.acc[n][0] = d4[0], w.acc[n][1] = d4[1];
+            if (kH > 1) w.acc[n][2] = d4[2], w.acc[n][3] = d4[3];
         }
     }
 }

@@ -36,8 +36,11 @@ struct DevLists {
     uint32_t list_heads;  // 1: one list per sequence shared by all kv-heads; n_kv_heads: one per (seq, head)
 };
 
-// Head dims the CUDA kernels are built for (a dispatch table, not copies).
-inline bool head_dim_supported(uint32_t D) { return D == 64 || D == 128 || D == 256; }
+// Head dims the CUDA kernels are built for (a dispatch table, not copies):
+// 32, 64, 128, 256. (80 and 96 are not multiples of 32, which the decode's
+// lane mappings, the tensor-core k-step pairs and the score kernel's 32-channel
+// lanes need; the CPU backend serves them.)
+inline bool head_dim_supported(uint32_t D) { return D == 32 || D == 64 || D == 128 || D == 256; }
 
 // ---------------------------------------------------------------- decode --
 struct DecodeParams {

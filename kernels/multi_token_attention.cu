@@ -156,11 +156,16 @@ __device__ __forceinline__ void store8(uint16_t *dst, const float x[8], bool bf1
     *reinterpret_cast<uint4 *>(dst) = w;
 }
 
-// D/8 threads per tile row (8 channels each); grid (row blocks, nbh).
+// D/8 threads per tile row (8 channels each; D = 32: 4 threads, 64 rows per
+// block); grid (row blocks, nbh).
 template <int D>
 __global__ void gather_kernel(const DecodeParams p, bool bf16, const uint32_t *offsets, uint32_t bh0, uint32_t tok0,
                               uint32_t nk, uint16_t *K, uint16_t *V, uint32_t *pos) {
     constexpr uint32_t kLanes = D / 8, kRowsPerBlock = kThreads / kLanes;
+    // 8-channel slices (16-byte operand stores, dec::raw8 loads: INT4's are 4
+    // bytes) and whole rows per block; the INT4 V group (32 channels) of a
+    // slice is d / 32 (one group at D = 32).
+    static_assert(D % 32 == 0 && kThreads % kLanes == 0, "whole rows per block");
     const uint32_t k = blockIdx.x * kRowsPerBlock + threadIdx.x / kLanes, c = threadIdx.x % kLanes;
     if (k >= nk) return;
     const uint32_t Hkv = p.shape.n_kv_heads, P = p.shape.page_size;
@@ -286,7 +291,11 @@ cudaError_t launch_mt_gather(const DecodeParams &p, bool bf16, const uint32_t *o
                              cudaStream_t stream) {
     const uint32_t D = p.shape.head_dim, rows_per_block = kThreads / (D / 8);
     const dim3 grid((nk + rows_per_block - 1) / rows_per_block, nbh);
-    const auto kernel = D == 64 ? gather_kernel<64> : D == 128 ? gather_kernel<128> : D == 256 ? gather_kernel<256> : nullptr;
+    const auto kernel = D == 32    ? gather_kernel<32>
+                        : D == 64  ? gather_kernel<64>
+                        : D == 128 ? gather_kernel<128>
+                        : D == 256 ? gather_kernel<256>
+                                   : nullptr;
     if (kernel == nullptr) return cudaErrorInvalidValue;
     return launch(kernel, grid, dim3(kThreads), 0, stream, p, bf16, offsets, bh0, tok0, nk, K, V, pos);
 }

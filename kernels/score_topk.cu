@@ -73,10 +73,13 @@ __device__ __forceinline__ void bf16x8_to_f32(uint4 w, float *out) {
 // D/16 lanes per page with 2 pages per lane (each q read serving two pages)
 // ran 578 us, its shared-memory stalls unchanged.
 // B = 1, 32K: 10.1 us here, 12.2 us for the register variant.
+// D = 32: one lane per page holds the whole record (4 + 4 vectors: 64 bytes
+// of k_min, 64 of k_max), no shuffle; a warp scores 32 pages, a block 256.
 template <int D>
 struct ScoreGeom {
-    static constexpr int kLanes = D / 32;             // lanes per page
-    static constexpr int kPagesPerWarp = 32 / kLanes;  // 16, 8, 4
+    static_assert(D % 32 == 0 && D >= 32 && D <= 1024, "32 channels per lane");
+    static constexpr int kLanes = D / 32;             // lanes per page: 1, 2, 4, 8
+    static constexpr int kPagesPerWarp = 32 / kLanes;  // 32, 16, 8, 4 (D = 32, 64, 128, 256)
     static constexpr int kVec = 4;                    // 8-channel vectors per lane (32 channels)
     static constexpr int kPagesPerBlock = kScoreWarps * kPagesPerWarp;
 };
@@ -749,7 +752,8 @@ cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream) {
     uint32_t npad = 1;
     while (npad < p.max_candidates) npad <<= 1;
     const uint32_t D = p.shape.head_dim;
-    cudaError_t err = D == 64    ? launch_score<64>(p, stream)
+    cudaError_t err = D == 32    ? launch_score<32>(p, stream)
+                      : D == 64  ? launch_score<64>(p, stream)
                       : D == 128 ? launch_score<128>(p, stream)
                       : D == 256 ? launch_score<256>(p, stream)
                                  : cudaErrorInvalidValue;

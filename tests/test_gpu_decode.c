@@ -14,6 +14,10 @@
  * float64 reference. CTest runs the program once per CUDA multi-token path
  * (IKV_CUDA_MULTI_TOKEN = auto, fused, gemm), so every step above runs on the
  * fused kernel and on the cuBLASLt GEMM path.
+ * The pools have head_dim 128; the *_head_dim_32 tests repeat the format
+ * matrix and the long multi-token step at head_dim 32, the smallest the CUDA
+ * kernels take (SIMT: 4 lanes per row; tensor cores: 2 k-steps for S and 4
+ * n-tiles for P V; score kernel: one lane per page; 16-byte INT4 rows).
  * IKV_GPU_DECODE_BENCH=1 adds a timing run of ikv_decode itself (no
  * assertion on times; lines start with "BENCH"): run_decode_bench below;
  * =only runs just the timing run.
@@ -57,7 +61,21 @@ static void test_cuda_pool_refused_without_device(void **state) {
 
 /* ---- GPU: CUDA pool + decode against the CPU pool + decode and float64 ---- */
 
-enum { L = 2, HKV = 2, D = 128, P = 16, G = 4, HQ = HKV * G };
+enum { L = 2, HKV = 2, P = 16, G = 4, HQ = HKV * G, D_MAX = 128 };
+/* head_dim of the pools the GPU tests make: 128, or 32 between the
+ * head_dim_32 setup and teardown (at most D_MAX). */
+static uint32_t D = 128;
+
+static int use_head_dim_32(void **state) {
+    (void)state;
+    D = 32;
+    return 0;
+}
+static int use_head_dim_128(void **state) {
+    (void)state;
+    D = 128;
+    return 0;
+}
 
 static ikv_pool *make_pool(ikv_backend backend, ikv_format fmt) {
     return ikvt_make_pool((ikvt_pool_spec){.backend = backend, .n_layers = L, .n_kv_heads = HKV, .head_dim = D,
@@ -100,12 +118,12 @@ static void expect_same_storage(ikv_pool *cpu, ikv_seq_id sc, ikv_pool *gpu, ikv
         assert_memory_equal(v1, v2, 4 * n);
         for (uint32_t pg = 0; pg * P < len; ++pg)
             for (uint32_t h = 0; h < HKV; ++h) {
-                float a[3 * D], b[3 * D];
+                float a[3 * D_MAX], b[3 * D_MAX];
                 uint32_t na = 0, nb = 0;
                 IKVT_OK(ikv_seq_page_summary(cpu, sc, l, h, pg, a, a + D, a + 2 * D, &na));
                 IKVT_OK(ikv_seq_page_summary(gpu, sg, l, h, pg, b, b + D, b + 2 * D, &nb));
                 assert_int_equal(na, nb);
-                assert_memory_equal(a, b, sizeof a);
+                assert_memory_equal(a, b, sizeof(float) * 3 * D);
             }
     }
     free(k1), free(v1), free(k2), free(v2);
@@ -117,7 +135,7 @@ static void reference(ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t l
     const size_t n = (size_t)len * HKV * D;
     float *k = malloc(4 * n), *v = malloc(4 * n);
     IKVT_OK(ikv_seq_read(pool, seq, layer, 0, len, k, v));
-    double *kk = malloc(8 * (size_t)len * D), *vv = malloc(8 * (size_t)len * D), qd[D];
+    double *kk = malloc(8 * (size_t)len * D), *vv = malloc(8 * (size_t)len * D), qd[D_MAX];
     for (uint32_t t = 0; t < T; ++t)
         for (uint32_t h = 0; h < HQ; ++h) {
             const uint32_t kvh = h / G, qpos = len - T + t;
@@ -174,7 +192,7 @@ static void expect_reference(ikv_pool *gpu, const ikv_seq_id *sg, const uint32_t
         double *ref = malloc(8 * per), *rl = malloc(8 * rows);
         reference(gpu, sg[b], 1, lens[b], ranges, n_ranges, T, q + b * per, 1.0f / sqrtf((float)D), ref, rl);
         const double e = ikvt_rel_l2(out + b * per, ref, per);
-        if (!(e <= tol)) fail_msg("T=%u seq %d vs float64: rel L2 %.3g > %.3g", T, b, e, tol);
+        if (!(e <= tol)) fail_msg("head_dim %u T=%u seq %d vs float64: rel L2 %.3g > %.3g", D, T, b, e, tol);
         for (size_t i = 0; lse && i < rows; ++i)
             assert_true(fabs((double)lse[b * rows + i] - rl[i]) <= 1e-3 * (1 + fabs(rl[i])));
         free(ref), free(rl);
@@ -292,7 +310,7 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
                 }
             const double vs_cpu = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
             if (!(vs_cpu <= step_tol(cfg.T, cfg.q_dtype)))
-                fail_msg("format %d variant %d vs CPU: rel L2 %.3g", (int)fmts[fi], variant, vs_cpu);
+                fail_msg("head_dim %u format %d variant %d vs CPU: rel L2 %.3g", D, (int)fmts[fi], variant, vs_cpu);
             if (cfg.topk == 0 && !cfg.mass) /* top-k has no independent float64 selection here; it is compared with the CPU */
                 expect_reference(gpu, sg, lens, B, plan ? ranges : NULL, plan ? 3 : 0, cfg.T, q, out, NULL,
                                  step_tol(cfg.T, cfg.q_dtype));
@@ -333,7 +351,7 @@ static void test_long_multi_token_step(void **state) {
             ikvt_fill_normal(&rng, q, n_out, 1.0f);
             const double vs_cpu = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
             const double tol = step_tol(T, IKV_DTYPE_F32);
-            if (!(vs_cpu <= tol)) fail_msg("T=%d vs CPU: rel L2 %.3g > %.3g", T, vs_cpu, tol);
+            if (!(vs_cpu <= tol)) fail_msg("head_dim %u T=%d vs CPU: rel L2 %.3g > %.3g", D, T, vs_cpu, tol);
             expect_reference(gpu, sg, lens, B, plan ? ranges : NULL, plan ? 3 : 0, T, q, out, lse, tol);
             free(q), free(out), free(lse);
             ikv_plan_destroy(plan);
@@ -342,6 +360,20 @@ static void test_long_multi_token_step(void **state) {
         ikv_pool_destroy(gpu);
     }
     ikv_decoder_destroy(dec);
+}
+
+/* The same two tests at head_dim 32 (D set by the use_head_dim_32 setup): every
+ * format, dense / causal T = 3 / plan / Quest, hybrid and mass top-k, F32 and
+ * F16 queries (CTest's _simt and _tensor_cores runs force each compute path),
+ * and the T = 130 step on the fused kernel and the GEMM path
+ * (IKV_CUDA_MULTI_TOKEN), each against the CPU pool and float64. */
+static void test_cuda_pool_and_decode_match_cpu_head_dim_32(void **state) {
+    assert_int_equal(D, 32);
+    test_cuda_pool_and_decode_match_cpu(state);
+}
+static void test_long_multi_token_step_head_dim_32(void **state) {
+    assert_int_equal(D, 32);
+    test_long_multi_token_step(state);
 }
 
 /* CUDA-graph capture through the public API: an ikv_decode call on a CUDA
@@ -746,6 +778,9 @@ int main(void) {
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_cuda_pool_and_decode_match_cpu),
         cmocka_unit_test(test_long_multi_token_step),
+        cmocka_unit_test_setup_teardown(test_cuda_pool_and_decode_match_cpu_head_dim_32, use_head_dim_32,
+                                        use_head_dim_128),
+        cmocka_unit_test_setup_teardown(test_long_multi_token_step_head_dim_32, use_head_dim_32, use_head_dim_128),
         cmocka_unit_test(test_decode_step_captured_in_cuda_graph),
         cmocka_unit_test(test_capture_modes),
         cmocka_unit_test(test_page_lists_reused_across_layers),

@@ -18,7 +18,10 @@
  * pool is unchanged (length, stats, stored values). Batch appends
  * (ikv_pool_append_batch) store what one append per sequence stores, and a
  * rejected batch changes nothing (support/batch_append.c, also run on a CPU
- * pool by test_pool_batch).
+ * pool by test_pool_batch). The pools have head_dim 64; the *_head_dim_32
+ * tests repeat the appends, the unaligned (one-element) staging and the
+ * NaN/inf refusals at head_dim 32, the smallest CUDA pools take (16-byte INT4
+ * rows, one INT4 V group per token, rows of 4 staging vectors).
  *
  * IKV_GPU_POOL_BENCH=1 adds a timing run (no assertion on times; =bulk runs
  * only its bulk appends, skipping the tests, for a profiler): one-token
@@ -73,7 +76,20 @@ static void test_refusals_everywhere(void **state) {
 
 /* ---- GPU: CUDA pool from device pointers == CPU pool from host pointers ---- */
 
-enum { L = 3, H = 2, D = 64, P = 16, MAX_PAGES = 16 };
+enum { L = 3, H = 2, P = 16, MAX_PAGES = 16, D_MAX = 64 };
+/* head_dim of the pools: 64, or 32 between the head_dim_32 setup and teardown (at most D_MAX). */
+static uint32_t D = 64;
+
+static int use_head_dim_32(void **state) {
+    (void)state;
+    D = 32;
+    return 0;
+}
+static int use_head_dim_64(void **state) {
+    (void)state;
+    D = 64;
+    return 0;
+}
 
 /* Engine input of n tokens in dtype dt, addressed by the given strides
  * (elements). Every element the strides address is a random finite value;
@@ -243,12 +259,12 @@ static void expect_same_seq(pools_t *p, const seq_t *s) {
         free(k1), free(v1), free(k2), free(v2);
         for (uint32_t pg = 0; pg * P < n; ++pg)
             for (uint32_t h = 0; h < H; ++h) {
-                float a[3][D], b[3][D];
+                float a[3 * D_MAX], b[3 * D_MAX];
                 uint32_t na = 0, nb = 0;
-                IKVT_OK(ikv_seq_page_summary(p->cpu, s->c, l, h, pg, a[0], a[1], a[2], &na));
-                IKVT_OK(ikv_seq_page_summary(p->gpu, s->g, l, h, pg, b[0], b[1], b[2], &nb));
+                IKVT_OK(ikv_seq_page_summary(p->cpu, s->c, l, h, pg, a, a + D, a + 2 * D, &na));
+                IKVT_OK(ikv_seq_page_summary(p->gpu, s->g, l, h, pg, b, b + D, b + 2 * D, &nb));
                 assert_int_equal(na, nb);
-                assert_memory_equal(a, b, sizeof a);
+                assert_memory_equal(a, b, sizeof(float) * 3 * D);
             }
     }
     expect_same_stats(p->cpu, p->gpu);
@@ -427,8 +443,10 @@ static void test_nonfinite_device_input_rejected(void **state) {
             /* +inf in K of a single-layer append (last channel), from device memory, then from host memory */
             in = make_input(p.cpu, p.dt, 2, 3, 0, 0, 0, &p.rng);
             put(in.k, p.dt, (size_t)elem_index(&in.a, 0, 1, 0) + D - 1, INFINITY);
-            expect_refused(&p, &s, &before, &in, 0, "k[layer 2, token 1, head 0, channel 63] is inf");
-            expect_refused(&p, &s, &before, &in, 1, "k[layer 2, token 1, head 0, channel 63] is inf");
+            char last[64];
+            snprintf(last, sizeof last, "k[layer 2, token 1, head 0, channel %u] is inf", D - 1);
+            expect_refused(&p, &s, &before, &in, 0, last);
+            expect_refused(&p, &s, &before, &in, 1, last);
             free_image(&before);
             free_input(&in);
 
@@ -438,6 +456,20 @@ static void test_nonfinite_device_input_rejected(void **state) {
             ikv_pool_destroy(p.cpu);
             ikv_pool_destroy(p.gpu);
         }
+}
+
+/* The three tests above at head_dim 32 (D set by the use_head_dim_32 setup). */
+static void test_device_appends_match_cpu_head_dim_32(void **state) {
+    assert_int_equal(D, 32);
+    test_device_appends_match_cpu(state);
+}
+static void test_unaligned_device_input_matches_cpu_head_dim_32(void **state) {
+    assert_int_equal(D, 32);
+    test_unaligned_device_input_matches_cpu(state);
+}
+static void test_nonfinite_device_input_rejected_head_dim_32(void **state) {
+    assert_int_equal(D, 32);
+    test_nonfinite_device_input_rejected(state);
 }
 
 /* ikv_pool_append_batch on CUDA pools, from device and host memory (support/batch_append.c). */
@@ -458,7 +490,8 @@ static void test_async_batch_appends(void **state) {
  * pool holds what a CPU pool fed the same tokens synchronously holds. The
  * store's lock, its job list and the chain of asynchronous appends across
  * streams are what is shared. */
-enum { TH = 4, TSEQ = 2, TSTEPS = 3 * 20, TROW = H * D };
+enum { TH = 4, TSEQ = 2, TSTEPS = 3 * 20 };
+#define TROW ((size_t)H * D) /* floats of one token's row of every head */
 typedef struct {
     ikv_pool *gpu;
     ikv_seq_id seqs[TSEQ];
@@ -624,6 +657,11 @@ int main(void) {
         cmocka_unit_test(test_device_appends_match_cpu),
         cmocka_unit_test(test_unaligned_device_input_matches_cpu),
         cmocka_unit_test(test_nonfinite_device_input_rejected),
+        cmocka_unit_test_setup_teardown(test_device_appends_match_cpu_head_dim_32, use_head_dim_32, use_head_dim_64),
+        cmocka_unit_test_setup_teardown(test_unaligned_device_input_matches_cpu_head_dim_32, use_head_dim_32,
+                                        use_head_dim_64),
+        cmocka_unit_test_setup_teardown(test_nonfinite_device_input_rejected_head_dim_32, use_head_dim_32,
+                                        use_head_dim_64),
         cmocka_unit_test(test_batch_appends_match_single_appends),
         cmocka_unit_test(test_async_batch_appends),
         cmocka_unit_test(test_async_appends_from_threads),

@@ -3,7 +3,7 @@
 //   gpu_decode_check [--check] [--bench] [--quick] [--out DIR]
 //
 // --check (default when neither is given):
-//   decode   every format (and a mixed list) x head_dim 64/128/256 x group 1/4/8
+//   decode   every format (and a mixed list) x head_dim 32/64/128/256 x group 1/4/8
 //            x page 16/64 x partial bounds x 1 or 4 causal query tokens x split
 //            counts, against a float64 reference computed on the stored
 //            (dequantized) values with quant.hpp's reader;
@@ -257,7 +257,8 @@ void check_decode(bool quick, int n_sms) {
     const std::vector<std::vector<ikv_format>> fmt_sets = {
         {IKV_FMT_F16}, {IKV_FMT_BF16}, {IKV_FMT_FP8_E4M3}, {IKV_FMT_INT8}, {IKV_FMT_INT4},
         {IKV_FMT_F16, IKV_FMT_INT8, IKV_FMT_INT4, IKV_FMT_FP8_E4M3, IKV_FMT_BF16}};
-    const uint32_t Ds[] = {64, 128, 256}, Gs[] = {1, 4, 8}, Ps[] = {16, 64}, splits[] = {0, 1, 3};
+    // D = 32 last, so the other head dims keep the cases (and seeds) they had before it.
+    const uint32_t Ds[] = {64, 128, 256, 32}, Gs[] = {1, 4, 8}, Ps[] = {16, 64}, splits[] = {0, 1, 3};
     uint64_t seed = 1;
     int k = 0;
     for (uint32_t D : Ds)
@@ -297,6 +298,13 @@ void check_decode(bool quick, int n_sms) {
         m.q_dtype = qd;
         decode_case(m, n_sms, seed++);
     }
+    // head_dim 32: softcap, F16/BF16 out, and 128 rows in row chunks (4 lanes per SIMT row).
+    DecodeCase s32{32, 8, 16, 16, {IKV_FMT_INT4, IKV_FMT_F16, IKV_FMT_INT8}};
+    s32.softcap = 5.0f, s32.splits = 3;
+    for (ikv_dtype qd : {IKV_DTYPE_F32, IKV_DTYPE_F16, IKV_DTYPE_BF16}) {
+        s32.q_dtype = s32.out_dtype = qd;
+        decode_case(s32, n_sms, seed++);
+    }
     if (!quick) {
         DecodeCase w{256, 8, 64, 3, {IKV_FMT_BF16, IKV_FMT_FP8_E4M3}};
         DecodeCase e{128, 1, 16, 16, {IKV_FMT_INT4}};
@@ -310,7 +318,7 @@ void check_decode(bool quick, int n_sms) {
 }
 
 void check_quantize(bool quick) {
-    const uint32_t Ds[] = {64, 128, 256}, Ps[] = {16, 64};
+    const uint32_t Ds[] = {32, 64, 128, 256}, Ps[] = {16, 64};
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_BF16, IKV_FMT_FP8_E4M3, IKV_FMT_INT8, IKV_FMT_INT4};
     Rng rng(77);
     int ok_n = 0, all_n = 0;
@@ -501,9 +509,12 @@ void check_topk_case(bool quick, int n_sms, uint32_t D, uint32_t G, uint32_t Hkv
 
 // {D, G, kv-heads}. The score kernel walks several page groups per block
 // once sequences x kv-heads pass ~1024 / groups (kernels/score_topk.cu): the
-// last case (96 lists of up to 40 groups) has blocks walk ~4 groups each.
+// {64, 2, 32} case (96 lists of up to 40 groups) has blocks walk ~4 groups
+// each. D = 32: one lane per page (256 pages per block); {32, 1, 40} has
+// 120 lists of up to 20 groups, so its blocks walk a few groups too.
 void check_topk(bool quick, int n_sms) {
-    const uint32_t cases[][3] = {{128, 4, 2}, {64, 1, 2}, {256, 8, 2}, {128, 6, 2}, {64, 2, 32}};
+    const uint32_t cases[][3] = {{128, 4, 2}, {64, 1, 2}, {256, 8, 2}, {128, 6, 2},
+                                 {64, 2, 32},  {32, 4, 2}, {32, 1, 40}};
     for (const auto &c : cases) check_topk_case(quick, n_sms, c[0], c[1], c[2]);
 }
 

@@ -5,7 +5,7 @@
 //
 // --check (default): the GEMM path against a float64 reference computed on the
 //   stored (dequantized) values with quant.hpp's reader, for every format and
-//   a mixed-format list x head_dim 64/128/256 x group 1/4/8 x page 16/64 x
+//   a mixed-format list x head_dim 32/64/128/256 x group 1/4/8 x page 16/64 x
 //   random partial bounds x per-sequence and per-(seq, head) lists x an empty
 //   list x T in {1, 17, 64, 300} causal query tokens x q/out F32/F16/BF16 x
 //   softcap, with the key tile forced small (many tiles: the online merge) and
@@ -244,7 +244,8 @@ void check_gemm(bool quick, ikv::cuda::MultiTokenGemm *gemm) {
     const std::vector<std::vector<ikv_format>> fmt_sets = {
         {IKV_FMT_F16}, {IKV_FMT_BF16}, {IKV_FMT_FP8_E4M3}, {IKV_FMT_INT8}, {IKV_FMT_INT4},
         {IKV_FMT_F16, IKV_FMT_INT8, IKV_FMT_INT4, IKV_FMT_FP8_E4M3, IKV_FMT_BF16}};
-    const uint32_t Ds[] = {64, 128, 256}, Gs[] = {1, 4, 8}, Ps[] = {16, 64}, Ts[] = {1, 17, 64};
+    // D = 32 last, so the other head dims keep the cases (and seeds) they had before it.
+    const uint32_t Ds[] = {64, 128, 256, 32}, Gs[] = {1, 4, 8}, Ps[] = {16, 64}, Ts[] = {1, 17, 64};
     const ikv_dtype dts[] = {IKV_DTYPE_F16, IKV_DTYPE_BF16, IKV_DTYPE_F32};
     uint64_t seed = 7;
     int k = 0;

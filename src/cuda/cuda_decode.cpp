@@ -322,7 +322,9 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const PageShape &shape = pool_shape(pool);
     const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
     if (!cuda::head_dim_supported(D))
-        return fail(IKV_E_UNSUPPORTED, "%s: head_dim %u is not built into the CUDA kernels (64, 128, 256)", kFn, D);
+        return fail(IKV_E_UNSUPPORTED,
+                    "%s: head_dim %u is not built into the CUDA kernels (32, 64, 128, 256); a CPU pool decodes it", kFn,
+                    D);
     const int device = pool_device(pool);
     DeviceGuard guard(device);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), kFn, "cudaSetDevice");

@@ -668,7 +668,9 @@ ikv_status make_cuda_store(const ikv_pool_config &config, std::unique_ptr<PageSt
         return fail(IKV_E_NO_DEVICE, "%s: config->device %d is not a CUDA device ordinal in [0, %d)", fn,
                     config.device, n);
     if (!cuda::head_dim_supported(config.head_dim))
-        return fail(IKV_E_UNSUPPORTED, "%s: config->head_dim %u: the CUDA backend is built for head_dim 64, 128 and 256",
+        return fail(IKV_E_UNSUPPORTED,
+                    "%s: config->head_dim %u: the CUDA backend is built for head_dim 32, 64, 128 and 256; use "
+                    "IKV_BACKEND_CPU",
                     fn, config.head_dim);
     DeviceGuard g(config.device);
     if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");

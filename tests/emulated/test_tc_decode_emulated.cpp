@@ -13,7 +13,7 @@
 // (bench/gpu/gpu_decode_check.cu) run the same code on a device.
 //
 // One warp processes a list of chunks (pages of 16 or 64 rows, one format
-// each or mixed) for up to 16 query rows, for every head_dim (64, 128, 256),
+// each or mixed) for up to 16 query rows, for every head_dim (32, 64, 128, 256),
 // row block (8, 16) and operand type (f16, bf16). The reference: float64
 // attention over the stored (dequantized) keys and values of the rows each
 // query may read, with the query values the kernel reads (rounded to the
@@ -185,6 +185,9 @@ int main() {
     fails += run_all<64, 8, false>(&seed) + run_all<64, 16, true>(&seed);
     fails += run_all<128, 8, false>(&seed) + run_all<128, 16, false>(&seed) + run_all<128, 8, true>(&seed);
     fails += run_all<256, 8, true>(&seed) + run_all<256, 16, false>(&seed);
+    // D = 32: 2 k-steps for S, 4 P V n-tiles read as one 4-channel V slice per row, rows of 64/32/16 bytes.
+    fails += run_all<32, 8, false>(&seed) + run_all<32, 16, false>(&seed) + run_all<32, 8, true>(&seed) +
+             run_all<32, 16, true>(&seed);
     std::printf("%s: %d failed\n", fails ? "FAILED" : "all passed", fails);
     return fails ? 1 : 0;
 }
