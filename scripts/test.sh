@@ -24,8 +24,9 @@ echo "== build and test =="
 bash scripts/build.sh -DIKV_BUILD_TESTS=ON -DIKV_BUILD_EXAMPLES=ON -DIKV_BUILD_BENCH=OFF
 (cd build && ctest --no-tests=error --output-on-failure -j"$(nproc)")
 
-echo "== examples/engine_loop.c on the CPU, small (the template an engine copies runs as documented) =="
+echo "== examples on the CPU, small: engine_loop.c (the template an engine copies), tensor_parallel.c =="
 ./build/examples/engine-loop cpu layers=2 seqs=3 ctx=4096 steps=12 turn=4
+./build/examples/tensor-parallel cpu
 
 echo "== baseline x86-64 copies (no AVX), the pool tests under qemu-x86_64 -cpu Nehalem =="
 bash scripts/check_baseline_x86.sh build

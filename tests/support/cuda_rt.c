@@ -29,10 +29,12 @@ int ikvt_load_cudart(void) {
         *(void **)&ikvt_rt.graph_launch_ = dlsym(h, "cudaGraphLaunch");
         *(void **)&ikvt_rt.graph_exec_destroy_ = dlsym(h, "cudaGraphExecDestroy");
         *(void **)&ikvt_rt.graph_destroy_ = dlsym(h, "cudaGraphDestroy");
+        *(void **)&ikvt_rt.get_device_count_ = dlsym(h, "cudaGetDeviceCount");
+        *(void **)&ikvt_rt.set_device_ = dlsym(h, "cudaSetDevice");
         if (ikvt_rt.malloc_ && ikvt_rt.free_ && ikvt_rt.memcpy_ && ikvt_rt.sync_ && ikvt_rt.memset_ && ikvt_rt.memset_async_ && ikvt_rt.memcpy_async_ &&
             ikvt_rt.stream_create_ && ikvt_rt.stream_destroy_ && ikvt_rt.stream_sync_ && ikvt_rt.begin_capture_ &&
             ikvt_rt.end_capture_ && ikvt_rt.graph_instantiate_ && ikvt_rt.graph_launch_ &&
-            ikvt_rt.graph_exec_destroy_ && ikvt_rt.graph_destroy_)
+            ikvt_rt.graph_exec_destroy_ && ikvt_rt.graph_destroy_ && ikvt_rt.get_device_count_ && ikvt_rt.set_device_)
             return 1;
     }
     return 0;

@@ -26,6 +26,9 @@ typedef struct ikvt_cudart {
     int (*graph_launch_)(void *, void *);
     int (*graph_exec_destroy_)(void *);
     int (*graph_destroy_)(void *);
+    /* Devices (tensor-parallel tests: pools and buffers on devices other than 0). */
+    int (*get_device_count_)(int *);
+    int (*set_device_)(int); /* this thread's current device, for the calls above */
 } ikvt_cudart;
 
 enum { IKVT_H2D = 1, IKVT_D2H = 2 };
