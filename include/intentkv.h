@@ -504,9 +504,23 @@ typedef struct ikv_pool_config {
     uint64_t capacity_bytes;    /**< bytes of page storage (all formats, scales included); default 1 GiB */
     ikv_format default_format;  /**< format of new pages when no plan says otherwise; default F16 */
     ikv_dtype kv_dtype;         /**< element type of the K/V the engine appends; default F16 */
+    /* Later fields: a caller built with an older header (smaller struct_size) gets their defaults. */
+    uint64_t host_capacity_bytes; /**< CUDA pools: bytes of pinned host memory for a host tier of pages
+                                       (ikv_seq_offload); 0 (default) = no host tier. CPU pools: must be 0 */
 } ikv_pool_config;
 
-IKV_API ikv_pool_config ikv_pool_default_config(void);
+/**
+ * The defaults of every field (CPU backend, device 0, 32 layers, 8 kv-heads,
+ * head_dim 128, page 16, 1 GiB, F16 pages, F16 K/V, no host tier). A struct
+ * returned by value cannot grow under a program built with an older header
+ * (its return slot is the older size), so each version of the struct has its
+ * own symbol and ikv_pool_default_config() names this header's:
+ * ikv_pool_default_config_v2. The unversioned symbol stays exported for
+ * programs built against the first header and fills only that version's
+ * fields (struct_size 48 on 64-bit, through kv_dtype).
+ */
+IKV_API ikv_pool_config ikv_pool_default_config_v2(void);
+#define ikv_pool_default_config() ikv_pool_default_config_v2()
 
 /**
  * Create a pool. Page storage comes from mimalloc (host) or cudaMalloc
@@ -526,16 +540,22 @@ IKV_API uint64_t ikv_pool_page_bytes(const ikv_pool *pool, ikv_format format);
 typedef struct ikv_pool_stats {
     uint32_t struct_size;
     uint64_t capacity_bytes;
-    uint64_t used_bytes;                      /**< bytes of live pages */
-    uint64_t pages_used;
-    uint64_t pages_by_format[IKV_FMT_COUNT];
-    uint64_t bytes_by_format[IKV_FMT_COUNT];
+    uint64_t used_bytes;                      /**< bytes of live pages (CUDA pools with a host tier: of those in
+                                                   device memory, the ones capacity_bytes bounds) */
+    uint64_t pages_used;                      /**< live pages, every tier */
+    uint64_t pages_by_format[IKV_FMT_COUNT];  /**< every tier */
+    uint64_t bytes_by_format[IKV_FMT_COUNT];  /**< every tier */
     uint64_t reserved_bytes;                  /**< slab memory held, >= used_bytes */
     uint64_t staging_bytes;                   /**< fp32 copies of partial tail pages (device memory on CUDA pools):
                                                    2*n_kv_heads*page_size*head_dim*4 bytes per layer with a partial
                                                    tail page */
     uint32_t n_sequences;
     uint64_t tokens_total;                    /**< sum of sequence lengths */
+    /* Later fields (a caller built with an older header gets the fields it knows): the host tier */
+    uint64_t host_used_bytes;                 /**< bytes of pages in the host tier (<= host_capacity_bytes) */
+    uint64_t host_pages;                      /**< pages in the host tier */
+    uint64_t bytes_offloaded;                 /**< page bytes moved device -> host since the pool was created */
+    uint64_t bytes_fetched;                   /**< page bytes moved host -> device since the pool was created */
 } ikv_pool_stats;
 
 /** Errors: IKV_E_NULL, IKV_E_INVALID (struct_size). */
@@ -693,6 +713,44 @@ IKV_API ikv_status ikv_seq_evict(ikv_pool *pool, ikv_seq_id seq, uint32_t begin,
 
 /** 1 if token's page was evicted, 0 if live. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE. */
 IKV_API ikv_status ikv_seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint32_t token, int *evicted_out);
+
+/**
+ * Tiered memory (CUDA pools created with host_capacity_bytes > 0): move the
+ * pages of seq overlapping tokens [begin, end) between device memory and the
+ * pool's pinned host memory. Every page is in exactly one tier; its block
+ * table entry, format, bytes and key summary are the same in both, and a
+ * decode reads a host-tier page where it is, over the bus (mapped pinned
+ * memory): the output is the same byte for byte, only slower. So an engine
+ * keeps on the device what its plans read (ikv_plan_pages, the prefetch
+ * hints of ikv_plan_prefetch) and offloads the rest.
+ *
+ * ikv_seq_offload moves device pages to the host; ikv_seq_fetch brings host
+ * pages back. Moved are the whole pages in range that this sequence alone
+ * holds and whose every layer is complete; pages a fork shares, the partial
+ * tail page, evicted pages and pages already in the target tier stay where
+ * they are. *moved_out (may be NULL) receives how many pages moved.
+ * The copies are enqueued on stream (a cudaStream_t of the pool's device;
+ * NULL = the default stream) behind the work already on it, and the call
+ * returns without waiting: work on that stream afterwards (decodes, appends)
+ * sees the pages in their new place; work on other streams that reads these
+ * pages must be ordered by the engine (an event) before this call and after
+ * the copies. The pool's synchronous calls wait for the copies. A page's old
+ * memory is reused only once its copy is done.
+ * Atomic: when the target tier lacks room for all of them (capacity_bytes on
+ * the device, host_capacity_bytes on the host), nothing moves: IKV_E_NOMEM.
+ * Thread-safety: as a format change (the sequence's calls are the caller's
+ * to order). Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (begin > end
+ * or end beyond the sequence), IKV_E_UNSUPPORTED (a CPU pool, or no host
+ * tier), IKV_E_NOMEM, IKV_E_DEVICE.
+ */
+IKV_API ikv_status ikv_seq_offload(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end, void *stream,
+                                   uint32_t *moved_out);
+IKV_API ikv_status ikv_seq_fetch(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end, void *stream,
+                                 uint32_t *moved_out);
+
+/** 1 if page `page` of seq is in the host tier, 0 if in device memory (CPU pools: always 0).
+ *  Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (page beyond the sequence), IKV_E_EVICTED. */
+IKV_API ikv_status ikv_seq_page_tier(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, int *on_host_out);
 
 /** The storage format of page `page` (tokens [page*page_size, (page+1)*page_size)). Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED. */
 IKV_API ikv_status ikv_seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format *out);

@@ -23,6 +23,19 @@ typedef struct first_decode_args {
 #undef ikv_decode_args_default
 first_decode_args ikv_decode_args_default(void);
 
+/* The first header's ikv_pool_config (through kv_dtype) and its unversioned default. */
+typedef struct first_pool_config {
+    uint32_t struct_size;
+    ikv_backend backend;
+    int device;
+    uint32_t n_layers, n_kv_heads, head_dim, page_size;
+    uint64_t capacity_bytes;
+    ikv_format default_format;
+    ikv_dtype kv_dtype;
+} first_pool_config;
+#undef ikv_pool_default_config
+first_pool_config ikv_pool_default_config(void);
+
 static void test_version(void **state) {
     (void)state;
     assert_int_equal(ikv_version(), IKV_VERSION_NUMBER);
@@ -113,6 +126,29 @@ static void test_first_header_decode_args(void **state) {
     ikv_pool_destroy(pool);
 }
 
+/* The same for ikv_pool_config: the old default writes exactly its struct,
+ * a pool created from it has no host tier and reads it back. */
+static void test_first_header_pool_config(void **state) {
+    (void)state;
+    first_pool_config c = ikv_pool_default_config();
+    assert_int_equal(c.struct_size, sizeof(first_pool_config));
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.kv_dtype, IKV_DTYPE_F16);
+    c.n_layers = 2;
+    ikv_pool *pool = NULL;
+    IKVT_OK(ikv_pool_create((const ikv_pool_config *)(const void *)&c, &pool));
+    first_pool_config back;
+    memset(&back, 0, sizeof back);
+    back.struct_size = sizeof back;
+    IKVT_OK(ikv_pool_get_config(pool, (ikv_pool_config *)(void *)&back));
+    assert_int_equal(back.n_layers, 2);
+    assert_int_equal(back.struct_size, sizeof back);
+    ikv_pool_config now = ikv_pool_default_config_v2();
+    assert_int_equal(now.struct_size, sizeof now);
+    assert_true(now.host_capacity_bytes == 0);
+    ikv_pool_destroy(pool);
+}
+
 static void test_runtime_info(void **state) {
     (void)state;
     ikv_runtime_info info;
@@ -132,6 +168,7 @@ int main(void) {
         cmocka_unit_test(test_status_names),
         cmocka_unit_test(test_errors_and_log),
         cmocka_unit_test(test_runtime_info),
+        cmocka_unit_test(test_first_header_pool_config),
         cmocka_unit_test(test_first_header_decode_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

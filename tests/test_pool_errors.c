@@ -2,6 +2,7 @@
  * problem, and nothing changed (stats, lengths, evicted flags, formats and
  * every stored value compared before and after). */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -324,6 +325,72 @@ static void test_nonfinite_half_input(void **state) {
     }
 }
 
+/* The host tier is a CUDA pool's: a CPU pool refuses it at creation and
+ * refuses moves; callers built with the first header's ikv_pool_config and
+ * ikv_pool_stats (before host_capacity_bytes / host_used_bytes) still work
+ * and nothing is written past their structs. */
+static void test_host_tier_on_cpu_pools(void **state) {
+    (void)state;
+    ikv_pool_config c = ikv_pool_default_config();
+    c.n_layers = L;
+    c.n_kv_heads = H;
+    c.head_dim = D;
+    c.page_size = P;
+    c.kv_dtype = IKV_DTYPE_F32;
+    c.host_capacity_bytes = 1u << 20;
+    ikv_pool *bad = NULL;
+    IKVT_EXPECT_STATUS(ikv_pool_create(&c, &bad), IKV_E_INVALID, "host_capacity_bytes");
+    assert_null(bad);
+
+    /* the first header's config ends where host_capacity_bytes begins; the bytes after it are not read */
+    unsigned char cbuf[sizeof(ikv_pool_config) + 8];
+    memset(cbuf, 0xFF, sizeof cbuf);
+    c.struct_size = (uint32_t)offsetof(ikv_pool_config, host_capacity_bytes);
+    memcpy(cbuf, &c, c.struct_size);
+    ikv_pool *pool = NULL;
+    IKVT_OK(ikv_pool_create((const ikv_pool_config *)(const void *)cbuf, &pool));
+    ikv_pool_config got;
+    memset(&got, 0, sizeof got);
+    got.struct_size = sizeof got;
+    IKVT_OK(ikv_pool_get_config(pool, &got));
+    assert_true(got.host_capacity_bytes == 0);
+
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    static float kv[2 * P * L * H * D];
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; ++i) kv[i] = (float)(i % 7) - 3.0f;
+    ikv_append a = ikv_append_default(pool, 2 * P);
+    a.layer = IKV_ALL_LAYERS;
+    a.k = kv;
+    a.v = kv;
+    IKVT_OK(ikv_pool_append(pool, s, &a));
+    observed before, after;
+    observe(pool, s, &before);
+    uint32_t moved = 5;
+    IKVT_EXPECT_STATUS(ikv_seq_offload(pool, s, 0, 2 * P, NULL, &moved), IKV_E_UNSUPPORTED, "host tier");
+    assert_int_equal(moved, 0);
+    IKVT_EXPECT_STATUS(ikv_seq_fetch(pool, s, 0, 2 * P, NULL, NULL), IKV_E_UNSUPPORTED, "host tier");
+    IKVT_EXPECT_STATUS(ikv_seq_offload(NULL, s, 0, 1, NULL, NULL), IKV_E_NULL, "ikv_seq_offload");
+    int on_host = 7;
+    IKVT_OK(ikv_seq_page_tier(pool, s, 1, &on_host));
+    assert_int_equal(on_host, 0);
+    IKVT_EXPECT_STATUS(ikv_seq_page_tier(pool, s, 2, &on_host), IKV_E_RANGE, "page 2");
+    IKVT_EXPECT_STATUS(ikv_seq_page_tier(pool, s, 0, NULL), IKV_E_NULL, "ikv_seq_page_tier");
+    observe(pool, s, &after);
+    assert_memory_equal(&before, &after, sizeof before);
+
+    /* the first header's stats: filled up to its size, nothing past it */
+    const size_t first = offsetof(ikv_pool_stats, host_used_bytes);
+    unsigned char sbuf[sizeof(ikv_pool_stats) + 8];
+    memset(sbuf, 0xA5, sizeof sbuf);
+    ikv_pool_stats *old = (ikv_pool_stats *)(void *)sbuf;
+    old->struct_size = (uint32_t)first;
+    IKVT_OK(ikv_pool_get_stats(pool, old));
+    assert_true(old->pages_used == 2 && old->tokens_total == 2 * P);
+    for (size_t i = first; i < sizeof sbuf; ++i) assert_int_equal(sbuf[i], 0xA5);
+    ikv_pool_destroy(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_append_errors),
@@ -331,6 +398,7 @@ int main(void) {
         cmocka_unit_test(test_edit_errors),
         cmocka_unit_test(test_unequal_layers),
         cmocka_unit_test(test_nonfinite_half_input),
+        cmocka_unit_test(test_host_tier_on_cpu_pools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,7 +28,7 @@ type PoolConfig struct {
 // DefaultPoolConfig is ikv_pool_default_config's values except KVDType,
 // which is F32 here (the library's default is F16).
 func DefaultPoolConfig() PoolConfig {
-	c := C.ikv_pool_default_config()
+	c := C.ikv_pool_default_config_v2()
 	cfg := poolConfigFromC(&c)
 	cfg.KVDType = DTypeF32
 	return cfg
@@ -81,7 +81,7 @@ type Pool struct {
 
 // NewPool creates a pool (ikv_pool_create).
 func NewPool(cfg PoolConfig) (*Pool, error) {
-	c := C.ikv_pool_default_config()
+	c := C.ikv_pool_default_config_v2()
 	c.n_layers, c.n_kv_heads, c.head_dim, c.page_size = C.uint32_t(cfg.Layers), C.uint32_t(cfg.KVHeads), C.uint32_t(cfg.HeadDim), C.uint32_t(cfg.PageSize)
 	c.capacity_bytes = C.uint64_t(cfg.CapacityBytes)
 	c.default_format = C.ikv_format(cfg.DefaultFormat)

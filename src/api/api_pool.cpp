@@ -12,6 +12,10 @@
 
 namespace {
 
+// Sizes of the first published ikv_pool_config and ikv_pool_stats (fields
+// appended since are read as their defaults / not written).
+constexpr uint32_t kPoolConfigFirstSize = uint32_t(offsetof(ikv_pool_config, host_capacity_bytes));
+constexpr uint32_t kPoolStatsFirstSize = uint32_t(offsetof(ikv_pool_stats, host_used_bytes));
 constexpr uint32_t kMaxLayers = 65536;  // keeps every page size computation far from overflow
 constexpr uint32_t kMaxKvHeads = 65536;
 
@@ -43,6 +47,11 @@ ikv_status check_config(const ikv_pool_config &c) {
     const int dt = ikv::raw_enum(c.kv_dtype);
     if (dt != IKV_DTYPE_F32 && dt != IKV_DTYPE_F16 && dt != IKV_DTYPE_BF16)
         return ikv::fail(IKV_E_INVALID, "%s: config->kv_dtype is %d; use IKV_DTYPE_F32, F16 or BF16", fn, dt);
+    if (c.host_capacity_bytes != 0 && ikv::raw_enum(c.backend) == IKV_BACKEND_CPU)
+        return ikv::fail(IKV_E_INVALID,
+                         "%s: config->host_capacity_bytes is %llu but a CPU pool's pages are host memory already; "
+                         "set it to 0",
+                         fn, (unsigned long long)c.host_capacity_bytes);
     return IKV_OK;
 }
 
@@ -125,7 +134,7 @@ ikv_status append_entry(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs,
 
 extern "C" {
 
-IKV_API ikv_pool_config ikv_pool_default_config(void) {
+IKV_API ikv_pool_config ikv_pool_default_config_v2(void) {
     ikv_pool_config c{};
     c.struct_size = sizeof c;
     c.backend = IKV_BACKEND_CPU;
@@ -144,7 +153,8 @@ IKV_API ikv_status ikv_pool_create(const ikv_pool_config *config, ikv_pool **out
     constexpr const char *fn = "ikv_pool_create";
     IKV_CHECK_NULL(config, fn);
     IKV_CHECK_NULL(out, fn);
-    IKV_CHECK_STRUCT(config, sizeof(ikv_pool_config), fn);
+    // The first published struct ended at kv_dtype; later fields take their defaults.
+    IKV_CHECK_STRUCT(config, kPoolConfigFirstSize, fn);
     const ikv_pool_config c = ikv::read_config(*config, ikv_pool_default_config());
     ikv_status st = check_config(c);
     if (st != IKV_OK) return st;
@@ -162,7 +172,7 @@ IKV_API void ikv_pool_destroy(ikv_pool *pool) {
 IKV_API ikv_status ikv_pool_get_config(const ikv_pool *pool, ikv_pool_config *out) {
     IKV_CHECK_NULL(pool, "ikv_pool_get_config");
     IKV_CHECK_NULL(out, "ikv_pool_get_config");
-    IKV_CHECK_STRUCT(out, sizeof(ikv_pool_config), "ikv_pool_get_config");
+    IKV_CHECK_STRUCT(out, kPoolConfigFirstSize, "ikv_pool_get_config");
     ikv::write_versioned(out, pool->config);
     return IKV_OK;
 }
@@ -175,8 +185,12 @@ IKV_API uint64_t ikv_pool_page_bytes(const ikv_pool *pool, ikv_format format) {
 IKV_API ikv_status ikv_pool_get_stats(const ikv_pool *pool, ikv_pool_stats *out) {
     IKV_CHECK_NULL(pool, "ikv_pool_get_stats");
     IKV_CHECK_NULL(out, "ikv_pool_get_stats");
-    IKV_CHECK_STRUCT(out, sizeof(ikv_pool_stats), "ikv_pool_get_stats");
-    ikv::pool_stats(pool, out);
+    IKV_CHECK_STRUCT(out, kPoolStatsFirstSize, "ikv_pool_get_stats");
+    ikv_pool_stats all;
+    std::memset(&all, 0, sizeof all);
+    all.struct_size = sizeof all;
+    ikv::pool_stats(pool, &all);
+    ikv::write_versioned(out, all);  // a caller built with an older header gets the fields it knows
     return IKV_OK;
 }
 
@@ -258,6 +272,32 @@ IKV_API ikv_status ikv_seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint
     return ikv::seq_is_evicted(pool, seq, token, evicted_out);
 }
 
+IKV_API ikv_status ikv_seq_offload(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end, void *stream,
+                                   uint32_t *moved_out) {
+    IKV_CHECK_NULL(pool, "ikv_seq_offload");
+    try {
+        return ikv::seq_move_tier(pool, seq, begin, end, true, stream, moved_out, "ikv_seq_offload");
+    } catch (const std::bad_alloc &) {
+        return ikv::fail(IKV_E_NOMEM, "ikv_seq_offload: out of host memory");
+    }
+}
+
+IKV_API ikv_status ikv_seq_fetch(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end, void *stream,
+                                 uint32_t *moved_out) {
+    IKV_CHECK_NULL(pool, "ikv_seq_fetch");
+    try {
+        return ikv::seq_move_tier(pool, seq, begin, end, false, stream, moved_out, "ikv_seq_fetch");
+    } catch (const std::bad_alloc &) {
+        return ikv::fail(IKV_E_NOMEM, "ikv_seq_fetch: out of host memory");
+    }
+}
+
+IKV_API ikv_status ikv_seq_page_tier(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, int *on_host_out) {
+    IKV_CHECK_NULL(pool, "ikv_seq_page_tier");
+    IKV_CHECK_NULL(on_host_out, "ikv_seq_page_tier");
+    return ikv::seq_page_tier(pool, seq, page, on_host_out);
+}
+
 IKV_API ikv_status ikv_seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format *out) {
     IKV_CHECK_NULL(pool, "ikv_seq_page_format");
     IKV_CHECK_NULL(out, "ikv_seq_page_format");
@@ -309,6 +349,33 @@ IKV_API ikv_status ikv_seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, ui
     } catch (const std::bad_alloc &) {
         return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     }
+}
+
+// The first header's ikv_pool_config (through kv_dtype) and its default, for
+// programs built against it: they call the unversioned symbol with a return
+// slot of that size, so it must write exactly those bytes.
+struct ikv_pool_config_v1 {
+    uint32_t struct_size;
+    ikv_backend backend;
+    int device;
+    uint32_t n_layers;
+    uint32_t n_kv_heads;
+    uint32_t head_dim;
+    uint32_t page_size;
+    uint64_t capacity_bytes;
+    ikv_format default_format;
+    ikv_dtype kv_dtype;
+};
+static_assert(sizeof(ikv_pool_config_v1) == kPoolConfigFirstSize, "the first ikv_pool_config layout");
+static_assert(offsetof(ikv_pool_config_v1, kv_dtype) == offsetof(ikv_pool_config, kv_dtype), "a prefix of today's");
+
+#undef ikv_pool_default_config
+IKV_API ikv_pool_config_v1 ikv_pool_default_config(void) {
+    const ikv_pool_config c = ikv_pool_default_config_v2();
+    ikv_pool_config_v1 v1;
+    std::memcpy(&v1, &c, sizeof v1);
+    v1.struct_size = sizeof v1;
+    return v1;
 }
 
 }  // extern "C"

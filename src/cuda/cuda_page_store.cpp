@@ -34,6 +34,7 @@
 
 #include "common/quant.hpp"
 #include "cuda/cuda_util.hpp"
+#include "cuda/host_tier.hpp"
 #include "cuda/job_ring.hpp"
 #include "ikv_kernels.h"
 #include "pool/page_store.hpp"
@@ -83,12 +84,18 @@ public:
           stream_(stream),
           memory_(c.device),
           slabs_(shape_, c.capacity_bytes, kSlabAlign, kSlabTargetBytes, memory_),
-          stage_bytes_(2ull * c.n_kv_heads * c.page_size * c.head_dim * sizeof(float)) {}
+          host_memory_(c.device),
+          stage_bytes_(2ull * c.n_kv_heads * c.page_size * c.head_dim * sizeof(float)) {
+        if (c.host_capacity_bytes > 0)  // throws std::bad_alloc only (make_cuda_store catches it)
+            host_slabs_.reset(
+                new SlabAllocator(shape_, c.host_capacity_bytes, kSlabAlign, kSlabTargetBytes, host_memory_));
+    }
 
     ~CudaPageStore() override {
         DeviceGuard g(device_);
         wait_async();
         cudaStreamSynchronize(stream_);
+        moved_.drain(true, [this](ikv_format f, uint8_t *p) { release(f, p); });
         ring_.reset();
         for (void *chunk : stage_chunks_) cudaFree(chunk);
         if (input_) cudaFree(input_);
@@ -101,8 +108,56 @@ public:
         cudaStreamDestroy(stream_);
     }
 
-    ikv_status alloc(ikv_format f, uint8_t **page) override { return slabs_.alloc(f, page); }
-    void release(ikv_format f, uint8_t *page) override { slabs_.release(f, page); }
+    // Sources of finished moves go back first; if slab memory runs out while
+    // moves are in flight, wait for them and try again.
+    ikv_status alloc(ikv_format f, uint8_t **page) override { return alloc_from(slabs_, f, page); }
+    void release(ikv_format f, uint8_t *page) override {
+        if (host_slabs_ && host_slabs_->owns(page))
+            host_slabs_->release(f, page);
+        else
+            slabs_.release(f, page);
+    }
+
+    // ---- the host tier (host_tier.hpp, pool_tier.cpp) ----
+
+    bool has_host_tier() const override { return host_slabs_ != nullptr; }
+    ikv_status alloc_host(ikv_format f, uint8_t **page) override {
+        if (!host_slabs_) return fail(IKV_E_UNSUPPORTED, "ikv_pool: the pool has no host tier");
+        return alloc_from(*host_slabs_, f, page);
+    }
+    // Behind the engine's work on its stream (and earlier asynchronous
+    // appends), as an asynchronous append's work is: the store's synchronous
+    // calls wait for it. On failure nothing is left in flight.
+    ikv_status move_pages(const PageMove *moves, size_t n, void *stream) override {
+        if (n == 0) return IKV_OK;
+        std::vector<DeferredReleases::Page> sources;
+        try {
+            sources.reserve(n);
+        } catch (const std::bad_alloc &) {
+            return fail(IKV_E_NOMEM, "ikv_pool: out of host memory");
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        Exec ex;
+        ex.stream = stream;
+        ex.async = true;
+        cudaStream_t st = nullptr;
+        cudaError_t err = begin(ex, &st);
+        for (size_t i = 0; i < n && err == cudaSuccess; ++i) {
+            err = cudaMemcpyAsync(moves[i].dst, moves[i].src, page_bytes(shape_, moves[i].format), cudaMemcpyDefault,
+                                  st);
+            sources.emplace_back(moves[i].format, moves[i].src);
+        }
+        if (err == cudaSuccess) err = moved_.add(st, std::move(sources));
+        if (err == cudaSuccess) err = finish(ex);
+        if (err != cudaSuccess) {
+            cudaStreamSynchronize(st);  // no copy may still write a destination the caller gives back
+            cudaGetLastError();
+            return cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of pages between the tiers");
+        }
+        return IKV_OK;
+    }
 
     ikv_status init(ikv_format f, uint8_t *page) override {
         const PageInit one{f, page};
@@ -148,7 +203,7 @@ public:
         cudaError_t err = begin(ex, &st);
         for (size_t i = 0; i < n && err == cudaSuccess; ++i)
             err = cudaMemcpyAsync(pages[i].dst, pages[i].src, page_bytes(shape_, pages[i].format),
-                                  cudaMemcpyDeviceToDevice, st);
+                                  cudaMemcpyDefault, st);  // either tier (a host-tier page is mapped memory)
         if (err == cudaSuccess) err = finish(ex);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of a device page");
     }
@@ -172,7 +227,7 @@ public:
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_seq_read", "cudaSetDevice");
         cudaError_t err = wait_async();
         if (err == cudaSuccess)
-            err = cudaMemcpy(sub.data(), page + subpage_offset(shape_, f, layer, head), sl.bytes, cudaMemcpyDeviceToHost);
+            err = cudaMemcpy(sub.data(), page + subpage_offset(shape_, f, layer, head), sl.bytes, cudaMemcpyDefault);
         if (err != cudaSuccess) return cuda_fail(err, "ikv_seq_read", "cudaMemcpy of a device sub-page");
         for (uint32_t i = 0; i < n; ++i) {
             if (k_out) read_subpage_row(f, shape_.page_size, shape_.head_dim, sub.data(), 0, t0 + i, k_out + i * out_stride);
@@ -188,7 +243,7 @@ public:
         cudaError_t err = wait_async();
         if (err == cudaSuccess)
             err = cudaMemcpy(out, page + summary_offset(shape_, f, layer, head), summary_record_bytes(shape_),
-                             cudaMemcpyDeviceToHost);
+                             cudaMemcpyDefault);  // either tier
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_seq_page_summary", "cudaMemcpy of a key summary");
     }
 
@@ -626,7 +681,22 @@ private:
     cudaStream_t stream_;
     DeviceMemory memory_;  // declared before slabs_: outlives it
     SlabAllocator slabs_;
+    PinnedMemory host_memory_;                 // declared before host_slabs_: outlives it
+    std::unique_ptr<SlabAllocator> host_slabs_;  // the host tier, when host_capacity_bytes > 0
+    DeferredReleases moved_;                   // sources of moves whose copies may still run
     uint64_t stage_bytes_;
+
+    // alloc()/alloc_host() from one tier's slabs (under the pool's accounting mutex).
+    ikv_status alloc_from(SlabAllocator &slabs, ikv_format f, uint8_t **page) {
+        auto give_back = [this](ikv_format g, uint8_t *p) { release(g, p); };
+        moved_.drain(false, give_back);
+        ikv_status st = slabs.alloc(f, page);
+        if (st == IKV_E_NOMEM && !moved_.empty()) {
+            moved_.drain(true, give_back);
+            st = slabs.alloc(f, page);
+        }
+        return st;
+    }
 
     std::mutex stage_mu_;  // leaf lock: stage_alloc/stage_free only
     std::vector<void *> stage_chunks_;
@@ -677,8 +747,10 @@ ikv_status make_cuda_store(const ikv_pool_config &config, std::unique_ptr<PageSt
     cudaStream_t stream = nullptr;
     const cudaError_t err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) return cuda_fail(err, fn, "cudaStreamCreateWithFlags");
-    CudaPageStore *s = new (std::nothrow) CudaPageStore(config, stream);
-    if (s == nullptr) {
+    CudaPageStore *s = nullptr;
+    try {
+        s = new CudaPageStore(config, stream);
+    } catch (const std::bad_alloc &) {
         cudaStreamDestroy(stream);
         return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     }

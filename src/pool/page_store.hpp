@@ -148,6 +148,33 @@ public:
 
     // Byte copy of a whole page of format f.
     virtual ikv_status copy(ikv_format f, uint8_t *dst, const uint8_t *src) = 0;
+
+    // ---- the host tier (CUDA stores with host capacity; pool_tier.cpp) ----
+    // Whether this store has one. The others refuse the calls below.
+    virtual bool has_host_tier() const { return false; }
+    // A page of format f in pinned host memory the device reads directly
+    // (under the pool's accounting mutex, as alloc). release() takes either
+    // tier's pages.
+    virtual ikv_status alloc_host(ikv_format f, uint8_t **page) {
+        (void)f;
+        *page = nullptr;
+        return IKV_E_UNSUPPORTED;
+    }
+    // Copy each page to its new place on the engine's stream, behind the work
+    // on it, without waiting; the store's synchronous calls wait for the
+    // copies, and each source page returns to its allocator once its copy is
+    // done (the caller has already dropped it from the pool's accounting).
+    struct PageMove {
+        ikv_format format;
+        uint8_t *dst;
+        uint8_t *src;
+    };
+    virtual ikv_status move_pages(const PageMove *moves, size_t n, void *stream) {
+        (void)moves;
+        (void)n;
+        (void)stream;
+        return IKV_E_UNSUPPORTED;
+    }
     // Memory held for pages (slabs), live or free.
     virtual uint64_t reserved_bytes() const = 0;
 };

@@ -27,6 +27,7 @@ ikv_status alloc_page_locked(ikv_pool *pool, ikv_format f, PageRec *rec) {
     if (st != IKV_OK) return st;
     rec->format = f;
     rec->refs = 1;
+    rec->on_host = false;  // new pages are device (or CPU) pages; only pool_tier.cpp moves them
     pool->used_bytes += pool->page_bytes[f];
     pool->pages_used += 1;
     pool->pages_by_format[f] += 1;
@@ -36,12 +37,19 @@ ikv_status alloc_page_locked(ikv_pool *pool, ikv_format f, PageRec *rec) {
 
 void free_page_bytes_locked(ikv_pool *pool, PageRec *rec) {
     const ikv_format f = rec->format;
-    pool->store->release(f, rec->bytes);
+    const uint64_t b = pool->page_bytes[f];
+    pool->store->release(f, rec->bytes);  // the store knows which tier's memory it is
     rec->bytes = nullptr;
-    pool->used_bytes -= pool->page_bytes[f];
+    if (rec->on_host) {
+        pool->host_used_bytes -= b;
+        pool->host_pages -= 1;
+        rec->on_host = false;
+    } else {
+        pool->used_bytes -= b;
+    }
     pool->pages_used -= 1;
     pool->pages_by_format[f] -= 1;
-    pool->bytes_by_format[f] -= pool->page_bytes[f];
+    pool->bytes_by_format[f] -= b;
 }
 
 void unref_page_locked(ikv_pool *pool, PageRec *rec) {
@@ -93,6 +101,10 @@ void pool_stats(const ikv_pool *pool, ikv_pool_stats *out) {
     out->staging_bytes = pool->staging_bytes;
     out->n_sequences = uint32_t(pool->seqs.size());
     out->tokens_total = pool->tokens_total;
+    out->host_used_bytes = pool->host_used_bytes;
+    out->host_pages = pool->host_pages;
+    out->bytes_offloaded = pool->bytes_offloaded;
+    out->bytes_fetched = pool->bytes_fetched;
 }
 
 ikv_status seq_create(ikv_pool *pool, ikv_seq_id *id_out) {

@@ -30,7 +30,8 @@ namespace ikv {
 struct PageRec {
     uint8_t *bytes = nullptr;
     ikv_format format = IKV_FMT_F16;
-    uint32_t refs = 1;  // sequences whose block table holds this page (under state_mu)
+    uint32_t refs = 1;     // sequences whose block table holds this page (under state_mu)
+    bool on_host = false;  // CUDA pools with a host tier: bytes are pinned host memory (pool_tier.cpp)
 };
 
 struct LayerState {
@@ -74,6 +75,11 @@ struct ikv_pool {
     uint64_t bytes_by_format[IKV_FMT_COUNT] = {};
     uint64_t staging_bytes = 0;
     uint64_t tokens_total = 0;
+    // The host tier (CUDA pools): bytes and pages there, bytes moved each way.
+    uint64_t host_used_bytes = 0;
+    uint64_t host_pages = 0;
+    uint64_t bytes_offloaded = 0;
+    uint64_t bytes_fetched = 0;
 };
 
 namespace ikv {
@@ -100,6 +106,10 @@ ikv_status seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint32_t token, 
 ikv_status seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format *out);
 ikv_status seq_set_page_format(ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format format);
 ikv_status seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id seq, const ikv_plan *plan);
+// ikv_seq_offload (to_host) / ikv_seq_fetch; fn names the entry point.
+ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end, bool to_host, void *stream,
+                         uint32_t *moved_out, const char *fn);
+ikv_status seq_page_tier(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, int *on_host_out);
 ikv_status seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t begin, uint32_t end, float *k_out,
                     float *v_out);
 ikv_status seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t kv_head, uint32_t page,

@@ -99,7 +99,7 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
             // a rollback that ends with fewer bytes in use never fails for lack of them.
             uint64_t freed = 0;
             for (const PageRec *rec : dropped)
-                if (rec != nullptr && rec->refs == 1) freed += pool->page_bytes[rec->format];
+                if (rec != nullptr && rec->refs == 1 && !rec->on_host) freed += pool->page_bytes[rec->format];
             ikv_status st = check_capacity_locked(pool, pool->page_bytes[old->format], freed, fn);
             if (st == IKV_OK) st = alloc_page_locked(pool, old->format, copy);
             if (st != IKV_OK) {
@@ -207,7 +207,9 @@ ikv_status seq_set_page_format(ikv_pool *pool, ikv_seq_id id, uint32_t page, ikv
         if (rec->format == format) return IKV_OK;
         ikv_status st = buf.alloc();
         if (st != IKV_OK) return st;
-        st = check_capacity_locked(pool, pool->page_bytes[format], pool->page_bytes[rec->format], fn);
+        // the new page is a device page; the old one frees device room only if it was one
+        st = check_capacity_locked(pool, pool->page_bytes[format], rec->on_host ? 0 : pool->page_bytes[rec->format],
+                                   fn);
         if (st == IKV_OK) st = alloc_page_locked(pool, format, &fresh);
         if (st != IKV_OK) return st;
     }
@@ -254,7 +256,7 @@ ikv_status seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id id, const ikv_plan 
                 r.format = f;
                 changes.emplace_back(p, r);
                 extra += pool->page_bytes[f];
-                freed += pool->page_bytes[rec->format];
+                if (!rec->on_host) freed += pool->page_bytes[rec->format];
             }
         } catch (const std::bad_alloc &) {
             return fail(IKV_E_NOMEM, "%s: out of host memory", fn);

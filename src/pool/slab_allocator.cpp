@@ -42,6 +42,14 @@ ikv_status SlabAllocator::alloc(ikv_format f, uint8_t **page) {
     return IKV_OK;
 }
 
+bool SlabAllocator::owns(const uint8_t *page) const {
+    auto it = slabs_.upper_bound(reinterpret_cast<uintptr_t>(page));
+    if (it == slabs_.begin()) return false;
+    --it;
+    const Slab *s = it->second;
+    return reinterpret_cast<uintptr_t>(page) < reinterpret_cast<uintptr_t>(s->base) + stride_[s->format] * s->n_pages;
+}
+
 void SlabAllocator::release(ikv_format f, uint8_t *page) {
     auto it = slabs_.upper_bound(reinterpret_cast<uintptr_t>(page));
     --it;  // the slab whose base is the greatest <= page

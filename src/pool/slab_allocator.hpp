@@ -37,6 +37,9 @@ public:
     void release(ikv_format f, uint8_t *page);
     // Slab memory held, live pages or free.
     uint64_t reserved_bytes() const { return reserved_; }
+    // Whether page lies in one of this allocator's slabs (a store with two
+    // allocators, device and host tier, tells their pages apart by it).
+    bool owns(const uint8_t *page) const;
 
 private:
     struct Slab {

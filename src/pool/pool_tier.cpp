@@ -1,0 +1,133 @@
+// The host tier of CUDA pools: ikv_seq_offload / ikv_seq_fetch move whole
+// pages between device memory and pinned host memory, and
+// ikv_seq_page_tier says where one is.
+//
+// A page keeps its record (format, references, block-table slot) and only
+// its bytes move, so the table's generation changes (decoders rebuild their
+// page lists with the new addresses) and nothing else does. Decode reads a
+// host-tier page in place through the mapped pinned memory, so what it
+// computes does not depend on where a page is.
+//
+// Order of work, so that a refused move changes nothing:
+//   1. under state_mu: choose the pages (this sequence's alone, complete in
+//      every layer, live, in the other tier), check the target tier's room,
+//      allocate every destination (undo all on failure);
+//   2. outside the lock: the store enqueues the copies on the engine's stream
+//      (and releases each source once its copy is done);
+//   3. under state_mu: the records take their new bytes and tier; accounting.
+#include <algorithm>
+#include <vector>
+
+#include "pool/pool_internal.hpp"
+
+namespace ikv {
+
+namespace {
+
+struct Move {
+    PageRec *rec;
+    uint8_t *dst;
+};
+
+// Under state_mu: IKV_E_NOMEM with a sentence when `extra` bytes more would
+// not fit the host tier.
+ikv_status check_host_room_locked(const ikv_pool *pool, uint64_t extra, const char *fn) {
+    if (pool->host_used_bytes + extra > pool->config.host_capacity_bytes)
+        return fail(IKV_E_NOMEM,
+                    "%s: needs %llu more bytes of the host tier but %llu of host_capacity_bytes %llu are in use", fn,
+                    (unsigned long long)extra, (unsigned long long)pool->host_used_bytes,
+                    (unsigned long long)pool->config.host_capacity_bytes);
+    return IKV_OK;
+}
+
+}  // namespace
+
+ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t end, bool to_host, void *stream,
+                         uint32_t *moved_out, const char *fn) {
+    if (moved_out) *moved_out = 0;
+    if (pool->config.backend != IKV_BACKEND_CUDA || !pool->store->has_host_tier())
+        return fail(IKV_E_UNSUPPORTED,
+                    "%s: the pool has no host tier (a CUDA pool created with host_capacity_bytes > 0 has one)", fn);
+    auto seqp = find_seq(pool, id);
+    if (!seqp) return seq_not_found(fn, id);
+    Seq &seq = *seqp;
+    if (begin > end || end > seq.length)
+        return fail(IKV_E_RANGE, "%s: tokens [%u, %u) are not inside sequence %u of %u tokens", fn, begin, end,
+                    (unsigned)id, seq.length);
+    const uint32_t P = pool->shape.page_size;
+    uint32_t full_len = seq.length;  // pages complete in every layer: below the shortest layer's last whole page
+    for (const LayerState &ls : seq.layers) full_len = std::min(full_len, ls.length);
+    const uint32_t p0 = begin / P, p1 = std::min((end + P - 1) / P, full_len / P);
+
+    std::vector<Move> moves;
+    std::vector<PageStore::PageMove> copies;
+    {
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        uint64_t extra = 0;
+        try {
+            for (uint32_t p = p0; p < p1; ++p) {
+                PageRec *rec = seq.pages[p];
+                if (rec == nullptr || rec->refs > 1 || rec->on_host == to_host) continue;
+                moves.push_back(Move{rec, nullptr});
+                extra += pool->page_bytes[rec->format];
+            }
+            copies.reserve(moves.size());
+        } catch (const std::bad_alloc &) {
+            return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+        }
+        if (moves.empty()) return IKV_OK;
+        ikv_status st = to_host ? check_host_room_locked(pool, extra, fn) : check_capacity_locked(pool, extra, 0, fn);
+        for (size_t i = 0; i < moves.size() && st == IKV_OK; ++i) {
+            const ikv_format f = moves[i].rec->format;
+            st = to_host ? pool->store->alloc_host(f, &moves[i].dst) : pool->store->alloc(f, &moves[i].dst);
+            if (st != IKV_OK) {
+                for (size_t j = 0; j < i; ++j) pool->store->release(moves[j].rec->format, moves[j].dst);
+                return st;
+            }
+        }
+        if (st != IKV_OK) return st;
+        for (const Move &m : moves) copies.push_back(PageStore::PageMove{m.rec->format, m.dst, m.rec->bytes});
+    }
+    const ikv_status st = pool->store->move_pages(copies.data(), copies.size(), stream);
+    std::lock_guard<std::mutex> lock(pool->state_mu);
+    if (st != IKV_OK) {  // nothing was enqueued: the destinations go back, the pages stay
+        for (const Move &m : moves) pool->store->release(m.rec->format, m.dst);
+        return st;
+    }
+    for (const Move &m : moves) {
+        const uint64_t b = pool->page_bytes[m.rec->format];
+        m.rec->bytes = m.dst;  // the source is released by the store once copied
+        m.rec->on_host = to_host;
+        if (to_host) {
+            pool->used_bytes -= b;
+            pool->host_used_bytes += b;
+            pool->host_pages += 1;
+            pool->bytes_offloaded += b;
+        } else {
+            pool->used_bytes += b;
+            pool->host_used_bytes -= b;
+            pool->host_pages -= 1;
+            pool->bytes_fetched += b;
+        }
+    }
+    table_changed(seq);
+    if (moved_out) *moved_out = uint32_t(moves.size());
+    return IKV_OK;
+}
+
+ikv_status seq_page_tier(const ikv_pool *pool, ikv_seq_id id, uint32_t page, int *on_host_out) {
+    constexpr const char *fn = "ikv_seq_page_tier";
+    auto seqp = find_seq(pool, id);
+    if (!seqp) return seq_not_found(fn, id);
+    const Seq &seq = *seqp;
+    if (page >= seq.pages.size())
+        return fail(IKV_E_RANGE, "%s: page %u is beyond the %zu pages of sequence %u", fn, page, seq.pages.size(),
+                    (unsigned)id);
+    std::lock_guard<std::mutex> lock(pool->state_mu);
+    const PageRec *rec = seq.pages[page];
+    if (rec == nullptr) return fail(IKV_E_EVICTED, "%s: page %u of sequence %u was evicted", fn, page, (unsigned)id);
+    *on_host_out = rec->on_host ? 1 : 0;
+    return IKV_OK;
+}
+
+}  // namespace ikv

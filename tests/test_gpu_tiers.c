@@ -1,0 +1,407 @@
+/* Tiered KV memory (issue 22): a CUDA pool with a host tier moves whole pages
+ * to pinned host memory (ikv_seq_offload) and back (ikv_seq_fetch); decode
+ * reads host-tier pages in place. Checked against an all-resident pool fed
+ * the same tokens: every decode output byte for byte (dense, a plan, hybrid
+ * top-k), every read, in every format, before and after offloading, across a
+ * fork (shared pages stay), truncation into an offloaded page, appends after
+ * it, eviction and fetching back; moves enqueued on a stream are ordered
+ * before the decode that follows on it; a move the target tier has no room
+ * for changes nothing; accounting returns to zero.
+ * IKV_GPU_TIER_BENCH=1 adds the benchmark of bench/RESULTS.md (tiered memory):
+ * step time with the plan's pages resident and the rest on the host, with
+ * everything on the host (read over the bus), and fetching first.
+ * Skips without a CUDA device. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_rt.h"
+#include "support.h"
+
+enum { L = 2, H = 2, D = 128, P = 16, G = 4, NQ = H * G, B = 2 };
+static const uint32_t kLens[B] = {520, 200};
+
+static ikv_pool *make_pool(ikv_format f, uint64_t host_capacity, uint64_t capacity) {
+    ikv_pool_config c = ikvt_pool_config((ikvt_pool_spec){.backend = IKV_BACKEND_CUDA, .n_layers = L, .n_kv_heads = H,
+                                                          .head_dim = D, .page_size = P, .capacity_bytes = capacity,
+                                                          .default_format = f});
+    c.host_capacity_bytes = host_capacity;
+    ikv_pool *pool = NULL;
+    IKVT_OK(ikv_pool_create(&c, &pool));
+    return pool;
+}
+
+static ikv_pool_stats stats_of(const ikv_pool *pool) {
+    ikv_pool_stats s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    IKVT_OK(ikv_pool_get_stats(pool, &s));
+    return s;
+}
+
+/* Both pools get the same n tokens (all layers) for sequence a / b. */
+static void append_both(ikv_pool *pa, ikv_seq_id a, ikv_pool *pb, ikv_seq_id b, uint32_t n, ikvt_rng *rng) {
+    const size_t elems = (size_t)L * n * H * D;
+    float *k = malloc(elems * sizeof *k), *v = malloc(elems * sizeof *v);
+    ikvt_fill_normal(rng, k, elems, 1.0f);
+    ikvt_fill_normal(rng, v, elems, 1.0f);
+    ikv_append ap = ikv_append_default(pa, n);
+    ap.layer = IKV_ALL_LAYERS;
+    ap.k = k;
+    ap.v = v;
+    IKVT_OK(ikv_pool_append(pa, a, &ap));
+    IKVT_OK(ikv_pool_append(pb, b, &ap));
+    free(k);
+    free(v);
+}
+
+typedef struct decode_bufs {
+    void *q, *out;
+    float *lse;
+} decode_bufs;
+
+/* One step over both sequences at layer 1; returns the output and lse on the host. */
+static void decode_host(ikv_decoder *dec, ikv_pool *pool, const ikv_seq_id *seqs, const ikv_plan *const *plans,
+                        int variant, const decode_bufs *d, void *stream, float *out, float *lse) {
+    ikv_decode_args a = ikv_decode_args_default();
+    a.layer = 1;
+    a.n_seqs = B;
+    a.seqs = seqs;
+    a.plans = variant == 1 ? plans : NULL;
+    a.n_q_heads = NQ;
+    a.q = d->q;
+    a.out = d->out;
+    a.lse = d->lse;
+    a.stream = stream;
+    if (variant == 2) {
+        a.topk_token_budget = 96;
+        a.topk_score = IKV_TOPK_SCORE_HYBRID;
+    }
+    IKVT_OK(ikv_decode(dec, pool, &a));
+    assert_int_equal(ikvt_rt.sync_(), 0);
+    assert_int_equal(ikvt_rt.memcpy_(out, d->out, sizeof(float) * B * NQ * D, IKVT_D2H), 0);
+    assert_int_equal(ikvt_rt.memcpy_(lse, d->lse, sizeof(float) * B * NQ, IKVT_D2H), 0);
+}
+
+/* Every variant's output and lse equal, byte for byte, and every layer's stored values. */
+static void expect_same(ikv_decoder *dec, ikv_pool *pa, const ikv_seq_id *sa, ikv_pool *pb, const ikv_seq_id *sb,
+                        const ikv_plan *const *plans, const decode_bufs *d, void *stream, const char *when) {
+    float o1[B * NQ * D], o2[B * NQ * D], l1[B * NQ], l2[B * NQ];
+    for (int variant = 0; variant < 3; ++variant) {
+        decode_host(dec, pa, sa, plans, variant, d, NULL, o1, l1);
+        decode_host(dec, pb, sb, plans, variant, d, stream, o2, l2);
+        if (memcmp(o1, o2, sizeof o1) != 0 || memcmp(l1, l2, sizeof l1) != 0) {
+            print_error("%s, variant %d: the tiered pool's decode differs from the all-resident pool's\n", when,
+                        variant);
+            fail();
+        }
+    }
+    for (uint32_t b = 0; b < B; ++b) {
+        uint32_t na = 0, nb = 0;
+        IKVT_OK(ikv_seq_length(pa, sa[b], &na));
+        IKVT_OK(ikv_seq_length(pb, sb[b], &nb));
+        assert_int_equal(na, nb);
+        const size_t elems = (size_t)na * H * D + 1;
+        float *k1 = malloc(elems * 4), *v1 = malloc(elems * 4), *k2 = malloc(elems * 4), *v2 = malloc(elems * 4);
+        for (uint32_t l = 0; l < L; ++l)
+            for (uint32_t t0 = 0; t0 < na; t0 += P) { /* page by page: evicted pages cannot be read */
+                const uint32_t t1 = t0 + P < na ? t0 + P : na;
+                int evicted = 0;
+                IKVT_OK(ikv_seq_is_evicted(pa, sa[b], t0, &evicted));
+                if (evicted) continue;
+                IKVT_OK(ikv_seq_read(pa, sa[b], l, t0, t1, k1, v1));
+                IKVT_OK(ikv_seq_read(pb, sb[b], l, t0, t1, k2, v2));
+                assert_memory_equal(k1, k2, 4 * (size_t)(t1 - t0) * H * D);
+                assert_memory_equal(v1, v2, 4 * (size_t)(t1 - t0) * H * D);
+            }
+        free(k1), free(v1), free(k2), free(v2);
+    }
+}
+
+static uint32_t host_pages_of(const ikv_pool *pool, ikv_seq_id seq, uint32_t n_pages) {
+    uint32_t n = 0;
+    for (uint32_t p = 0; p < n_pages; ++p) {
+        int on_host = 0;
+        if (ikv_seq_page_tier(pool, seq, p, &on_host) == IKV_OK) n += (uint32_t)on_host;
+    }
+    return n;
+}
+
+static void test_tiered_pool_equals_all_resident(void **state) {
+    (void)state;
+    ikvt_rng rng = {2200};
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    ikv_decoder *dec = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    float q[B * NQ * D];
+    ikvt_fill_normal(&rng, q, B * NQ * D, 1.5f);
+    decode_bufs d = {ikvt_dev_upload(q, sizeof q), ikvt_dev_upload(NULL, sizeof q),
+                     ikvt_dev_upload(NULL, sizeof(float) * B * NQ)};
+    void *stream = NULL;
+    assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
+    static const ikv_token_range r0[] = {{0, 40}, {130, 300}, {480, 520}}, r1[] = {{16, 64}, {150, 200}};
+    ikv_plan *plans[B];
+    IKVT_OK(ikv_plan_from_ranges(r0, 3, kLens[0], P, IKV_FMT_F16, &plans[0]));
+    IKVT_OK(ikv_plan_from_ranges(r1, 2, kLens[1], P, IKV_FMT_F16, &plans[1]));
+    const ikv_plan *const *cplans = (const ikv_plan *const *)plans;
+
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) {
+        ikv_pool *pa = make_pool((ikv_format)f, 0, 64u << 20), *pb = make_pool((ikv_format)f, 64u << 20, 64u << 20);
+        const uint64_t page = ikv_pool_page_bytes(pb, (ikv_format)f);
+        ikv_seq_id sa[B], sb[B];
+        for (uint32_t b = 0; b < B; ++b) {
+            IKVT_OK(ikv_seq_create(pa, &sa[b]));
+            IKVT_OK(ikv_seq_create(pb, &sb[b]));
+            append_both(pa, sa[b], pb, sb[b], kLens[b], &rng);
+        }
+        expect_same(dec, pa, sa, pb, sb, cplans, &d, NULL, "all resident");
+        const ikv_pool_stats before = stats_of(pb);
+
+        /* offload on a stream; the decode right after on the same stream reads the moved pages */
+        uint32_t moved = 0;
+        IKVT_OK(ikv_seq_offload(pb, sb[0], 0, 320, stream, &moved));
+        assert_int_equal(moved, 20);
+        IKVT_OK(ikv_seq_offload(pb, sb[1], 100, 200, stream, &moved)); /* pages 6..11; page 12 is partial */
+        assert_int_equal(moved, 6);
+        expect_same(dec, pa, sa, pb, sb, cplans, &d, stream, "after offloading, decoded on the moves' stream");
+        assert_int_equal(host_pages_of(pb, sb[0], 33), 20);
+        int on_host = 0;
+        IKVT_OK(ikv_seq_page_tier(pb, sb[1], 12, &on_host));
+        assert_int_equal(on_host, 0);
+        ikv_pool_stats st = stats_of(pb);
+        assert_true(st.host_pages == 26 && st.host_used_bytes == 26 * page);
+        assert_true(st.used_bytes == before.used_bytes - 26 * page && st.pages_used == before.pages_used);
+        assert_true(st.bytes_offloaded == 26 * page && st.bytes_fetched == 0);
+        IKVT_OK(ikv_seq_offload(pb, sb[0], 0, 320, NULL, &moved)); /* already there: nothing moves */
+        assert_int_equal(moved, 0);
+
+        /* a fork shares the pages: offloading through it moves none of them */
+        ikv_seq_id fa, fb;
+        IKVT_OK(ikv_seq_fork(pa, sa[0], &fa));
+        IKVT_OK(ikv_seq_fork(pb, sb[0], &fb));
+        IKVT_OK(ikv_seq_offload(pb, fb, 320, 512, NULL, &moved));
+        assert_int_equal(moved, 0);
+        /* truncate into an offloaded page (shared with the fork: copied), then append */
+        IKVT_OK(ikv_seq_truncate(pa, sa[0], 250));
+        IKVT_OK(ikv_seq_truncate(pb, sb[0], 250)); /* 270 tokens: page 16 of 14 tokens */
+        append_both(pa, sa[0], pb, sb[0], 23, &rng);
+        expect_same(dec, pa, sa, pb, sb, cplans, &d, NULL, "after truncate and append");
+        IKVT_OK(ikv_seq_destroy(pa, fa));
+        IKVT_OK(ikv_seq_destroy(pb, fb));
+        /* evict an offloaded range, then bring everything back */
+        IKVT_OK(ikv_seq_evict(pa, sa[0], 32, 96));
+        IKVT_OK(ikv_seq_evict(pb, sb[0], 32, 96));
+        expect_same(dec, pa, sa, pb, sb, cplans, &d, NULL, "after evicting offloaded pages");
+        IKVT_OK(ikv_seq_fetch(pb, sb[0], 0, 293, stream, &moved));
+        assert_int_equal(moved, 12); /* pages 0-1 and 6-15 (2-5 evicted, 16+ on the device) */
+        IKVT_OK(ikv_seq_fetch(pb, sb[1], 0, 200, stream, &moved));
+        assert_int_equal(moved, 6);
+        expect_same(dec, pa, sa, pb, sb, cplans, &d, stream, "after fetching back");
+        st = stats_of(pb);
+        assert_true(st.host_pages == 0 && st.host_used_bytes == 0 && st.bytes_fetched == 18 * page);
+        /* the pool is destroyed with pages in both tiers */
+        IKVT_OK(ikv_seq_offload(pb, sb[1], 0, 200, NULL, &moved));
+        for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_destroy(pa, sa[b]));
+        IKVT_OK(ikv_seq_destroy(pb, sb[0]));
+        st = stats_of(pb);
+        assert_true(moved == 12 && st.host_pages == 12 && st.pages_used == 13); /* 12 full pages and the partial one */
+        IKVT_OK(ikv_seq_destroy(pb, sb[1]));
+        st = stats_of(pb);
+        assert_true(st.pages_used == 0 && st.used_bytes == 0 && st.host_used_bytes == 0 && st.host_pages == 0);
+        ikv_pool_destroy(pa);
+        ikv_pool_destroy(pb);
+    }
+    for (uint32_t b = 0; b < B; ++b) ikv_plan_destroy(plans[b]);
+    assert_int_equal(ikvt_rt.stream_destroy_(stream), 0);
+    ikvt_rt.free_(d.q);
+    ikvt_rt.free_(d.out);
+    ikvt_rt.free_(d.lse);
+    ikv_decoder_destroy(dec);
+}
+
+/* No room in the target tier: refused, nothing moved, nothing counted. */
+static void test_moves_without_room_change_nothing(void **state) {
+    (void)state;
+    ikvt_rng rng = {2300};
+    ikv_pool *probe = make_pool(IKV_FMT_F16, 0, 1u << 20);
+    const uint64_t page = ikv_pool_page_bytes(probe, IKV_FMT_F16);
+    ikv_pool_destroy(probe);
+    ikv_pool *pb = make_pool(IKV_FMT_F16, 2 * page, 6 * page), *pa = make_pool(IKV_FMT_F16, 0, 16 * page);
+    ikv_seq_id a, b;
+    IKVT_OK(ikv_seq_create(pa, &a));
+    IKVT_OK(ikv_seq_create(pb, &b));
+    append_both(pa, a, pb, b, 4 * P, &rng);
+    const ikv_pool_stats before = stats_of(pb);
+    uint32_t moved = 7;
+    IKVT_EXPECT_STATUS(ikv_seq_offload(pb, b, 0, 3 * P, NULL, &moved), IKV_E_NOMEM, "host_capacity_bytes");
+    assert_int_equal(moved, 0);
+    ikv_pool_stats after = stats_of(pb);
+    assert_memory_equal(&before, &after, sizeof before);
+    assert_int_equal(host_pages_of(pb, b, 4), 0);
+    IKVT_OK(ikv_seq_offload(pb, b, 0, 2 * P, NULL, &moved));
+    assert_int_equal(moved, 2);
+    /* fill the device, then a fetch that does not fit is refused */
+    append_both(pa, a, pb, b, 4 * P, &rng); /* 8 pages: 6 on the device, 2 on the host */
+    const ikv_pool_stats full = stats_of(pb);
+    IKVT_EXPECT_STATUS(ikv_seq_fetch(pb, b, 0, 2 * P, NULL, &moved), IKV_E_NOMEM, "capacity_bytes");
+    after = stats_of(pb);
+    assert_memory_equal(&full, &after, sizeof full);
+    assert_int_equal(host_pages_of(pb, b, 8), 2);
+    /* bad arguments */
+    IKVT_EXPECT_STATUS(ikv_seq_offload(pb, b, 5, 4, NULL, NULL), IKV_E_RANGE, "ikv_seq_offload");
+    IKVT_EXPECT_STATUS(ikv_seq_fetch(pb, b, 0, 9 * P, NULL, NULL), IKV_E_RANGE, "ikv_seq_fetch");
+    IKVT_EXPECT_STATUS(ikv_seq_offload(pb, 999, 0, 1, NULL, NULL), IKV_E_NOT_FOUND, "999");
+    IKVT_EXPECT_STATUS(ikv_seq_offload(pa, a, 0, P, NULL, NULL), IKV_E_UNSUPPORTED, "host tier");
+    ikv_pool_destroy(pa);
+    ikv_pool_destroy(pb);
+}
+
+/* ---------------------------------------------------------------- benchmark */
+
+static double step_ms(ikv_decoder *dec, ikv_pool *pool, const ikv_decode_args *base, uint32_t layers, int reps) {
+    ikv_decode_args a = *base;
+    for (int w = 0; w < 2; ++w)
+        for (uint32_t l = 0; l < layers; ++l) {
+            a.layer = l;
+            IKVT_OK(ikv_decode(dec, pool, &a));
+        }
+    assert_int_equal(ikvt_rt.sync_(), 0);
+    const double t0 = ikvt_now_us();
+    for (int r = 0; r < reps; ++r)
+        for (uint32_t l = 0; l < layers; ++l) {
+            a.layer = l;
+            IKVT_OK(ikv_decode(dec, pool, &a));
+        }
+    assert_int_equal(ikvt_rt.sync_(), 0);
+    return (ikvt_now_us() - t0) / 1000.0 / reps;
+}
+
+static void bench_tiers(void) {
+    enum { BL = 8, BH = 8, BG = 4, BQ = BH * BG, BB = 4, CTX = 32768, REPS = 20 };
+    ikvt_rng rng = {9};
+    const size_t per_seq = (size_t)BL * CTX * BH * D;
+    uint16_t *kv = malloc(per_seq * 2);
+    float *tmp = malloc(4096 * sizeof(float));
+    for (size_t i = 0; i < per_seq; i += 4096) {
+        ikvt_fill_normal(&rng, tmp, 4096, 1.0f);
+        ikvt_to_f16(tmp, kv + i, per_seq - i < 4096 ? per_seq - i : 4096);
+    }
+    ikv_pool_config c = ikvt_pool_config((ikvt_pool_spec){.backend = IKV_BACKEND_CUDA, .n_layers = BL,
+                                                          .n_kv_heads = BH, .head_dim = D, .page_size = P,
+                                                          .capacity_bytes = 8ull << 30, .kv_dtype = IKV_DTYPE_F16});
+    c.host_capacity_bytes = 8ull << 30;
+    ikv_pool *pool = NULL;
+    IKVT_OK(ikv_pool_create(&c, &pool));
+    ikv_seq_id seqs[BB];
+    ikv_plan *plans[BB];
+    const uint32_t n_pages = CTX / P;
+    for (uint32_t b = 0; b < BB; ++b) {
+        IKVT_OK(ikv_seq_create(pool, &seqs[b]));
+        ikv_append ap = ikv_append_default(pool, CTX);
+        ap.layer = IKV_ALL_LAYERS;
+        ap.k = kv;
+        ap.v = kv;
+        IKVT_OK(ikv_pool_append(pool, seqs[b], &ap));
+        /* a 25% plan: seeded random pages plus the newest 32 */
+        ikv_token_range *r = malloc(sizeof *r * n_pages);
+        size_t nr = 0;
+        for (uint32_t p = 0; p < n_pages; ++p)
+            if (p >= n_pages - 32 || ikvt_uniform(&rng) < 0.24) r[nr++] = (ikv_token_range){p * P, (p + 1) * P};
+        IKVT_OK(ikv_plan_from_ranges(r, nr, CTX, P, IKV_FMT_F16, &plans[b]));
+        free(r);
+    }
+    float *q = malloc(sizeof(float) * BB * BQ * D);
+    ikvt_fill_normal(&rng, q, (size_t)BB * BQ * D, 1.0f);
+    void *dq = ikvt_dev_upload(q, sizeof(float) * BB * BQ * D), *dout = ikvt_dev_upload(NULL, sizeof(float) * BB * BQ * D);
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    ikv_decoder *dec = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    ikv_decode_args a = ikv_decode_args_default();
+    a.n_seqs = BB;
+    a.seqs = seqs;
+    a.plans = (const ikv_plan *const *)plans;
+    a.n_q_heads = BQ;
+    a.q = dq;
+    a.out = dout;
+    float *ref = malloc(sizeof(float) * BB * BQ * D), *got = malloc(sizeof(float) * BB * BQ * D);
+    const uint64_t all = stats_of(pool).used_bytes;
+    const double t_all = step_ms(dec, pool, &a, BL, REPS);
+    assert_int_equal(ikvt_rt.memcpy_(ref, dout, sizeof(float) * BB * BQ * D, IKVT_D2H), 0);
+    /* the plan's pages stay, the rest goes to the host */
+    const double m0 = ikvt_now_us();
+    for (uint32_t b = 0; b < BB; ++b) {
+        const ikv_plan_page *pp = NULL;
+        size_t np = 0;
+        IKVT_OK(ikv_plan_pages(plans[b], &pp, &np));
+        uint32_t next = 0;
+        for (size_t i = 0; i <= np; ++i) {
+            const uint32_t upto = i < np ? pp[i].page : n_pages;
+            if (upto > next) IKVT_OK(ikv_seq_offload(pool, seqs[b], next * P, upto * P, NULL, NULL));
+            next = i < np ? pp[i].page + 1 : n_pages;
+        }
+    }
+    assert_int_equal(ikvt_rt.sync_(), 0);
+    const double offload_ms = (ikvt_now_us() - m0) / 1000.0;
+    const ikv_pool_stats st = stats_of(pool);
+    const double t_plan = step_ms(dec, pool, &a, BL, REPS);
+    assert_int_equal(ikvt_rt.memcpy_(got, dout, sizeof(float) * BB * BQ * D, IKVT_D2H), 0);
+    const int same1 = memcmp(ref, got, sizeof(float) * BB * BQ * D) == 0;
+    /* everything on the host: the plan's pages read over the bus */
+    for (uint32_t b = 0; b < BB; ++b) IKVT_OK(ikv_seq_offload(pool, seqs[b], 0, CTX, NULL, NULL));
+    const double t_host = step_ms(dec, pool, &a, BL, REPS);
+    assert_int_equal(ikvt_rt.memcpy_(got, dout, sizeof(float) * BB * BQ * D, IKVT_D2H), 0);
+    const int same2 = memcmp(ref, got, sizeof(float) * BB * BQ * D) == 0;
+    /* fetch the plan's pages first, then decode (the step that waits) */
+    const uint64_t fetched0 = stats_of(pool).bytes_fetched;
+    const double f0 = ikvt_now_us();
+    for (uint32_t b = 0; b < BB; ++b) {
+        const ikv_plan_page *pp = NULL;
+        size_t np = 0;
+        IKVT_OK(ikv_plan_pages(plans[b], &pp, &np));
+        for (size_t i = 0; i < np;) { /* runs of consecutive pages, one call each */
+            size_t j = i + 1;
+            while (j < np && pp[j].page == pp[j - 1].page + 1) ++j;
+            IKVT_OK(ikv_seq_fetch(pool, seqs[b], pp[i].page * P, (pp[j - 1].page + 1) * P, NULL, NULL));
+            i = j;
+        }
+    }
+    assert_int_equal(ikvt_rt.sync_(), 0);
+    const double fetch_ms = (ikvt_now_us() - f0) / 1000.0;
+    const uint64_t fetched = stats_of(pool).bytes_fetched - fetched0;
+    const double t_fetched = step_ms(dec, pool, &a, BL, REPS);
+    assert_int_equal(ikvt_rt.memcpy_(got, dout, sizeof(float) * BB * BQ * D, IKVT_D2H), 0);
+    const int same3 = memcmp(ref, got, sizeof(float) * BB * BQ * D) == 0;
+    printf("tier bench: B=%d, %d tokens each, %d layers, 8 kv-heads x 128, F16 pages, 25%% plans; ms per step "
+           "(all layers)\n", BB, CTX, BL);
+    printf("  all resident               %.3f ms  device-resident %.0f MB\n", t_all, all / 1e6);
+    printf("  plan resident, rest offloaded %.3f ms (%.2fx)  device-resident %.0f MB (%.1f%% of all)  offload "
+           "%.1f ms for %.0f MB  outputs %s\n", t_plan, t_plan / t_all, st.used_bytes / 1e6,
+           100.0 * st.used_bytes / all, offload_ms, st.bytes_offloaded / 1e6, same1 ? "identical" : "DIFFER");
+    printf("  everything on the host (bus) %.3f ms (%.2fx)  outputs %s\n", t_host, t_host / t_all,
+           same2 ? "identical" : "DIFFER");
+    printf("  fetch the plan's pages       %.1f ms for %.0f MB (%.1f GB/s), then %.3f ms (%.2fx)  outputs %s\n",
+           fetch_ms, fetched / 1e6, fetched / 1e6 / fetch_ms, t_fetched, t_fetched / t_all, same3 ? "identical" : "DIFFER");
+    assert_true(same1 && same2 && same3);
+    ikv_decoder_destroy(dec);
+    for (uint32_t b = 0; b < BB; ++b) ikv_plan_destroy(plans[b]);
+    ikv_pool_destroy(pool);
+    ikvt_rt.free_(dq);
+    ikvt_rt.free_(dout);
+    free(kv), free(tmp), free(q), free(ref), free(got);
+}
+
+static void test_bench(void **state) {
+    (void)state;
+    if (!getenv("IKV_GPU_TIER_BENCH")) skip();
+    bench_tiers();
+}
+
+int main(void) {
+    ikvt_require_cuda_device();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiered_pool_equals_all_resident),
+        cmocka_unit_test(test_moves_without_room_change_nothing),
+        cmocka_unit_test(test_bench),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
