@@ -206,7 +206,7 @@ static void start_turn(ikv_router *router, sequence *s, uint32_t length, uint32_
  * pressure (demote the plans, re-store existing pages at the new
  * precisions) and retry once. */
 static void append_batch_or_relieve(ikv_pool *pool, ikv_router *router, sequence *seqs, uint32_t n,
-                                    const ikv_seq_id *ids, const ikv_append *ap) {
+                                    const ikv_seq_id *ids, const ikv_plan **plans, const ikv_append *ap) {
     ikv_status st = ikv_pool_append_batch(pool, ids, n, ap);
     if (st != IKV_E_NOMEM) {
         CHECK(st);
@@ -220,6 +220,7 @@ static void append_batch_or_relieve(ikv_pool *pool, ikv_router *router, sequence
         ikv_plan_destroy(seqs[b].plan);
         seqs[b].plan = NULL;
         CHECK(ikv_router_route(router, seqs[b].layout, seqs[b].planned_end, &seqs[b].plan));
+        plans[b] = seqs[b].plan; /* the step's decodes take the new plan: the old one is gone */
         CHECK(ikv_seq_apply_plan_formats(pool, seqs[b].id, seqs[b].plan));
     }
     CHECK(ikv_pool_append_batch(pool, ids, n, ap));
@@ -407,7 +408,7 @@ int main(int argc, char **argv) {
             ap.src_on_device = o.cuda;
             ap.flags = o.cuda ? IKV_APPEND_ASYNC : 0; /* CUDA: enqueue, never wait for the GPU */
             ap.stream = stream;
-            append_batch_or_relieve(pool, router, seqs, B, ids, &ap);
+            append_batch_or_relieve(pool, router, seqs, B, ids, plans, &ap);
 
             ikv_decode_args a = ikv_decode_args_default();
             a.layer = l;

@@ -548,7 +548,9 @@ typedef struct ikv_pool_stats {
     uint64_t reserved_bytes;                  /**< slab memory held, >= used_bytes */
     uint64_t staging_bytes;                   /**< fp32 copies of partial tail pages (device memory on CUDA pools):
                                                    2*n_kv_heads*page_size*head_dim*4 bytes per layer with a partial
-                                                   tail page */
+                                                   tail page (a CPU pool keeps another 16 + 24*head_dim bytes per
+                                                   kv-head beside each, the page's running statistics, not counted
+                                                   here: docs/FORMATS.md) */
     uint32_t n_sequences;
     uint64_t tokens_total;                    /**< sum of sequence lengths */
     /* Later fields (a caller built with an older header gets the fields it knows): the host tier */
@@ -738,10 +740,14 @@ IKV_API ikv_status ikv_seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint
  * memory is reused only once its copy is done.
  * Atomic: when the target tier lacks room for all of them (capacity_bytes on
  * the device, host_capacity_bytes on the host), nothing moves: IKV_E_NOMEM.
+ * A format change (ikv_seq_set_page_format, ikv_seq_apply_plan_formats)
+ * re-stores a host-tier page in device memory: it needs device room, as for
+ * any page it re-stores, and the page is then a device page.
  * Thread-safety: as a format change (the sequence's calls are the caller's
  * to order). Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (begin > end
- * or end beyond the sequence), IKV_E_UNSUPPORTED (a CPU pool, or no host
- * tier), IKV_E_NOMEM, IKV_E_DEVICE.
+ * or end beyond the sequence), IKV_E_INVALID (a stream that is capturing a
+ * CUDA graph: move pages before or after the capture), IKV_E_UNSUPPORTED (a
+ * CPU pool, or no host tier), IKV_E_NOMEM, IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_seq_offload(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end, void *stream,
                                    uint32_t *moved_out);

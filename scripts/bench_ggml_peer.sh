@@ -8,9 +8,10 @@
 # Shape: 32 query heads, 8 kv-heads, head_dim 128, one query token, dense;
 # intentkv F16 / INT8 / INT4 pages (bench_decode, all hardware threads)
 # against ggml F16 / Q8_0 / Q4_0 caches (as llama.cpp's -ctk/-ctv). Prints
-# the medians of two interleaved rounds and the ratios.
+# the mean of two interleaved rounds (each a median of its calls) and the ratios.
 # Env: IKV_GGML_WORK (build directory, default a temporary one; reused when
-# set), IKV_GGML_SDIST (a llama-cpp-python .tar.gz already downloaded).
+# set), IKV_GGML_SDIST (a llama-cpp-python .tar.gz already downloaded),
+# IKV_GGML_VERSION (the release fetched; default 0.3.36, the one bench/RESULTS.md cites).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CTXS="${*:-8192 32768 131072}"
@@ -21,7 +22,8 @@ THREADS=$(nproc)
 if [ ! -x "$WORK/ggml-flash-attn" ]; then
   SDIST="${IKV_GGML_SDIST:-}"
   if [ -z "$SDIST" ]; then
-    python3 -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python -d "$WORK" >/dev/null
+    python3 -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==${IKV_GGML_VERSION:-0.3.36}" \
+      -d "$WORK" >/dev/null
     SDIST=$(ls "$WORK"/llama_cpp_python-*.tar.gz | head -1)
   fi
   tar xzf "$SDIST" -C "$WORK"

@@ -30,11 +30,12 @@ echo "check_install: pkg-config consumer OK"
 # distribution's -dev package of a static-only build would), so -lintentkv
 # can only mean libintentkv.a; Libs.private supplies its dependencies.
 STATIC="$WORK/static-prefix"
-mkdir -p "$STATIC/lib"
+REL=${LIBDIR#"$PREFIX"/}  # lib, lib64 or lib/<multiarch>: the .pc file finds the prefix relative to itself
+mkdir -p "$STATIC/$REL"
 cp -r "$PREFIX/include" "$STATIC/"
-cp -r "$LIBDIR/pkgconfig" "$LIBDIR/libintentkv.a" "$STATIC/lib/"
+cp -r "$LIBDIR/pkgconfig" "$LIBDIR/libintentkv.a" "$STATIC/$REL/"
 cc -std=c11 -Wall -Wextra -Werror -pedantic tests/install/consumer.c -o "$WORK/consumer_static_pc" \
-  $(PKG_CONFIG_PATH="$STATIC/lib/pkgconfig" pkg-config --static --cflags --libs intentkv)
+  $(PKG_CONFIG_PATH="$STATIC/$REL/pkgconfig" pkg-config --static --cflags --libs intentkv)
 if ldd "$WORK/consumer_static_pc" | grep -q libintentkv; then
   echo "check_install: the pkg-config --static consumer still loads libintentkv.so"; exit 1
 fi

@@ -30,6 +30,7 @@ typedef struct shard {
     float *lse;
     ikv_decode_args args;
     ikv_status status;
+    char error[256]; /* the worker thread's ikv_last_error() (thread-local) */
 } shard;
 
 static ikv_pool *make_pool(int device, uint32_t heads, ikv_format f) {
@@ -61,6 +62,7 @@ static void *decode_shard(void *arg) {
         return NULL;
     }
     s->status = ikv_decode(s->dec, s->pool, &s->args);
+    if (s->status != IKV_OK) snprintf(s->error, sizeof s->error, "%s", ikv_last_error());
     if (s->status == IKV_OK) s->status = ikvt_rt.sync_() == 0 ? IKV_OK : IKV_E_DEVICE;
     return NULL;
 }
@@ -117,7 +119,7 @@ static void check_variant(const variant *vr, ikv_pool *full, ikv_decoder *full_d
     for (int s = 0; s < SH; ++s) {
         if (sh[s].status != IKV_OK) {
             print_error("%s %s shard %d: %s %s\n", ikv_format_name(f), vr->name, s, ikv_status_name(sh[s].status),
-                        ikv_last_error());
+                        sh[s].error);
             fail();
         }
         float *o = malloc(sizeof(float) * B * NQS * D), *l = malloc(sizeof(float) * B * NQS);

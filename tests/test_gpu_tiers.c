@@ -243,7 +243,7 @@ static void test_moves_without_room_change_nothing(void **state) {
     /* fill the device, then a fetch that does not fit is refused */
     append_both(pa, a, pb, b, 4 * P, &rng); /* 8 pages: 6 on the device, 2 on the host */
     const ikv_pool_stats full = stats_of(pb);
-    IKVT_EXPECT_STATUS(ikv_seq_fetch(pb, b, 0, 2 * P, NULL, &moved), IKV_E_NOMEM, "capacity_bytes");
+    IKVT_EXPECT_STATUS(ikv_seq_fetch(pb, b, 0, 2 * P, NULL, &moved), IKV_E_NOMEM, "of capacity_bytes");
     after = stats_of(pb);
     assert_memory_equal(&full, &after, sizeof full);
     assert_int_equal(host_pages_of(pb, b, 8), 2);
@@ -252,6 +252,19 @@ static void test_moves_without_room_change_nothing(void **state) {
     IKVT_EXPECT_STATUS(ikv_seq_fetch(pb, b, 0, 9 * P, NULL, NULL), IKV_E_RANGE, "ikv_seq_fetch");
     IKVT_EXPECT_STATUS(ikv_seq_offload(pb, 999, 0, 1, NULL, NULL), IKV_E_NOT_FOUND, "999");
     IKVT_EXPECT_STATUS(ikv_seq_offload(pa, a, 0, P, NULL, NULL), IKV_E_UNSUPPORTED, "host tier");
+    IKVT_OK(ikv_seq_offload(pb, b, 3 * P, 3 * P, NULL, &moved)); /* an empty range moves nothing */
+    assert_int_equal(moved, 0);
+    /* a stream capturing a graph is refused, nothing moved */
+    void *cs = NULL, *graph = NULL;
+    assert_int_equal(ikvt_rt.stream_create_(&cs), 0);
+    assert_int_equal(ikvt_rt.begin_capture_(cs, IKVT_CAPTURE_RELAXED), 0);
+    const ikv_pool_stats pre = stats_of(pb);
+    IKVT_EXPECT_STATUS(ikv_seq_offload(pb, b, 2 * P, 4 * P, cs, &moved), IKV_E_INVALID, "capturing");
+    assert_int_equal(ikvt_rt.end_capture_(cs, &graph), 0);
+    if (graph) ikvt_rt.graph_destroy_(graph);
+    assert_int_equal(ikvt_rt.stream_destroy_(cs), 0);
+    after = stats_of(pb);
+    assert_memory_equal(&pre, &after, sizeof pre);
     ikv_pool_destroy(pa);
     ikv_pool_destroy(pb);
 }

@@ -6,6 +6,7 @@
  * for bit, for every format, on data that widens scales on every token,
  * never widens them, ties and signed zeros; and after each operation that
  * rewrites the tail page's staging: truncate, fork, a format change. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,6 +55,16 @@ static void append_bulk(ikv_pool *pool, ikv_seq_id s, const float *k, const floa
     for (uint32_t l = 0; l < L; ++l) append(pool, s, l, k, v, n);
 }
 
+/* FNV-1a over every value and summary the tests read back: with
+ * IKVT_PRINT_DIGEST set, main prints it, and scripts/check_baseline_x86.sh
+ * compares the native run (the append path's AVX2 copy) with one on an
+ * emulated CPU without AVX (its baseline copy): the same bytes stored. */
+static uint64_t g_digest = 1469598103934665603ull;
+static void digest(const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; ++i) g_digest = (g_digest ^ b[i]) * 1099511628211ull;
+}
+
 /* Rows [a0, a0+n) of sequence a equal rows [b0, b0+n) of b, and so do the
  * summaries of the pages they fill (a0, b0 page-aligned), bit for bit. */
 static void expect_same_rows(const ikv_pool *pa, ikv_seq_id a, uint32_t a0, const ikv_pool *pb, ikv_seq_id b,
@@ -65,6 +76,8 @@ static void expect_same_rows(const ikv_pool *pa, ikv_seq_id a, uint32_t a0, cons
         IKVT_OK(ikv_seq_read(pb, b, l, b0, b0 + n, kb, vb));
         assert_memory_equal(ka, kb, (size_t)n * ROW * sizeof(float));
         assert_memory_equal(va, vb, (size_t)n * ROW * sizeof(float));
+        digest(ka, (size_t)n * ROW * sizeof(float));
+        digest(va, (size_t)n * ROW * sizeof(float));
         for (uint32_t p = 0; p < (n + P - 1) / P; ++p)
             for (uint32_t h = 0; h < H; ++h) {
                 float mn1[D], mx1[D], me1[D], mn2[D], mx2[D], me2[D];
@@ -75,6 +88,9 @@ static void expect_same_rows(const ikv_pool *pa, ikv_seq_id a, uint32_t a0, cons
                 assert_memory_equal(mn1, mn2, sizeof mn1);
                 assert_memory_equal(mx1, mx2, sizeof mx1);
                 assert_memory_equal(me1, me2, sizeof me1);
+                digest(mn1, sizeof mn1);
+                digest(mx1, sizeof mx1);
+                digest(me1, sizeof me1);
             }
     }
     free(ka);
@@ -238,5 +254,7 @@ int main(void) {
         cmocka_unit_test(test_after_fork),
         cmocka_unit_test(test_after_format_change),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (getenv("IKVT_PRINT_DIGEST")) printf("stored-bytes digest %016llx\n", (unsigned long long)g_digest);
+    return rc;
 }

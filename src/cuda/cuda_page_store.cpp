@@ -121,6 +121,21 @@ public:
     // ---- the host tier (host_tier.hpp, pool_tier.cpp) ----
 
     bool has_host_tier() const override { return host_slabs_ != nullptr; }
+    // A graph capture would only record the copies while the pool takes the
+    // new places at once (and frees the old ones): refused, as appends are.
+    ikv_status check_move_stream(void *stream, const char *fn) override {
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        const cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+        if (err != cudaSuccess) return cuda_fail(err, fn, "cudaStreamIsCapturing of the stream");
+        if (capture != cudaStreamCaptureStatusNone)
+            return fail(IKV_E_INVALID,
+                        "%s: the stream is capturing a CUDA graph; moving pages between the tiers changes the pool's "
+                        "host state, which a replay would not, so move them before or after the capture",
+                        fn);
+        return IKV_OK;
+    }
     ikv_status alloc_host(ikv_format f, uint8_t **page) override {
         if (!host_slabs_) return fail(IKV_E_UNSUPPORTED, "ikv_pool: the pool has no host tier");
         return alloc_from(*host_slabs_, f, page);
@@ -136,21 +151,26 @@ public:
         } catch (const std::bad_alloc &) {
             return fail(IKV_E_NOMEM, "ikv_pool: out of host memory");
         }
+        ikv_status cst = check_move_stream(stream, "ikv_pool");
+        if (cst != IKV_OK) return cst;
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        cudaError_t err = cudaSuccess;
         Exec ex;
         ex.stream = stream;
         ex.async = true;
         cudaStream_t st = nullptr;
-        cudaError_t err = begin(ex, &st);
+        err = begin(ex, &st);
         for (size_t i = 0; i < n && err == cudaSuccess; ++i) {
             err = cudaMemcpyAsync(moves[i].dst, moves[i].src, page_bytes(shape_, moves[i].format), cudaMemcpyDefault,
                                   st);
             sources.emplace_back(moves[i].format, moves[i].src);
         }
-        if (err == cudaSuccess) err = moved_.add(st, std::move(sources));
         if (err == cudaSuccess) err = finish(ex);
+        // The sources are queued for release last: on any failure before, the
+        // caller keeps them (and gives back the destinations), so none may be.
+        if (err == cudaSuccess) err = moved_.add(st, std::move(sources));
         if (err != cudaSuccess) {
             cudaStreamSynchronize(st);  // no copy may still write a destination the caller gives back
             cudaGetLastError();

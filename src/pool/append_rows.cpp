@@ -24,8 +24,8 @@ __attribute__((target("avx,f16c"))) void f16_row_f16c(const uint16_t *h, uint32_
     for (uint32_t d = 0; d < D; d += 8)
         _mm256_storeu_ps(out + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(h + d))));
 }
-bool f16c_present() {
-    static const bool yes = has_f16c();
+bool f16c_present() {  // F16C's YMM form also needs the OS to keep AVX state ("avx" checks both)
+    static const bool yes = has_f16c() && __builtin_cpu_supports("avx");
     return yes;
 }
 #endif

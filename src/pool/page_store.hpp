@@ -152,6 +152,13 @@ public:
     // ---- the host tier (CUDA stores with host capacity; pool_tier.cpp) ----
     // Whether this store has one. The others refuse the calls below.
     virtual bool has_host_tier() const { return false; }
+    // Whether moves may be enqueued on stream (a CUDA store refuses a stream
+    // that is capturing a graph). Message set on failure.
+    virtual ikv_status check_move_stream(void *stream, const char *fn) {
+        (void)stream;
+        (void)fn;
+        return IKV_OK;
+    }
     // A page of format f in pinned host memory the device reads directly
     // (under the pool's accounting mutex, as alloc). release() takes either
     // tier's pages.

@@ -48,12 +48,15 @@ ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t
     if (pool->config.backend != IKV_BACKEND_CUDA || !pool->store->has_host_tier())
         return fail(IKV_E_UNSUPPORTED,
                     "%s: the pool has no host tier (a CUDA pool created with host_capacity_bytes > 0 has one)", fn);
+    ikv_status sst = pool->store->check_move_stream(stream, fn);
+    if (sst != IKV_OK) return sst;
     auto seqp = find_seq(pool, id);
     if (!seqp) return seq_not_found(fn, id);
     Seq &seq = *seqp;
     if (begin > end || end > seq.length)
         return fail(IKV_E_RANGE, "%s: tokens [%u, %u) are not inside sequence %u of %u tokens", fn, begin, end,
                     (unsigned)id, seq.length);
+    if (begin == end) return IKV_OK;  // an empty range overlaps no page
     const uint32_t P = pool->shape.page_size;
     uint32_t full_len = seq.length;  // pages complete in every layer: below the shortest layer's last whole page
     for (const LayerState &ls : seq.layers) full_len = std::min(full_len, ls.length);
@@ -87,28 +90,32 @@ ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t
         }
         if (st != IKV_OK) return st;
         for (const Move &m : moves) copies.push_back(PageStore::PageMove{m.rec->format, m.dst, m.rec->bytes});
+        // The target tier is charged now, so moves and appends of other
+        // sequences during the copies see the room as taken.
+        (to_host ? pool->host_used_bytes : pool->used_bytes) += extra;
     }
     const ikv_status st = pool->store->move_pages(copies.data(), copies.size(), stream);
     std::lock_guard<std::mutex> lock(pool->state_mu);
+    uint64_t moved_bytes = 0;
+    for (const Move &m : moves) moved_bytes += pool->page_bytes[m.rec->format];
     if (st != IKV_OK) {  // nothing was enqueued: the destinations go back, the pages stay
         for (const Move &m : moves) pool->store->release(m.rec->format, m.dst);
+        (to_host ? pool->host_used_bytes : pool->used_bytes) -= moved_bytes;
         return st;
     }
     for (const Move &m : moves) {
-        const uint64_t b = pool->page_bytes[m.rec->format];
         m.rec->bytes = m.dst;  // the source is released by the store once copied
         m.rec->on_host = to_host;
-        if (to_host) {
-            pool->used_bytes -= b;
-            pool->host_used_bytes += b;
-            pool->host_pages += 1;
-            pool->bytes_offloaded += b;
-        } else {
-            pool->used_bytes += b;
-            pool->host_used_bytes -= b;
-            pool->host_pages -= 1;
-            pool->bytes_fetched += b;
-        }
+    }
+    const uint64_t n = moves.size();
+    if (to_host) {
+        pool->used_bytes -= moved_bytes;
+        pool->host_pages += n;
+        pool->bytes_offloaded += moved_bytes;
+    } else {
+        pool->host_used_bytes -= moved_bytes;
+        pool->host_pages -= n;
+        pool->bytes_fetched += moved_bytes;
     }
     table_changed(seq);
     if (moved_out) *moved_out = uint32_t(moves.size());
