@@ -7,6 +7,7 @@ package intentkv
 import "C"
 
 import (
+	"fmt"
 	"math"
 	"runtime"
 	"unsafe"
@@ -23,6 +24,9 @@ type PoolConfig struct {
 	KVDType                            DType   // element type of appended K/V: F32 ([]float32) or F16/BF16 ([]uint16 bits)
 	Backend                            Backend // CPU, or CUDA (host input only; see the package comment)
 	Device                             int     // CUDA device ordinal
+	// HostCapacityBytes (CUDA pools) is the pinned host memory of a host
+	// tier of pages (Offload, Fetch); 0 = no host tier. CPU pools: must be 0.
+	HostCapacityBytes uint64
 }
 
 // DefaultPoolConfig is ikv_pool_default_config's values except KVDType,
@@ -38,7 +42,7 @@ func poolConfigFromC(c *C.ikv_pool_config) PoolConfig {
 	return PoolConfig{
 		Layers: uint32(c.n_layers), KVHeads: uint32(c.n_kv_heads), HeadDim: uint32(c.head_dim), PageSize: uint32(c.page_size),
 		CapacityBytes: uint64(c.capacity_bytes), DefaultFormat: Format(c.default_format), KVDType: DType(c.kv_dtype),
-		Backend: Backend(c.backend), Device: int(c.device),
+		Backend: Backend(c.backend), Device: int(c.device), HostCapacityBytes: uint64(c.host_capacity_bytes),
 	}
 }
 
@@ -88,6 +92,7 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	c.kv_dtype = C.ikv_dtype(cfg.KVDType)
 	c.backend = C.ikv_backend(cfg.Backend)
 	c.device = C.int(cfg.Device)
+	c.host_capacity_bytes = C.uint64_t(cfg.HostCapacityBytes)
 	p := &Pool{}
 	if err := call(func() C.ikv_status { return C.ikv_pool_create(&c, &p.raw) }); err != nil {
 		return nil, err
@@ -121,6 +126,12 @@ type PoolStats struct {
 	StagingBytes                        uint64 // fp32 copies of partial tail pages
 	Sequences                           uint32
 	TokensTotal                         uint64 // sum of sequence lengths
+	// The host tier (CUDA pools with HostCapacityBytes > 0; UsedBytes then
+	// counts the device tier only, PagesUsed and the *ByFormat arrays both).
+	HostUsedBytes  uint64 // bytes of pages in the host tier
+	HostPages      uint64 // pages in the host tier
+	BytesOffloaded uint64 // page bytes moved device -> host since the pool was created
+	BytesFetched   uint64 // page bytes moved host -> device since the pool was created
 }
 
 // Stats is ikv_pool_get_stats.
@@ -135,6 +146,8 @@ func (p *Pool) Stats() (PoolStats, error) {
 		CapacityBytes: uint64(s.capacity_bytes), UsedBytes: uint64(s.used_bytes), PagesUsed: uint64(s.pages_used),
 		ReservedBytes: uint64(s.reserved_bytes), StagingBytes: uint64(s.staging_bytes),
 		Sequences: uint32(s.n_sequences), TokensTotal: uint64(s.tokens_total),
+		HostUsedBytes: uint64(s.host_used_bytes), HostPages: uint64(s.host_pages),
+		BytesOffloaded: uint64(s.bytes_offloaded), BytesFetched: uint64(s.bytes_fetched),
 	}
 	for i := range out.PagesByFormat {
 		out.PagesByFormat[i] = uint64(s.pages_by_format[i])
@@ -389,6 +402,69 @@ func (p *Pool) ApplyPlanFormats(seq uint32, plan *Plan) error {
 		raw = plan.raw
 	}
 	return call(func() C.ikv_status { return C.ikv_seq_apply_plan_formats(p.raw, C.ikv_seq_id(seq), raw) })
+}
+
+// Tier is where a page of a pool is: device memory, or the pinned host tier
+// of a CUDA pool created with HostCapacityBytes > 0 (ikv_seq_page_tier).
+// CPU pools keep every page in TierDevice (their memory).
+type Tier int
+
+const (
+	TierDevice Tier = 0
+	TierHost   Tier = 1
+)
+
+func (t Tier) String() string {
+	switch t {
+	case TierDevice:
+		return "device"
+	case TierHost:
+		return "host"
+	}
+	return fmt.Sprintf("Tier(%d)", int(t))
+}
+
+// Offload moves the pages of seq overlapping tokens [begin, end) from device
+// memory to the pool's host tier (ikv_seq_offload) and returns how many
+// moved. Only whole pages this sequence alone holds move; shared, partial
+// tail, evicted and already offloaded pages stay. The copies are enqueued
+// on the default CUDA stream (this binding passes no streams); the pool's
+// synchronous calls wait for them. Atomic: ErrNoMem when the host tier lacks
+// room for all of them. A CPU pool, or one without a host tier, is refused
+// with ErrUnsupported.
+func (p *Pool) Offload(seq, begin, end uint32) (uint32, error) {
+	defer runtime.KeepAlive(p)
+	var n C.uint32_t
+	err := call(func() C.ikv_status {
+		return C.ikv_seq_offload(p.raw, C.ikv_seq_id(seq), C.uint32_t(begin), C.uint32_t(end), nil, &n)
+	})
+	return uint32(n), err
+}
+
+// Fetch brings the host-tier pages of seq overlapping [begin, end) back to
+// device memory (ikv_seq_fetch), as Offload in the other direction (ErrNoMem
+// when CapacityBytes lacks room for all of them); it returns how many moved.
+func (p *Pool) Fetch(seq, begin, end uint32) (uint32, error) {
+	defer runtime.KeepAlive(p)
+	var n C.uint32_t
+	err := call(func() C.ikv_status {
+		return C.ikv_seq_fetch(p.raw, C.ikv_seq_id(seq), C.uint32_t(begin), C.uint32_t(end), nil, &n)
+	})
+	return uint32(n), err
+}
+
+// PageTier is the tier page page of seq is in (ikv_seq_page_tier).
+func (p *Pool) PageTier(seq, page uint32) (Tier, error) {
+	defer runtime.KeepAlive(p)
+	var onHost C.int
+	err := call(func() C.ikv_status { return C.ikv_seq_page_tier(p.raw, C.ikv_seq_id(seq), C.uint32_t(page), &onHost) })
+	if err != nil {
+		return TierDevice, err
+	}
+	if onHost != 0 {
+		return TierHost, nil
+	}
+	return TierDevice, nil
 }
 
 // Read returns the stored (dequantized) K and V of tokens [begin, end) of a

@@ -347,3 +347,61 @@ func TestPoolConfigAndErrors(t *testing.T) {
 	expectErr(t, err, ErrNull, "pool")
 	expectErr(t, pool.Append(seq, 0, half, half), ErrNull, "pool")
 }
+
+func TestHostTierOnCPUPool(t *testing.T) {
+	_, err := NewPool(PoolConfig{Layers: 1, KVHeads: 1, HeadDim: 64, PageSize: 8, CapacityBytes: 8 << 20, HostCapacityBytes: 1 << 20})
+	expectErr(t, err, ErrInvalid, "host_capacity_bytes")
+	if def := DefaultPoolConfig(); def.HostCapacityBytes != 0 {
+		t.Fatalf("default host_capacity_bytes %d", def.HostCapacityBytes)
+	}
+	pool := newTestPool(t, PoolConfig{Layers: 2, KVHeads: 1, HeadDim: 64, PageSize: 8, CapacityBytes: 8 << 20})
+	if cfg, _ := pool.Config(); cfg.HostCapacityBytes != 0 {
+		t.Fatalf("config host_capacity_bytes %d", cfg.HostCapacityBytes)
+	}
+	seq, err := pool.SeqCreate()
+	must(t, err)
+	data := make([]float32, 2*20*64) // 20 tokens in both layers: pages 0, 1 full, page 2 partial
+	for i := range data {
+		data[i] = 0.01 * float32(i)
+	}
+	must(t, pool.Append(seq, AllLayers, data, data))
+	before, err := pool.Stats()
+	must(t, err)
+	if before.HostUsedBytes != 0 || before.HostPages != 0 || before.BytesOffloaded != 0 || before.BytesFetched != 0 {
+		t.Fatalf("host tier stats of a CPU pool: %+v", before)
+	}
+	storedK, storedV, err := pool.Read(seq, 1, 0, 20)
+	must(t, err)
+	for name, move := range map[string]func(seq, begin, end uint32) (uint32, error){"Offload": pool.Offload, "Fetch": pool.Fetch} {
+		n, err := move(seq, 0, 20)
+		expectErr(t, err, ErrUnsupported, "host tier")
+		if n != 0 {
+			t.Fatalf("%s moved %d pages on a CPU pool", name, n)
+		}
+		if after, _ := pool.Stats(); after != before {
+			t.Fatalf("a refused %s changed the stats: %+v, before %+v", name, after, before)
+		}
+	}
+	for page := uint32(0); page < 3; page++ {
+		tier, err := pool.PageTier(seq, page)
+		must(t, err)
+		if tier != TierDevice || tier.String() != "device" {
+			t.Fatalf("page %d: tier %v", page, tier)
+		}
+	}
+	_, err = pool.PageTier(seq, 3)
+	expectErr(t, err, ErrRange, "ikv_seq_page_tier")
+	_, err = pool.PageTier(seq+99, 0)
+	expectErr(t, err, ErrNotFound, "")
+	if after, _ := pool.Stats(); after != before {
+		t.Fatalf("stats changed: %+v, before %+v", after, before)
+	}
+	k, v, err := pool.Read(seq, 1, 0, 20)
+	must(t, err)
+	if !reflect.DeepEqual(k, storedK) || !reflect.DeepEqual(v, storedV) {
+		t.Fatal("refused moves changed the stored values")
+	}
+	if TierHost.String() != "host" {
+		t.Fatalf("TierHost is %q", TierHost)
+	}
+}

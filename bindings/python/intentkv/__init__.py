@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 from . import _arrays, _ffi
 from ._ffi import IKV_ALL_LAYERS, IKV_MAX_QUERY_TOKENS, IKV_PAGE_MANDATORY, IKV_PAGE_PARTIAL, load
 
-__all__ = ["load", "IntentKVError", "InvalidArgumentError", "IKV_APPEND_ASYNC", "Format", "DType", "Backend", "TopkMode", "TopkScore", "QueryMemory", "PageFeedback", "Kind", "Policy", "Reason", "OverBudget", "Layout",
+__all__ = ["load", "IntentKVError", "InvalidArgumentError", "IKV_APPEND_ASYNC", "Format", "DType", "Backend", "Tier", "TopkMode", "TopkScore", "QueryMemory", "PageFeedback", "Kind", "Policy", "Reason", "OverBudget", "Layout",
            "Router", "Plan", "Pool", "Decoder", "runtime_info", "version", "version_string",
            "IKV_ALL_LAYERS", "IKV_MAX_QUERY_TOKENS", "IKV_PAGE_MANDATORY", "IKV_PAGE_PARTIAL"]
 
@@ -52,6 +52,12 @@ class DType(enum.IntEnum):
 class Backend(enum.IntEnum):
     """ikv_backend: where a pool keeps its pages (Pool(backend=Backend.CUDA, device=0, ...))."""
     CPU, CUDA = 0, 1
+
+
+class Tier(enum.IntEnum):
+    """Where a page of a pool is (Pool.page_tier): device memory or a CUDA pool's pinned host tier.
+    The value is ikv_seq_page_tier's on_host flag, so bool(tier) is True for HOST."""
+    DEVICE, HOST = 0, 1
 
 
 class TopkMode(enum.IntEnum):
@@ -488,12 +494,14 @@ class Router(_Handle):
 
 class Pool(_Handle):
     """Paged KV storage. Pool(n_layers=2, n_kv_heads=2, head_dim=64, ...); kv_dtype defaults to F32 here.
-    Pool(backend=Backend.CUDA, device=0, ...) keeps the pages in GPU memory (a library built with CUDA)."""
+    Pool(backend=Backend.CUDA, device=0, ...) keeps the pages in GPU memory (a library built with CUDA);
+    host_capacity_bytes=N (CUDA pools only) adds a tier of N bytes of pinned host memory that
+    offload() and fetch() move pages to and from."""
     _destroy_name = "ikv_pool_destroy"
 
     def __init__(self, **fields):
         super().__init__()
-        config = _ffi.lib().ikv_pool_default_config()
+        config = _ffi.lib().ikv_pool_default_config_v2()  # the header's ikv_pool_default_config()
         config.kv_dtype = DType.F32  # Python callers hand over float32 buffers
         _apply_fields(config, fields, "pool config")
         _check(_ffi.lib().ikv_pool_create(byref(config), byref(self._ptr)))
@@ -653,6 +661,32 @@ class Pool(_Handle):
         return k, v
 
     seq_read = read
+
+    def _move(self, name, seq, begin, end, stream):
+        moved = c_uint32()
+        _check(getattr(_ffi.lib(), name)(self.handle, seq, begin, end, _stream(stream), byref(moved)))
+        return moved.value
+
+    def offload(self, seq: int, begin: int, end: int, stream: StreamLike = None) -> int:
+        """Move the pages of seq overlapping tokens [begin, end) from device memory to the pool's host
+        tier (ikv_seq_offload; a CUDA pool created with host_capacity_bytes > 0). Only whole pages this
+        sequence alone holds move; shared, partial tail, evicted and already-offloaded pages stay. The
+        copies are enqueued on stream (int cudaStream_t or a stream object; None = the default stream)
+        and the call returns without waiting. Atomic: IKV_E_NOMEM when the host tier lacks room for
+        all of them. A CPU pool raises IKV_E_UNSUPPORTED. Returns the number of pages moved."""
+        return self._move("ikv_seq_offload", seq, begin, end, stream)
+
+    def fetch(self, seq: int, begin: int, end: int, stream: StreamLike = None) -> int:
+        """Bring the host-tier pages of seq overlapping tokens [begin, end) back to device memory
+        (ikv_seq_fetch); as offload(), IKV_E_NOMEM when capacity_bytes lacks room for all of them.
+        Returns the number of pages moved."""
+        return self._move("ikv_seq_fetch", seq, begin, end, stream)
+
+    def page_tier(self, seq: int, page: int) -> Tier:
+        """Where page `page` of seq is: Tier.DEVICE or Tier.HOST (CPU pools: always Tier.DEVICE)."""
+        out = c_int()
+        _check(_ffi.lib().ikv_seq_page_tier(self.handle, seq, page, byref(out)))
+        return Tier.HOST if out.value else Tier.DEVICE
 
 
 class QueryMemory(_Handle):

@@ -108,14 +108,17 @@ class PlanCost(Structure):
 class PoolConfig(Structure):
     _fields_ = [("struct_size", c_uint32), ("backend", c_int), ("device", c_int), ("n_layers", c_uint32),
                 ("n_kv_heads", c_uint32), ("head_dim", c_uint32), ("page_size", c_uint32),
-                ("capacity_bytes", c_uint64), ("default_format", c_int), ("kv_dtype", c_int)]
+                ("capacity_bytes", c_uint64), ("default_format", c_int), ("kv_dtype", c_int),
+                ("host_capacity_bytes", c_uint64)]  # later field: the struct of ikv_pool_default_config_v2
 
 
 class PoolStats(Structure):
     _fields_ = [("struct_size", c_uint32), ("capacity_bytes", c_uint64), ("used_bytes", c_uint64),
                 ("pages_used", c_uint64), ("pages_by_format", c_uint64 * IKV_FMT_COUNT),
                 ("bytes_by_format", c_uint64 * IKV_FMT_COUNT), ("reserved_bytes", c_uint64),
-                ("staging_bytes", c_uint64), ("n_sequences", c_uint32), ("tokens_total", c_uint64)]
+                ("staging_bytes", c_uint64), ("n_sequences", c_uint32), ("tokens_total", c_uint64),
+                ("host_used_bytes", c_uint64), ("host_pages", c_uint64), ("bytes_offloaded", c_uint64),
+                ("bytes_fetched", c_uint64)]
 
 
 class Append(Structure):
@@ -197,7 +200,9 @@ _PROTOTYPES = [
     ("ikv_plan_page_format", _S, [_V, c_uint32, POINTER(c_int)]),
     ("ikv_model_shape_default", ModelShape, []),
     ("ikv_plan_get_cost", _S, [_V, POINTER(ModelShape), POINTER(PlanCost)]),
-    ("ikv_pool_default_config", PoolConfig, []),
+    # The header's ikv_pool_default_config() is a macro naming this version's symbol; the unversioned
+    # symbol returns the first, 48-byte layout (no host_capacity_bytes) and is not declared here.
+    ("ikv_pool_default_config_v2", PoolConfig, []),
     ("ikv_pool_create", _S, [POINTER(PoolConfig), _PV]),
     ("ikv_pool_destroy", None, [_V]),
     ("ikv_pool_get_config", _S, [_V, POINTER(PoolConfig)]),
@@ -217,6 +222,9 @@ _PROTOTYPES = [
     ("ikv_seq_page_format", _S, [_V, c_uint32, c_uint32, POINTER(c_int)]),
     ("ikv_seq_set_page_format", _S, [_V, c_uint32, c_uint32, c_int]),
     ("ikv_seq_apply_plan_formats", _S, [_V, c_uint32, _V]),
+    ("ikv_seq_offload", _S, [_V, c_uint32, c_uint32, c_uint32, c_void_p, POINTER(c_uint32)]),
+    ("ikv_seq_fetch", _S, [_V, c_uint32, c_uint32, c_uint32, c_void_p, POINTER(c_uint32)]),
+    ("ikv_seq_page_tier", _S, [_V, c_uint32, c_uint32, POINTER(c_int)]),
     ("ikv_seq_read", _S, [_V, c_uint32, c_uint32, c_uint32, c_uint32, c_void_p, c_void_p]),
     ("ikv_decoder_default_config", DecoderConfig, []),
     ("ikv_decoder_create", _S, [POINTER(DecoderConfig), _PV]),

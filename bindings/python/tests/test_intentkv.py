@@ -292,6 +292,47 @@ class PoolTest(unittest.TestCase):
             self.assertIn("listed twice", ctx.exception.message)
 
 
+class HostTierTest(unittest.TestCase):
+    """The host tier (ikv_seq_offload / ikv_seq_fetch / ikv_seq_page_tier) as a CPU pool sees it."""
+
+    def test_cpu_pool_refuses_a_host_tier(self):
+        with self.assertRaises(ikv.IntentKVError) as ctx:
+            ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, capacity_bytes=8 << 20, host_capacity_bytes=1 << 20)
+        self.assertEqual(ctx.exception.status_name, "IKV_E_INVALID")
+        self.assertIn("host_capacity_bytes", ctx.exception.message)
+        with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, capacity_bytes=8 << 20, host_capacity_bytes=0) as pool:
+            self.assertEqual(pool.config["host_capacity_bytes"], 0)
+
+    def test_offload_fetch_unsupported_and_page_tier(self):
+        with ikv.Pool(n_layers=2, n_kv_heads=1, head_dim=64, page_size=8, capacity_bytes=8 << 20) as pool:
+            seq = pool.seq_create()
+            data = array.array("f", [0.01 * i for i in range(2 * 20 * 64)])
+            pool.append(seq, data, data)  # 20 tokens: pages 0, 1 full, page 2 partial
+            before, stored = pool.stats(), [bytes(a) for a in pool.read(seq, 1, 0, 20)]
+            for key in ("host_used_bytes", "host_pages", "bytes_offloaded", "bytes_fetched"):
+                self.assertEqual(before[key], 0, key)
+            for move in (pool.offload, pool.fetch):
+                with self.assertRaises(ikv.IntentKVError) as ctx:
+                    move(seq, 0, 20)
+                self.assertEqual(ctx.exception.status_name, "IKV_E_UNSUPPORTED")
+                self.assertIn("host tier", ctx.exception.message)
+                with self.assertRaises(ikv.IntentKVError) as ctx:
+                    move(seq, 0, 16, stream=0)  # 0: the default stream
+                self.assertEqual(ctx.exception.status_name, "IKV_E_UNSUPPORTED")
+                self.assertEqual(pool.stats(), before)
+            for page in range(3):
+                self.assertIs(pool.page_tier(seq, page), ikv.Tier.DEVICE)
+                self.assertFalse(pool.page_tier(seq, page))
+            with self.assertRaises(ikv.IntentKVError) as ctx:
+                pool.page_tier(seq, 3)
+            self.assertEqual(ctx.exception.status_name, "IKV_E_RANGE")
+            with self.assertRaises(ikv.IntentKVError) as ctx:
+                pool.page_tier(seq + 99, 0)
+            self.assertEqual(ctx.exception.status_name, "IKV_E_NOT_FOUND")
+            self.assertEqual(pool.stats(), before)
+            self.assertEqual([bytes(a) for a in pool.read(seq, 1, 0, 20)], stored)
+
+
 class ErrorTest(unittest.TestCase):
     def assertFails(self, status_name, substring, fn, *args, **kwargs):
         with self.assertRaises(ikv.IntentKVError) as ctx:
@@ -351,7 +392,7 @@ class StructTest(unittest.TestCase):
             (lib.ikv_synth_default_config(), _ffi.SynthConfig),
             (lib.ikv_router_default_config(), _ffi.RouterConfig),
             (lib.ikv_model_shape_default(), _ffi.ModelShape),
-            (lib.ikv_pool_default_config(), _ffi.PoolConfig),
+            (lib.ikv_pool_default_config_v2(), _ffi.PoolConfig),
             (lib.ikv_decoder_default_config(), _ffi.DecoderConfig),
             (lib.ikv_decode_args_default_v2(), _ffi.DecodeArgs),
         ]
@@ -361,6 +402,30 @@ class StructTest(unittest.TestCase):
             args = lib.ikv_append_default(pool.handle, 3)
             self.assertEqual(args.struct_size, ctypes.sizeof(_ffi.Append))
             self.assertEqual((args.n_tokens, args.token_stride, args.head_stride, args.layer_stride), (3, 64, 64, 192))
+
+    def test_versioned_pool_structs(self):
+        # PoolConfig: 48 bytes through kv_dtype (the first layout), then host_capacity_bytes.
+        self.assertEqual(_ffi.PoolConfig.host_capacity_bytes.offset, 48)
+        self.assertEqual(ctypes.sizeof(_ffi.PoolConfig), 56)
+        # The unversioned symbol still returns the first layout, for programs built with the first header.
+        class PoolConfigV1(ctypes.Structure):
+            _fields_ = _ffi.PoolConfig._fields_[:-1]
+        v1 = ctypes.CFUNCTYPE(PoolConfigV1)(("ikv_pool_default_config", _ffi.lib()))()
+        self.assertEqual(v1.struct_size, ctypes.sizeof(PoolConfigV1))
+        self.assertEqual(v1.struct_size, 48)
+        # PoolStats: 144 bytes through tokens_total, then the four host-tier counters.
+        self.assertEqual(_ffi.PoolStats.host_used_bytes.offset, 144)
+        self.assertEqual(ctypes.sizeof(_ffi.PoolStats), 176)
+        with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, capacity_bytes=1 << 20) as pool:
+            # The library writes only the caller's struct_size bytes.
+            old = _ffi.PoolStats()
+            old.struct_size = _ffi.PoolStats.host_used_bytes.offset
+            old.host_used_bytes = old.host_pages = old.bytes_offloaded = old.bytes_fetched = 12345
+            self.assertEqual(_ffi.lib().ikv_pool_get_stats(pool.handle, ctypes.byref(old)), 0)
+            self.assertEqual(old.capacity_bytes, 1 << 20)
+            self.assertEqual((old.host_used_bytes, old.host_pages, old.bytes_offloaded, old.bytes_fetched),
+                             (12345,) * 4)
+            self.assertEqual(old.struct_size, 144)
 
     def test_plain_structs_have_c_sizes(self):
         # Structs without struct_size: sizes follow from the header's field lists (no padding surprises).

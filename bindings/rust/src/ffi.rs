@@ -282,10 +282,14 @@ pub struct ikv_pool_config {
     pub capacity_bytes: u64,
     pub default_format: ikv_format,
     pub kv_dtype: ikv_dtype,
+    // Later fields (the struct of ikv_pool_default_config_v2):
+    /// CUDA pools: bytes of pinned host memory for a host tier of pages (`ikv_seq_offload`);
+    /// 0 (default) = no host tier. CPU pools: must be 0.
+    pub host_capacity_bytes: u64,
 }
 
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ikv_pool_stats {
     pub struct_size: u32,
     pub capacity_bytes: u64,
@@ -297,6 +301,15 @@ pub struct ikv_pool_stats {
     pub staging_bytes: u64,
     pub n_sequences: u32,
     pub tokens_total: u64,
+    // Later fields: the host tier.
+    /// Bytes of pages in the host tier (<= host_capacity_bytes).
+    pub host_used_bytes: u64,
+    /// Pages in the host tier.
+    pub host_pages: u64,
+    /// Page bytes moved device -> host since the pool was created.
+    pub bytes_offloaded: u64,
+    /// Page bytes moved host -> device since the pool was created.
+    pub bytes_fetched: u64,
 }
 
 #[repr(C)]
@@ -414,6 +427,9 @@ extern "C" {
     pub fn ikv_plan_get_cost(plan: *const ikv_plan, shape: *const ikv_model_shape, out: *mut ikv_plan_cost)
                              -> ikv_status;
 
+    // The header's ikv_pool_default_config() is a macro naming this version's symbol (the unversioned
+    // symbol returns the first, 48-byte layout for programs built with the first header).
+    #[link_name = "ikv_pool_default_config_v2"]
     pub fn ikv_pool_default_config() -> ikv_pool_config;
     pub fn ikv_pool_create(config: *const ikv_pool_config, out: *mut *mut ikv_pool) -> ikv_status;
     pub fn ikv_pool_destroy(pool: *mut ikv_pool);
@@ -438,6 +454,12 @@ extern "C" {
     pub fn ikv_seq_set_page_format(pool: *mut ikv_pool, seq: ikv_seq_id, page: u32, format: ikv_format)
                                    -> ikv_status;
     pub fn ikv_seq_apply_plan_formats(pool: *mut ikv_pool, seq: ikv_seq_id, plan: *const ikv_plan) -> ikv_status;
+    pub fn ikv_seq_offload(pool: *mut ikv_pool, seq: ikv_seq_id, begin: u32, end: u32, stream: *mut c_void,
+                           moved_out: *mut u32) -> ikv_status;
+    pub fn ikv_seq_fetch(pool: *mut ikv_pool, seq: ikv_seq_id, begin: u32, end: u32, stream: *mut c_void,
+                         moved_out: *mut u32) -> ikv_status;
+    pub fn ikv_seq_page_tier(pool: *const ikv_pool, seq: ikv_seq_id, page: u32, on_host_out: *mut c_int)
+                             -> ikv_status;
     pub fn ikv_seq_read(pool: *const ikv_pool, seq: ikv_seq_id, layer: u32, begin: u32, end: u32,
                         k_out: *mut c_float, v_out: *mut c_float) -> ikv_status;
 

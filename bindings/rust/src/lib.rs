@@ -406,6 +406,14 @@ impl Drop for Plan {
 
 // ------------------------------------------------------------------ pools
 
+/// Where a page of a pool is ([`Pool::page_tier`]): device memory, or the pinned host tier of a CUDA
+/// pool created with `host_capacity_bytes > 0`. CPU pools keep every page in `Device` (their memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tier {
+    Device,
+    Host,
+}
+
 /// Paged KV storage. The safe `append` takes `f32` slices, so `Pool::default_config()` sets kv_dtype F32.
 #[derive(Debug)]
 pub struct Pool {
@@ -555,6 +563,34 @@ impl Pool {
         let (mut k, mut v) = (vec![0f32; n], vec![0f32; n]);
         check(unsafe { ffi::ikv_seq_read(self.raw, seq, layer, begin, end, k.as_mut_ptr(), v.as_mut_ptr()) })?;
         Ok((k, v))
+    }
+
+    /// Move the pages of `seq` overlapping tokens `[begin, end)` from device memory to the pool's host
+    /// tier (`ikv_seq_offload`; a CUDA pool created with `host_capacity_bytes > 0`). Only whole pages this
+    /// sequence alone holds move; shared, partial tail, evicted and already offloaded pages stay. The
+    /// copies are enqueued on the default CUDA stream (other streams: `ffi::ikv_seq_offload`).
+    /// Atomic: `IKV_E_NOMEM` when the host tier lacks room for all of them; a CPU pool is refused with
+    /// `IKV_E_UNSUPPORTED`. Returns the number of pages moved.
+    pub fn offload(&mut self, seq: SeqId, begin: u32, end: u32) -> Result<u32> {
+        let mut moved = 0;
+        check(unsafe { ffi::ikv_seq_offload(self.raw, seq, begin, end, ptr::null_mut(), &mut moved) })?;
+        Ok(moved)
+    }
+
+    /// Bring the host-tier pages of `seq` overlapping `[begin, end)` back to device memory
+    /// (`ikv_seq_fetch`), as [`Pool::offload`] in the other direction (`IKV_E_NOMEM` when
+    /// `capacity_bytes` lacks room for all of them). Returns the number of pages moved.
+    pub fn fetch(&mut self, seq: SeqId, begin: u32, end: u32) -> Result<u32> {
+        let mut moved = 0;
+        check(unsafe { ffi::ikv_seq_fetch(self.raw, seq, begin, end, ptr::null_mut(), &mut moved) })?;
+        Ok(moved)
+    }
+
+    /// The tier page `page` of `seq` is in (`ikv_seq_page_tier`).
+    pub fn page_tier(&self, seq: SeqId, page: u32) -> Result<Tier> {
+        let mut on_host: c_int = 0;
+        check(unsafe { ffi::ikv_seq_page_tier(self.raw, seq, page, &mut on_host) })?;
+        Ok(if on_host != 0 { Tier::Host } else { Tier::Device })
     }
 
     pub fn as_ptr(&self) -> *const ffi::ikv_pool {

@@ -2,7 +2,7 @@
 //! over the values read back; plus error paths and struct-size checks.
 
 use intentkv::{ffi, Block, DecodeRequest, Decoder, Error, Layout, PageFeedback, Plan, Pool, QueryMemory, Router,
-               TokenRange};
+               Tier, TokenRange};
 
 const SEQ_LEN: u32 = 1024;
 const N_LAYERS: u32 = 2;
@@ -217,6 +217,38 @@ fn append_batch_equals_one_append_per_sequence() {
     assert!(err.message.contains("listed twice"), "{err}");
 }
 
+#[test]
+fn cpu_pool_refuses_a_host_tier() {
+    let mut pc = small_config(1, 8);
+    pc.host_capacity_bytes = 1 << 20;
+    let err = expect_err(Pool::new(&pc), ffi::IKV_E_INVALID, "host_capacity_bytes");
+    assert_eq!(err.status_name(), "IKV_E_INVALID");
+    assert_eq!(Pool::default_config().host_capacity_bytes, 0);
+    pc.host_capacity_bytes = 0;
+    assert_eq!(Pool::new(&pc).unwrap().config().host_capacity_bytes, 0);
+}
+
+#[test]
+fn offload_fetch_unsupported_on_cpu_and_page_tier() {
+    let mut pool = Pool::new(&small_config(2, 8)).unwrap();
+    let seq = pool.seq_create().unwrap();
+    let data: Vec<f32> = (0..2 * 20 * 64).map(|i| 0.01 * i as f32).collect();
+    pool.append(seq, &data, &data, None, None).unwrap(); // 20 tokens: pages 0, 1 full, page 2 partial
+    let before = pool.stats().unwrap();
+    assert_eq!((before.host_used_bytes, before.host_pages, before.bytes_offloaded, before.bytes_fetched), (0, 0, 0, 0));
+    let stored = pool.seq_read(seq, 1, 0, 20).unwrap();
+    expect_err(pool.offload(seq, 0, 20), ffi::IKV_E_UNSUPPORTED, "host tier");
+    expect_err(pool.fetch(seq, 0, 16), ffi::IKV_E_UNSUPPORTED, "host tier");
+    assert_eq!(pool.stats().unwrap(), before);
+    for page in 0..3 {
+        assert_eq!(pool.page_tier(seq, page).unwrap(), Tier::Device);
+    }
+    expect_err(pool.page_tier(seq, 3), ffi::IKV_E_RANGE, "ikv_seq_page_tier");
+    expect_err(pool.page_tier(seq + 99, 0), ffi::IKV_E_NOT_FOUND, "");
+    assert_eq!(pool.stats().unwrap(), before);
+    assert_eq!(pool.seq_read(seq, 1, 0, 20).unwrap(), stored);
+}
+
 fn expect_err<T: std::fmt::Debug>(result: intentkv::Result<T>, status: i32, substring: &str) -> Error {
     let err = result.unwrap_err();
     assert_eq!(err.status, status, "{err}");
@@ -274,6 +306,22 @@ fn struct_sizes_match_the_library() {
     assert_eq!(size_of::<ffi::ikv_block_decision>(), 20);
     assert_eq!(size_of::<ffi::ikv_plan_summary>(), 56);
     assert_eq!(size_of::<ffi::ikv_plan_cost>(), 72);
+    // Versioned pool structs: the first layouts end at kv_dtype (48) and tokens_total (144).
+    let pc = Pool::default_config();
+    let stats = ffi::ikv_pool_stats::default();
+    let offset = |base: *const u8, field: *const u64| field as usize - base as usize;
+    assert_eq!(offset(std::ptr::addr_of!(pc).cast(), std::ptr::addr_of!(pc.host_capacity_bytes)), 48);
+    assert_eq!(size_of::<ffi::ikv_pool_config>(), 56);
+    assert_eq!(offset(std::ptr::addr_of!(stats).cast(), std::ptr::addr_of!(stats.host_used_bytes)), 144);
+    assert_eq!(size_of::<ffi::ikv_pool_stats>(), 176);
+    // The library writes only the caller's struct_size bytes.
+    let pool = Pool::new(&small_config(1, 16)).unwrap();
+    let mut old = ffi::ikv_pool_stats { struct_size: 144, host_used_bytes: 7, host_pages: 7, bytes_offloaded: 7,
+                                        bytes_fetched: 7, ..Default::default() };
+    assert_eq!(unsafe { ffi::ikv_pool_get_stats(pool.as_ptr(), &mut old) }, ffi::IKV_OK);
+    assert_eq!(old.capacity_bytes, 8 << 20);
+    assert_eq!((old.struct_size, old.host_used_bytes, old.host_pages, old.bytes_offloaded, old.bytes_fetched),
+               (144, 7, 7, 7, 7));
     let info = intentkv::runtime_info().unwrap();
     assert_eq!(info.version, intentkv::version());
     assert!(["avx512", "avx2", "neon", "scalar"].contains(&info.cpu_isa.as_str()));
