@@ -279,11 +279,7 @@ static_assert(offsetof(ikv_decode_args_v1, stream) == offsetof(ikv_decode_args, 
 
 #undef ikv_decode_args_default
 IKV_API ikv_decode_args_v1 ikv_decode_args_default(void) {
-    const ikv_decode_args a = ikv_decode_args_default_v2();
-    ikv_decode_args_v1 v1;
-    std::memcpy(&v1, &a, sizeof v1);
-    v1.struct_size = sizeof v1;
-    return v1;
+    return ikv::first_layout<ikv_decode_args_v1>(ikv_decode_args_default_v2());
 }
 
 }  // extern "C"

@@ -371,11 +371,7 @@ static_assert(offsetof(ikv_pool_config_v1, kv_dtype) == offsetof(ikv_pool_config
 
 #undef ikv_pool_default_config
 IKV_API ikv_pool_config_v1 ikv_pool_default_config(void) {
-    const ikv_pool_config c = ikv_pool_default_config_v2();
-    ikv_pool_config_v1 v1;
-    std::memcpy(&v1, &c, sizeof v1);
-    v1.struct_size = sizeof v1;
-    return v1;
+    return ikv::first_layout<ikv_pool_config_v1>(ikv_pool_default_config_v2());
 }
 
 }  // extern "C"

@@ -28,4 +28,16 @@ void write_versioned(T *out, const T &value) {
     out->struct_size = size < sizeof(T) ? size : static_cast<decltype(out->struct_size)>(sizeof(T));
 }
 
+// The first published layout of a struct that grew (Old, a prefix of T) filled
+// from today's value, for the unversioned *_default symbols that programs
+// built against the first header call with a return slot of Old's size.
+template <class Old, class T>
+Old first_layout(const T &value) {
+    static_assert(sizeof(Old) <= sizeof(T), "an older layout is a prefix");
+    Old old;
+    std::memcpy(static_cast<void *>(&old), &value, sizeof old);
+    old.struct_size = static_cast<decltype(old.struct_size)>(sizeof old);
+    return old;
+}
+
 }  // namespace ikv
