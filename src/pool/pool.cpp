@@ -12,13 +12,14 @@ std::shared_ptr<Seq> find_seq(const ikv_pool *pool, ikv_seq_id id) {
     return it == pool->seqs.end() ? nullptr : it->second;
 }
 
-ikv_status check_capacity_locked(const ikv_pool *pool, uint64_t extra, uint64_t freed, const char *fn) {
-    const uint64_t after = pool->used_bytes - freed + extra;
-    if (extra > freed && after > pool->config.capacity_bytes)
-        return fail(IKV_E_NOMEM,
-                    "%s: needs %llu more bytes of page storage but %llu of capacity_bytes %llu are in use",
-                    fn, (unsigned long long)(extra - freed), (unsigned long long)pool->used_bytes,
-                    (unsigned long long)pool->config.capacity_bytes);
+ikv_status check_room_locked(const ikv_pool *pool, bool host_tier, uint64_t extra, uint64_t freed, const char *fn) {
+    const uint64_t used = host_tier ? pool->host_used_bytes : pool->used_bytes;
+    const uint64_t cap = host_tier ? pool->config.host_capacity_bytes : pool->config.capacity_bytes;
+    if (extra > freed && used - freed + extra > cap)
+        return fail(IKV_E_NOMEM, "%s: needs %llu more bytes of %s but %llu of %s %llu are in use", fn,
+                    (unsigned long long)(extra - freed), host_tier ? "the host tier" : "page storage",
+                    (unsigned long long)used, host_tier ? "host_capacity_bytes" : "capacity_bytes",
+                    (unsigned long long)cap);
     return IKV_OK;
 }
 

@@ -21,7 +21,11 @@ inline ikv_status seq_not_found(const char *fn, ikv_seq_id id) {
 
 // ---- under state_mu ----
 // IKV_E_NOMEM with a sentence when `extra` more bytes of pages would exceed capacity.
-ikv_status check_capacity_locked(const ikv_pool *pool, uint64_t extra, uint64_t freed, const char *fn);
+// host_tier: the same for the host tier of a CUDA pool (host_capacity_bytes).
+ikv_status check_room_locked(const ikv_pool *pool, bool host_tier, uint64_t extra, uint64_t freed, const char *fn);
+inline ikv_status check_capacity_locked(const ikv_pool *pool, uint64_t extra, uint64_t freed, const char *fn) {
+    return check_room_locked(pool, false, extra, freed, fn);
+}
 // Allocate page bytes of format f into rec (refs = 1) and charge them.
 ikv_status alloc_page_locked(ikv_pool *pool, ikv_format f, PageRec *rec);
 // Drop one reference; the last one releases the bytes, uncharges and deletes rec.

@@ -29,17 +29,6 @@ struct Move {
     uint8_t *dst;
 };
 
-// Under state_mu: IKV_E_NOMEM with a sentence when `extra` bytes more would
-// not fit the host tier.
-ikv_status check_host_room_locked(const ikv_pool *pool, uint64_t extra, const char *fn) {
-    if (pool->host_used_bytes + extra > pool->config.host_capacity_bytes)
-        return fail(IKV_E_NOMEM,
-                    "%s: needs %llu more bytes of the host tier but %llu of host_capacity_bytes %llu are in use", fn,
-                    (unsigned long long)extra, (unsigned long long)pool->host_used_bytes,
-                    (unsigned long long)pool->config.host_capacity_bytes);
-    return IKV_OK;
-}
-
 }  // namespace
 
 ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t end, bool to_host, void *stream,
@@ -64,9 +53,9 @@ ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t
 
     std::vector<Move> moves;
     std::vector<PageStore::PageMove> copies;
+    uint64_t extra = 0;  // the moving pages' bytes
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
-        uint64_t extra = 0;
         try {
             for (uint32_t p = p0; p < p1; ++p) {
                 PageRec *rec = seq.pages[p];
@@ -79,7 +68,7 @@ ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t
             return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
         }
         if (moves.empty()) return IKV_OK;
-        ikv_status st = to_host ? check_host_room_locked(pool, extra, fn) : check_capacity_locked(pool, extra, 0, fn);
+        ikv_status st = check_room_locked(pool, to_host, extra, 0, fn);
         for (size_t i = 0; i < moves.size() && st == IKV_OK; ++i) {
             const ikv_format f = moves[i].rec->format;
             st = to_host ? pool->store->alloc_host(f, &moves[i].dst) : pool->store->alloc(f, &moves[i].dst);
@@ -96,11 +85,9 @@ ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t
     }
     const ikv_status st = pool->store->move_pages(copies.data(), copies.size(), stream);
     std::lock_guard<std::mutex> lock(pool->state_mu);
-    uint64_t moved_bytes = 0;
-    for (const Move &m : moves) moved_bytes += pool->page_bytes[m.rec->format];
     if (st != IKV_OK) {  // nothing was enqueued: the destinations go back, the pages stay
         for (const Move &m : moves) pool->store->release(m.rec->format, m.dst);
-        (to_host ? pool->host_used_bytes : pool->used_bytes) -= moved_bytes;
+        (to_host ? pool->host_used_bytes : pool->used_bytes) -= extra;
         return st;
     }
     for (const Move &m : moves) {
@@ -109,13 +96,13 @@ ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t
     }
     const uint64_t n = moves.size();
     if (to_host) {
-        pool->used_bytes -= moved_bytes;
+        pool->used_bytes -= extra;
         pool->host_pages += n;
-        pool->bytes_offloaded += moved_bytes;
+        pool->bytes_offloaded += extra;
     } else {
-        pool->host_used_bytes -= moved_bytes;
+        pool->host_used_bytes -= extra;
         pool->host_pages -= n;
-        pool->bytes_fetched += moved_bytes;
+        pool->bytes_fetched += extra;
     }
     table_changed(seq);
     if (moved_out) *moved_out = uint32_t(moves.size());
