@@ -506,7 +506,11 @@ typedef struct ikv_pool_config {
     ikv_dtype kv_dtype;         /**< element type of the K/V the engine appends; default F16 */
     /* Later fields: a caller built with an older header (smaller struct_size) gets their defaults. */
     uint64_t host_capacity_bytes; /**< CUDA pools: bytes of pinned host memory for a host tier of pages
-                                       (ikv_seq_offload); 0 (default) = no host tier. CPU pools: must be 0 */
+                                       (ikv_seq_offload); 0 (default) = no host tier. CPU pools: must be 0.
+                                       A pool with a host tier keeps the slab memory it allocated in both
+                                       tiers until it is destroyed (reserved_bytes does not shrink): pages
+                                       move back and forth, pinned allocation costs about 0.5 ms per MB and
+                                       freeing device or pinned memory synchronizes the device */
 } ikv_pool_config;
 
 /**
@@ -558,6 +562,9 @@ typedef struct ikv_pool_stats {
     uint64_t host_pages;                      /**< pages in the host tier */
     uint64_t bytes_offloaded;                 /**< page bytes moved device -> host since the pool was created */
     uint64_t bytes_fetched;                   /**< page bytes moved host -> device since the pool was created */
+    uint64_t host_page_reads;                 /**< pages in host memory that decode calls listed, one per page and
+                                                   call (read over the bus: the stalls the tier policy avoids; with
+                                                   query-aware top-k, host-tier candidates, which it may read) */
 } ikv_pool_stats;
 
 /** Errors: IKV_E_NULL, IKV_E_INVALID (struct_size). */
@@ -757,6 +764,90 @@ IKV_API ikv_status ikv_seq_fetch(ikv_pool *pool, ikv_seq_id seq, uint32_t begin,
 /** 1 if page `page` of seq is in the host tier, 0 if in device memory (CPU pools: always 0).
  *  Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (page beyond the sequence), IKV_E_EVICTED. */
 IKV_API ikv_status ikv_seq_page_tier(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, int *on_host_out);
+
+/**
+ * The automatic tier policy of a CUDA pool with a host tier: the pool keeps
+ * a step count and, per page, the last step that used it; ikv_pool_tier_step
+ * (once per engine step) offloads pages idle for idle_steps steps when device
+ * memory is under pressure, and fetches the pages the step's plans read.
+ * A field left 0 takes its default, so a zeroed struct with struct_size set
+ * is the default policy.
+ */
+#define IKV_TIER_NO_PREFETCH 0x1u /**< ikv_pool_tier_step fetches nothing: the step's pages stay where they are and
+                                       decodes read host-tier ones over the bus (measuring the fetch's worth) */
+typedef struct ikv_tier_policy {
+    uint32_t struct_size;
+    uint32_t idle_steps; /**< a page no ikv_pool_tier_step named for at least this many steps is idle: offloaded
+                              under pressure; a page used more recently moves only to make room for the pages
+                              a step reads; default 8 */
+    float device_high;   /**< pressure: a step offloads when device-resident page bytes, with what it is about to
+                              fetch, would exceed this share of capacity_bytes; in (0, 1]; default 0.9 */
+    float device_low;    /**< it then offloads idle pages, least recently used first, down to this share; in
+                              (0, device_high]; default min(0.75, device_high) */
+    uint32_t flags;      /**< IKV_TIER_* */
+} ikv_tier_policy;
+
+/**
+ * Turn the automatic tier policy on (policy != NULL; fields checked, 0 =
+ * default) or off (NULL). Changes no page; the next ikv_pool_tier_step acts.
+ * Thread-safety: as ikv_pool_tier_step. Errors: IKV_E_NULL (pool),
+ * IKV_E_INVALID (struct_size, or a field out of range: named),
+ * IKV_E_UNSUPPORTED (a CPU pool, or a CUDA pool without a host tier).
+ */
+IKV_API ikv_status ikv_pool_set_tier_policy(ikv_pool *pool, const ikv_tier_policy *policy);
+
+/** What one ikv_pool_tier_step did. Set struct_size first. */
+typedef struct ikv_tier_step_report {
+    uint32_t struct_size;
+    uint32_t pages_fetched;   /**< pages moved host -> device by this call */
+    uint32_t pages_offloaded; /**< pages moved device -> host by this call */
+    uint32_t pages_on_host;   /**< pages this step's plans read that are still in host memory after the call (no
+                                   device room, shared by a fork, a partial tail page, or IKV_TIER_NO_PREFETCH):
+                                   the step's decodes read them over the bus */
+    uint64_t step;            /**< the pool's step count after this call (the first call makes it 1) */
+} ikv_tier_step_report;
+
+/**
+ * One step of the automatic tier policy; call it once per engine step,
+ * before the step's decodes, with the sequences the step decodes and the
+ * plans it passes them (plans NULL, or plans[i] NULL: the whole sequence;
+ * n_seqs may be 0 for a step that only relieves pressure, e.g. between
+ * prefill chunks). In order:
+ *   1. the step count advances and every page the step reads is marked used
+ *      now: each plan's pages and its prefetch hints (ikv_plan_prefetch), or
+ *      every page of a sequence without a plan;
+ *   2. under pressure (see ikv_tier_policy), device pages of any sequence of
+ *      the pool that no step marked for idle_steps steps move to the host,
+ *      least recently used first, down to device_low; when the pages this
+ *      step reads still lack room below device_high, pages it does not read
+ *      follow, least recently used first, though used recently: what the
+ *      step reads outranks what earlier steps read. All as far as the host
+ *      tier has room;
+ *   3. unless IKV_TIER_NO_PREFETCH, the marked pages in host memory move to
+ *      the device, plan pages before prefetch hints, as far as device_high
+ *      allows (the room above it is left to the step's appends).
+ * Moves follow ikv_seq_offload's rules (pages a fork shares and partial tail
+ * pages stay) and are enqueued on stream (NULL = the default stream) behind
+ * the work on it: decodes enqueued on that stream afterwards read the pages
+ * in their new place; work on other streams must be ordered by the engine.
+ * The policy knows only what tier_step is told: with query-aware top-k, the
+ * plan is the candidate set, so its pages count as used whether top-k picks
+ * them or not; a sequence decoded without being named here looks idle. A
+ * decode that reads a host-tier page is still exact (counted in
+ * ikv_pool_stats.host_page_reads).
+ * *report (may be NULL) says what moved and what stayed on the host.
+ * Thread-safety: it reads every sequence of the pool, so no other call on
+ * this pool may run during it (decodes still executing on a stream are
+ * fine). Errors (nothing changed): IKV_E_NULL, IKV_E_UNSUPPORTED (a CPU
+ * pool or no host tier), IKV_E_STATE (no policy set:
+ * ikv_pool_set_tier_policy), IKV_E_NOT_FOUND (a sequence), IKV_E_INVALID
+ * (a plan of another page size, a capturing stream, or
+ * report->struct_size); IKV_E_DEVICE, IKV_E_NOMEM (host memory
+ * for its bookkeeping, or pinned slabs that cannot be allocated) after
+ * marking, with the moves done so far kept.
+ */
+IKV_API ikv_status ikv_pool_tier_step(ikv_pool *pool, const ikv_seq_id *seqs, const ikv_plan *const *plans,
+                                      uint32_t n_seqs, void *stream, ikv_tier_step_report *report);
 
 /** The storage format of page `page` (tokens [page*page_size, (page+1)*page_size)). Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED. */
 IKV_API ikv_status ikv_seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format *out);

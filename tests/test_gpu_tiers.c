@@ -7,9 +7,9 @@
  * it, eviction and fetching back; moves enqueued on a stream are ordered
  * before the decode that follows on it; a move the target tier has no room
  * for changes nothing; accounting returns to zero.
- * IKV_GPU_TIER_BENCH=1 adds the benchmark of bench/RESULTS.md (tiered memory):
- * step time with the plan's pages resident and the rest on the host, with
- * everything on the host (read over the bus), and fetching first.
+ * The automatic policy (ikv_pool_tier_step) runs a pool through prefill and
+ * a multi-turn session against an all-resident pool. The benchmark is
+ * tests/bench_gpu_tiers.c.
  * Skips without a CUDA device. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,14 +29,6 @@ static ikv_pool *make_pool(ikv_format f, uint64_t host_capacity, uint64_t capaci
     ikv_pool *pool = NULL;
     IKVT_OK(ikv_pool_create(&c, &pool));
     return pool;
-}
-
-static ikv_pool_stats stats_of(const ikv_pool *pool) {
-    ikv_pool_stats s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    IKVT_OK(ikv_pool_get_stats(pool, &s));
-    return s;
 }
 
 /* Both pools get the same n tokens (all layers) for sequence a / b. */
@@ -155,7 +147,7 @@ static void test_tiered_pool_equals_all_resident(void **state) {
             append_both(pa, sa[b], pb, sb[b], kLens[b], &rng);
         }
         expect_same(dec, pa, sa, pb, sb, cplans, &d, NULL, "all resident");
-        const ikv_pool_stats before = stats_of(pb);
+        const ikv_pool_stats before = ikvt_pool_stats(pb);
 
         /* offload on a stream; the decode right after on the same stream reads the moved pages */
         uint32_t moved = 0;
@@ -168,7 +160,7 @@ static void test_tiered_pool_equals_all_resident(void **state) {
         int on_host = 0;
         IKVT_OK(ikv_seq_page_tier(pb, sb[1], 12, &on_host));
         assert_int_equal(on_host, 0);
-        ikv_pool_stats st = stats_of(pb);
+        ikv_pool_stats st = ikvt_pool_stats(pb);
         assert_true(st.host_pages == 26 && st.host_used_bytes == 26 * page);
         assert_true(st.used_bytes == before.used_bytes - 26 * page && st.pages_used == before.pages_used);
         assert_true(st.bytes_offloaded == 26 * page && st.bytes_fetched == 0);
@@ -197,16 +189,16 @@ static void test_tiered_pool_equals_all_resident(void **state) {
         IKVT_OK(ikv_seq_fetch(pb, sb[1], 0, 200, stream, &moved));
         assert_int_equal(moved, 6);
         expect_same(dec, pa, sa, pb, sb, cplans, &d, stream, "after fetching back");
-        st = stats_of(pb);
+        st = ikvt_pool_stats(pb);
         assert_true(st.host_pages == 0 && st.host_used_bytes == 0 && st.bytes_fetched == 18 * page);
         /* the pool is destroyed with pages in both tiers */
         IKVT_OK(ikv_seq_offload(pb, sb[1], 0, 200, NULL, &moved));
         for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_destroy(pa, sa[b]));
         IKVT_OK(ikv_seq_destroy(pb, sb[0]));
-        st = stats_of(pb);
+        st = ikvt_pool_stats(pb);
         assert_true(moved == 12 && st.host_pages == 12 && st.pages_used == 13); /* 12 full pages and the partial one */
         IKVT_OK(ikv_seq_destroy(pb, sb[1]));
-        st = stats_of(pb);
+        st = ikvt_pool_stats(pb);
         assert_true(st.pages_used == 0 && st.used_bytes == 0 && st.host_used_bytes == 0 && st.host_pages == 0);
         ikv_pool_destroy(pa);
         ikv_pool_destroy(pb);
@@ -231,20 +223,20 @@ static void test_moves_without_room_change_nothing(void **state) {
     IKVT_OK(ikv_seq_create(pa, &a));
     IKVT_OK(ikv_seq_create(pb, &b));
     append_both(pa, a, pb, b, 4 * P, &rng);
-    const ikv_pool_stats before = stats_of(pb);
+    const ikv_pool_stats before = ikvt_pool_stats(pb);
     uint32_t moved = 7;
     IKVT_EXPECT_STATUS(ikv_seq_offload(pb, b, 0, 3 * P, NULL, &moved), IKV_E_NOMEM, "host_capacity_bytes");
     assert_int_equal(moved, 0);
-    ikv_pool_stats after = stats_of(pb);
+    ikv_pool_stats after = ikvt_pool_stats(pb);
     assert_memory_equal(&before, &after, sizeof before);
     assert_int_equal(host_pages_of(pb, b, 4), 0);
     IKVT_OK(ikv_seq_offload(pb, b, 0, 2 * P, NULL, &moved));
     assert_int_equal(moved, 2);
     /* fill the device, then a fetch that does not fit is refused */
     append_both(pa, a, pb, b, 4 * P, &rng); /* 8 pages: 6 on the device, 2 on the host */
-    const ikv_pool_stats full = stats_of(pb);
+    const ikv_pool_stats full = ikvt_pool_stats(pb);
     IKVT_EXPECT_STATUS(ikv_seq_fetch(pb, b, 0, 2 * P, NULL, &moved), IKV_E_NOMEM, "of capacity_bytes");
-    after = stats_of(pb);
+    after = ikvt_pool_stats(pb);
     assert_memory_equal(&full, &after, sizeof full);
     assert_int_equal(host_pages_of(pb, b, 8), 2);
     /* bad arguments */
@@ -258,155 +250,186 @@ static void test_moves_without_room_change_nothing(void **state) {
     void *cs = NULL, *graph = NULL;
     assert_int_equal(ikvt_rt.stream_create_(&cs), 0);
     assert_int_equal(ikvt_rt.begin_capture_(cs, IKVT_CAPTURE_RELAXED), 0);
-    const ikv_pool_stats pre = stats_of(pb);
+    const ikv_pool_stats pre = ikvt_pool_stats(pb);
     IKVT_EXPECT_STATUS(ikv_seq_offload(pb, b, 2 * P, 4 * P, cs, &moved), IKV_E_INVALID, "capturing");
     assert_int_equal(ikvt_rt.end_capture_(cs, &graph), 0);
     if (graph) ikvt_rt.graph_destroy_(graph);
     assert_int_equal(ikvt_rt.stream_destroy_(cs), 0);
-    after = stats_of(pb);
+    after = ikvt_pool_stats(pb);
     assert_memory_equal(&pre, &after, sizeof pre);
     ikv_pool_destroy(pa);
     ikv_pool_destroy(pb);
 }
 
-/* ---------------------------------------------------------------- benchmark */
+/* ------------------------------------------------- the automatic tier policy */
 
-static double step_ms(ikv_decoder *dec, ikv_pool *pool, const ikv_decode_args *base, uint32_t layers, int reps) {
-    ikv_decode_args a = *base;
-    for (int w = 0; w < 2; ++w)
-        for (uint32_t l = 0; l < layers; ++l) {
-            a.layer = l;
-            IKVT_OK(ikv_decode(dec, pool, &a));
-        }
-    assert_int_equal(ikvt_rt.sync_(), 0);
-    const double t0 = ikvt_now_us();
-    for (int r = 0; r < reps; ++r)
-        for (uint32_t l = 0; l < layers; ++l) {
-            a.layer = l;
-            IKVT_OK(ikv_decode(dec, pool, &a));
-        }
-    assert_int_equal(ikvt_rt.sync_(), 0);
-    return (ikvt_now_us() - t0) / 1000.0 / reps;
+static ikv_tier_step_report tier_step(ikv_pool *pool, const ikv_seq_id *seqs, const ikv_plan *const *plans,
+                                      uint32_t n, void *stream) {
+    ikv_tier_step_report r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    IKVT_OK(ikv_pool_tier_step(pool, seqs, plans, n, stream, &r));
+    return r;
 }
 
-static void bench_tiers(void) {
-    enum { BL = 8, BH = 8, BG = 4, BQ = BH * BG, BB = 4, CTX = 32768, REPS = 20 };
-    ikvt_rng rng = {9};
-    const size_t per_seq = (size_t)BL * CTX * BH * D;
-    uint16_t *kv = malloc(per_seq * 2);
-    float *tmp = malloc(4096 * sizeof(float));
-    for (size_t i = 0; i < per_seq; i += 4096) {
-        ikvt_fill_normal(&rng, tmp, 4096, 1.0f);
-        ikvt_to_f16(tmp, kv + i, per_seq - i < 4096 ? per_seq - i : 4096);
+/* Pages of `plan` below `complete` (whole pages) that are in the host tier. */
+static uint32_t plan_pages_on_host(const ikv_pool *pool, ikv_seq_id seq, const ikv_plan *plan, uint32_t complete) {
+    const ikv_plan_page *pp = NULL;
+    size_t np = 0;
+    IKVT_OK(ikv_plan_pages(plan, &pp, &np));
+    uint32_t n = 0;
+    for (size_t i = 0; i < np; ++i) {
+        int on_host = 0;
+        if (pp[i].page < complete && (i == 0 || pp[i - 1].page != pp[i].page)) {
+            IKVT_OK(ikv_seq_page_tier(pool, seq, pp[i].page, &on_host));
+            n += (uint32_t)on_host;
+        }
     }
-    ikv_pool_config c = ikvt_pool_config((ikvt_pool_spec){.backend = IKV_BACKEND_CUDA, .n_layers = BL,
-                                                          .n_kv_heads = BH, .head_dim = D, .page_size = P,
-                                                          .capacity_bytes = 8ull << 30, .kv_dtype = IKV_DTYPE_F16});
-    c.host_capacity_bytes = 8ull << 30;
-    ikv_pool *pool = NULL;
-    IKVT_OK(ikv_pool_create(&c, &pool));
-    ikv_seq_id seqs[BB];
-    ikv_plan *plans[BB];
-    const uint32_t n_pages = CTX / P;
-    for (uint32_t b = 0; b < BB; ++b) {
-        IKVT_OK(ikv_seq_create(pool, &seqs[b]));
-        ikv_append ap = ikv_append_default(pool, CTX);
-        ap.layer = IKV_ALL_LAYERS;
-        ap.k = kv;
-        ap.v = kv;
-        IKVT_OK(ikv_pool_append(pool, seqs[b], &ap));
-        /* a 25% plan: seeded random pages plus the newest 32 */
-        ikv_token_range *r = malloc(sizeof *r * n_pages);
-        size_t nr = 0;
-        for (uint32_t p = 0; p < n_pages; ++p)
-            if (p >= n_pages - 32 || ikvt_uniform(&rng) < 0.24) r[nr++] = (ikv_token_range){p * P, (p + 1) * P};
-        IKVT_OK(ikv_plan_from_ranges(r, nr, CTX, P, IKV_FMT_F16, &plans[b]));
-        free(r);
-    }
-    float *q = malloc(sizeof(float) * BB * BQ * D);
-    ikvt_fill_normal(&rng, q, (size_t)BB * BQ * D, 1.0f);
-    void *dq = ikvt_dev_upload(q, sizeof(float) * BB * BQ * D), *dout = ikvt_dev_upload(NULL, sizeof(float) * BB * BQ * D);
+    return n;
+}
+
+/* A pool whose device holds 78% of the session, run by the policy
+ * through prefill and a multi-turn session in which the attended document
+ * changes and returns: every decode equals an all-resident pool's byte for
+ * byte, the device never exceeds its capacity, the plan's pages are on the
+ * device before each step's decode (no host page read), and idle pages went
+ * to the host; with IKV_TIER_NO_PREFETCH the plan's host pages stay there
+ * and the decodes read them over the bus, still exact. */
+static void test_tier_policy_session(void **state) {
+    (void)state;
+    ikvt_rng rng = {2400};
     ikv_decoder_config dc = ikv_decoder_default_config();
     ikv_decoder *dec = NULL;
     IKVT_OK(ikv_decoder_create(&dc, &dec));
-    ikv_decode_args a = ikv_decode_args_default();
-    a.n_seqs = BB;
-    a.seqs = seqs;
-    a.plans = (const ikv_plan *const *)plans;
-    a.n_q_heads = BQ;
-    a.q = dq;
-    a.out = dout;
-    float *ref = malloc(sizeof(float) * BB * BQ * D), *got = malloc(sizeof(float) * BB * BQ * D);
-    const uint64_t all = stats_of(pool).used_bytes;
-    const double t_all = step_ms(dec, pool, &a, BL, REPS);
-    assert_int_equal(ikvt_rt.memcpy_(ref, dout, sizeof(float) * BB * BQ * D, IKVT_D2H), 0);
-    /* the plan's pages stay, the rest goes to the host */
-    const double m0 = ikvt_now_us();
-    for (uint32_t b = 0; b < BB; ++b) {
-        const ikv_plan_page *pp = NULL;
-        size_t np = 0;
-        IKVT_OK(ikv_plan_pages(plans[b], &pp, &np));
-        uint32_t next = 0;
-        for (size_t i = 0; i <= np; ++i) {
-            const uint32_t upto = i < np ? pp[i].page : n_pages;
-            if (upto > next) IKVT_OK(ikv_seq_offload(pool, seqs[b], next * P, upto * P, NULL, NULL));
-            next = i < np ? pp[i].page + 1 : n_pages;
+    float q[B * NQ * D], out[B * NQ * D], lse[B * NQ];
+    ikvt_fill_normal(&rng, q, B * NQ * D, 1.5f);
+    decode_bufs d = {ikvt_dev_upload(q, sizeof q), ikvt_dev_upload(NULL, sizeof q),
+                     ikvt_dev_upload(NULL, sizeof(float) * B * NQ)};
+    void *stream = NULL;
+    assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
+    /* turn plans: documents A, B, then A again (sequence 1 reads its own) */
+    static const ikv_token_range turns0[3][2] = {{{16, 112}, {480, 520}}, {{208, 336}, {480, 520}},
+                                                 {{16, 112}, {480, 520}}};
+    static const ikv_token_range turns1[3][2] = {{{0, 48}, {176, 200}}, {{64, 128}, {176, 200}},
+                                                 {{0, 48}, {176, 200}}};
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) {
+        ikv_pool *probe = make_pool((ikv_format)f, 0, 1u << 20);
+        const uint64_t page = ikv_pool_page_bytes(probe, (ikv_format)f);
+        ikv_pool_destroy(probe);
+        ikv_pool *pa = make_pool((ikv_format)f, 0, 64u << 20), *pb = make_pool((ikv_format)f, 64 * page, 36 * page);
+        ikv_seq_id sa[B], sb[B];
+        for (uint32_t b = 0; b < B; ++b) {
+            IKVT_OK(ikv_seq_create(pa, &sa[b]));
+            IKVT_OK(ikv_seq_create(pb, &sb[b]));
         }
-    }
-    assert_int_equal(ikvt_rt.sync_(), 0);
-    const double offload_ms = (ikvt_now_us() - m0) / 1000.0;
-    const ikv_pool_stats st = stats_of(pool);
-    const double t_plan = step_ms(dec, pool, &a, BL, REPS);
-    assert_int_equal(ikvt_rt.memcpy_(got, dout, sizeof(float) * BB * BQ * D, IKVT_D2H), 0);
-    const int same1 = memcmp(ref, got, sizeof(float) * BB * BQ * D) == 0;
-    /* everything on the host: the plan's pages read over the bus */
-    for (uint32_t b = 0; b < BB; ++b) IKVT_OK(ikv_seq_offload(pool, seqs[b], 0, CTX, NULL, NULL));
-    const double t_host = step_ms(dec, pool, &a, BL, REPS);
-    assert_int_equal(ikvt_rt.memcpy_(got, dout, sizeof(float) * BB * BQ * D, IKVT_D2H), 0);
-    const int same2 = memcmp(ref, got, sizeof(float) * BB * BQ * D) == 0;
-    /* fetch the plan's pages first, then decode (the step that waits) */
-    const uint64_t fetched0 = stats_of(pool).bytes_fetched;
-    const double f0 = ikvt_now_us();
-    for (uint32_t b = 0; b < BB; ++b) {
-        const ikv_plan_page *pp = NULL;
-        size_t np = 0;
-        IKVT_OK(ikv_plan_pages(plans[b], &pp, &np));
-        for (size_t i = 0; i < np;) { /* runs of consecutive pages, one call each */
-            size_t j = i + 1;
-            while (j < np && pp[j].page == pp[j - 1].page + 1) ++j;
-            IKVT_OK(ikv_seq_fetch(pool, seqs[b], pp[i].page * P, (pp[j - 1].page + 1) * P, NULL, NULL));
-            i = j;
-        }
-    }
-    assert_int_equal(ikvt_rt.sync_(), 0);
-    const double fetch_ms = (ikvt_now_us() - f0) / 1000.0;
-    const uint64_t fetched = stats_of(pool).bytes_fetched - fetched0;
-    const double t_fetched = step_ms(dec, pool, &a, BL, REPS);
-    assert_int_equal(ikvt_rt.memcpy_(got, dout, sizeof(float) * BB * BQ * D, IKVT_D2H), 0);
-    const int same3 = memcmp(ref, got, sizeof(float) * BB * BQ * D) == 0;
-    printf("tier bench: B=%d, %d tokens each, %d layers, 8 kv-heads x 128, F16 pages, 25%% plans; ms per step "
-           "(all layers)\n", BB, CTX, BL);
-    printf("  all resident               %.3f ms  device-resident %.0f MB\n", t_all, all / 1e6);
-    printf("  plan resident, rest offloaded %.3f ms (%.2fx)  device-resident %.0f MB (%.1f%% of all)  offload "
-           "%.1f ms for %.0f MB  outputs %s\n", t_plan, t_plan / t_all, st.used_bytes / 1e6,
-           100.0 * st.used_bytes / all, offload_ms, st.bytes_offloaded / 1e6, same1 ? "identical" : "DIFFER");
-    printf("  everything on the host (bus) %.3f ms (%.2fx)  outputs %s\n", t_host, t_host / t_all,
-           same2 ? "identical" : "DIFFER");
-    printf("  fetch the plan's pages       %.1f ms for %.0f MB (%.1f GB/s), then %.3f ms (%.2fx)  outputs %s\n",
-           fetch_ms, fetched / 1e6, fetched / 1e6 / fetch_ms, t_fetched, t_fetched / t_all, same3 ? "identical" : "DIFFER");
-    assert_true(same1 && same2 && same3);
-    ikv_decoder_destroy(dec);
-    for (uint32_t b = 0; b < BB; ++b) ikv_plan_destroy(plans[b]);
-    ikv_pool_destroy(pool);
-    ikvt_rt.free_(dq);
-    ikvt_rt.free_(dout);
-    free(kv), free(tmp), free(q), free(ref), free(got);
-}
+        /* no policy yet: a step is refused */
+        IKVT_EXPECT_STATUS(ikv_pool_tier_step(pb, sb, NULL, B, NULL, NULL), IKV_E_STATE, "ikv_pool_set_tier_policy");
+        ikv_tier_policy policy;
+        memset(&policy, 0, sizeof policy);
+        policy.struct_size = sizeof policy;
+        policy.idle_steps = 2; /* high 0.9, low 0.75 of 36 pages */
+        IKVT_OK(ikv_pool_set_tier_policy(pb, &policy));
+        /* prefill in 64-token chunks; the steps between them relieve the pressure */
+        uint64_t step = 0;
+        for (uint32_t done = 0; done < kLens[0]; done += 64)
+            for (uint32_t b = 0; b < B; ++b) {
+                if (done >= kLens[b]) continue;
+                const uint32_t n = kLens[b] - done < 64 ? kLens[b] - done : 64;
+                append_both(pa, sa[b], pb, sb[b], n, &rng);
+                const ikv_tier_step_report r = tier_step(pb, NULL, NULL, 0, stream);
+                assert_int_equal(r.step, ++step);
+                assert_true(ikvt_pool_stats(pb).used_bytes <= (uint64_t)(0.9 * 36 * page));
+            }
+        ikv_pool_stats st = ikvt_pool_stats(pb);
+        assert_true(st.host_pages >= 46 - 36 && st.used_bytes <= 36 * page);
 
-static void test_bench(void **state) {
-    (void)state;
-    if (!getenv("IKV_GPU_TIER_BENCH")) skip();
-    bench_tiers();
+        for (int turn = 0; turn < 3; ++turn) {
+            ikv_plan *plans[B];
+            uint32_t lens[B];
+            for (uint32_t b = 0; b < B; ++b) {
+                IKVT_OK(ikv_seq_length(pb, sb[b], &lens[b]));
+                IKVT_OK(ikv_plan_from_ranges(b == 0 ? turns0[turn] : turns1[turn], 2, lens[b], P, IKV_FMT_F16,
+                                             &plans[b]));
+            }
+            const ikv_plan *const *cplans = (const ikv_plan *const *)plans;
+            for (int s = 0; s < 3; ++s) {
+                const ikv_tier_step_report r = tier_step(pb, sb, cplans, B, stream);
+                assert_int_equal(r.step, ++step);
+                assert_int_equal(r.pages_on_host, 0);
+                for (uint32_t b = 0; b < B; ++b) assert_int_equal(plan_pages_on_host(pb, sb[b], plans[b], 512), 0);
+                st = ikvt_pool_stats(pb);
+                assert_true(st.used_bytes <= 36 * page);
+                /* the plan's decode reads no host page; its output is the all-resident pool's */
+                const uint64_t reads = st.host_page_reads;
+                float ref[B * NQ * D], rlse[B * NQ];
+                decode_host(dec, pb, sb, cplans, 1, &d, stream, out, lse);
+                decode_host(dec, pa, sa, cplans, 1, &d, NULL, ref, rlse);
+                assert_memory_equal(out, ref, sizeof out);
+                assert_memory_equal(lse, rlse, sizeof lse);
+                assert_true(ikvt_pool_stats(pb).host_page_reads == reads);
+                append_both(pa, sa[0], pb, sb[0], 1, &rng);
+                append_both(pa, sa[1], pb, sb[1], 1, &rng);
+            }
+            /* dense and top-k read host pages over the bus: still exact */
+            expect_same(dec, pa, sa, pb, sb, cplans, &d, stream, "under the tier policy");
+            for (uint32_t b = 0; b < B; ++b) ikv_plan_destroy(plans[b]);
+        }
+        st = ikvt_pool_stats(pb);
+        assert_true(st.bytes_offloaded > 0 && st.bytes_fetched > 0 && st.host_pages > 0);
+
+        /* without prefetch the plan's host pages stay there and are read over the bus */
+        policy.flags = IKV_TIER_NO_PREFETCH;
+        IKVT_OK(ikv_pool_set_tier_policy(pb, &policy));
+        static const ikv_token_range far0[] = {{128, 208}}, far1[] = {{128, 176}}; /* never planned: long idle */
+        ikv_plan *plans[B];
+        uint32_t lens[B];
+        for (uint32_t b = 0; b < B; ++b) {
+            IKVT_OK(ikv_seq_length(pb, sb[b], &lens[b]));
+            IKVT_OK(ikv_plan_from_ranges(b == 0 ? far0 : far1, 1, lens[b], P, IKV_FMT_F16, &plans[b]));
+        }
+        const ikv_plan *const *cplans = (const ikv_plan *const *)plans;
+        uint32_t host_before = 0;
+        for (uint32_t b = 0; b < B; ++b) host_before += plan_pages_on_host(pb, sb[b], plans[b], 512);
+        assert_true(host_before > 0);
+        const ikv_tier_step_report r = tier_step(pb, sb, cplans, B, stream);
+        assert_int_equal(r.pages_fetched, 0);
+        assert_int_equal(r.pages_on_host, host_before);
+        const uint64_t reads = ikvt_pool_stats(pb).host_page_reads;
+        float ref[B * NQ * D], rlse[B * NQ];
+        decode_host(dec, pb, sb, cplans, 1, &d, stream, out, lse);
+        decode_host(dec, pa, sa, cplans, 1, &d, NULL, ref, rlse);
+        assert_memory_equal(out, ref, sizeof out);
+        assert_true(ikvt_pool_stats(pb).host_page_reads == reads + host_before);
+
+        /* a refused step changes nothing (not even the step count) */
+        ikv_plan *odd = NULL;
+        static const ikv_token_range r8[] = {{0, 8}};
+        IKVT_OK(ikv_plan_from_ranges(r8, 1, 64, 8, IKV_FMT_F16, &odd));
+        const ikv_plan *mixed[B] = {plans[0], odd};
+        const ikv_pool_stats pre = ikvt_pool_stats(pb);
+        IKVT_EXPECT_STATUS(ikv_pool_tier_step(pb, sb, mixed, B, stream, NULL), IKV_E_INVALID, "page_size");
+        const ikv_seq_id missing[1] = {999};
+        IKVT_EXPECT_STATUS(ikv_pool_tier_step(pb, missing, NULL, 1, stream, NULL), IKV_E_NOT_FOUND, "999");
+        assert_int_equal(ikvt_rt.sync_(), 0);
+        st = ikvt_pool_stats(pb);
+        assert_memory_equal(&pre, &st, sizeof pre);
+        assert_int_equal(tier_step(pb, NULL, NULL, 0, stream).step, r.step + 1);
+        ikv_plan_destroy(odd);
+        for (uint32_t b = 0; b < B; ++b) ikv_plan_destroy(plans[b]);
+        /* turned off: a step is refused again */
+        IKVT_OK(ikv_pool_set_tier_policy(pb, NULL));
+        IKVT_EXPECT_STATUS(ikv_pool_tier_step(pb, NULL, NULL, 0, NULL, NULL), IKV_E_STATE, "tier policy");
+        for (uint32_t b = 0; b < B; ++b) IKVT_OK(ikv_seq_destroy(pb, sb[b]));
+        st = ikvt_pool_stats(pb);
+        assert_true(st.pages_used == 0 && st.used_bytes == 0 && st.host_used_bytes == 0 && st.host_pages == 0);
+        ikv_pool_destroy(pa);
+        ikv_pool_destroy(pb);
+    }
+    assert_int_equal(ikvt_rt.stream_destroy_(stream), 0);
+    ikvt_rt.free_(d.q);
+    ikvt_rt.free_(d.out);
+    ikvt_rt.free_(d.lse);
+    ikv_decoder_destroy(dec);
 }
 
 int main(void) {
@@ -414,7 +437,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiered_pool_equals_all_resident),
         cmocka_unit_test(test_moves_without_room_change_nothing),
-        cmocka_unit_test(test_bench),
+        cmocka_unit_test(test_tier_policy_session),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,14 +18,6 @@ static ikv_pool *make_pool(ikv_pool_config c) {
     return pool;
 }
 
-static ikv_pool_stats stats_of(const ikv_pool *pool) {
-    ikv_pool_stats s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    IKVT_OK(ikv_pool_get_stats(pool, &s));
-    return s;
-}
-
 static void test_default_config(void **state) {
     (void)state;
     ikv_pool_config c = ikv_pool_default_config();
@@ -152,7 +144,7 @@ static void test_sequences(void **state) {
     uint32_t len = 99;
     IKVT_OK(ikv_seq_length(pool, a, &len));
     assert_int_equal(len, 0);
-    ikv_pool_stats s = stats_of(pool);
+    ikv_pool_stats s = ikvt_pool_stats(pool);
     assert_int_equal(s.n_sequences, 2);
     assert_true(s.used_bytes == 0 && s.pages_used == 0 && s.tokens_total == 0);
     IKVT_EXPECT_STATUS(ikv_seq_create(NULL, &a), IKV_E_NULL, "pool");
@@ -168,7 +160,7 @@ static void test_sequences(void **state) {
     IKVT_OK(ikv_seq_destroy(pool, a));
     IKVT_EXPECT_STATUS(ikv_seq_destroy(pool, a), IKV_E_NOT_FOUND, "ikv_seq_destroy");
     IKVT_EXPECT_STATUS(ikv_seq_destroy(NULL, b), IKV_E_NULL, "pool");
-    assert_int_equal(stats_of(pool).n_sequences, 1);
+    assert_int_equal(ikvt_pool_stats(pool).n_sequences, 1);
     ikv_pool_stats bad;
     memset(&bad, 0, sizeof bad);
     bad.struct_size = 8;
@@ -209,7 +201,7 @@ static void test_append_read_f16_exact(void **state) {
         ikvt_to_f16(v + l * per_layer, h, per_layer);
         for (size_t i = 0; i < per_layer; ++i) assert_true(rv[i] == ikvt_f16_to_f32(h[i]));
     }
-    ikv_pool_stats st = stats_of(pool);
+    ikv_pool_stats st = ikvt_pool_stats(pool);
     assert_int_equal(st.pages_used, 3);
     assert_true(st.pages_by_format[IKV_FMT_F16] == 3);
     assert_true(st.used_bytes == 3 * ikv_pool_page_bytes(pool, IKV_FMT_F16));
@@ -223,7 +215,7 @@ static void test_append_read_f16_exact(void **state) {
     for (size_t i = 0; i < 11 * H * D; ++i) assert_true(rk[i] == ikvt_f16_to_f32(h[i]));
     IKVT_OK(ikv_seq_read(pool, s, 1, 4, 4, rk, rv)); /* empty range */
     IKVT_OK(ikv_seq_destroy(pool, s));
-    st = stats_of(pool);
+    st = ikvt_pool_stats(pool);
     assert_true(st.pages_used == 0 && st.used_bytes == 0 && st.staging_bytes == 0 && st.tokens_total == 0);
     free(k);
     free(v);
@@ -388,14 +380,14 @@ static void test_append_with_plan(void **state) {
         IKVT_OK(ikv_seq_page_format(pool, s, p, &f));
         assert_int_equal(f, p < 5 ? IKV_FMT_INT8 : IKV_FMT_F16);
     }
-    ikv_pool_stats st = stats_of(pool);
+    ikv_pool_stats st = ikvt_pool_stats(pool);
     assert_true(st.pages_by_format[IKV_FMT_INT8] == 5 && st.pages_by_format[IKV_FMT_F16] == 1);
     assert_true(st.used_bytes == 5 * ikv_pool_page_bytes(pool, IKV_FMT_INT8) + ikv_pool_page_bytes(pool, IKV_FMT_F16));
     /* apply_plan_formats re-stores full pages in the plan's format */
     ikv_plan *plan4 = NULL;
     IKVT_OK(ikv_plan_from_ranges(&range, 1, 40, 8, IKV_FMT_INT4, &plan4));
     IKVT_OK(ikv_seq_apply_plan_formats(pool, s, plan4));
-    st = stats_of(pool);
+    st = ikvt_pool_stats(pool);
     assert_true(st.pages_by_format[IKV_FMT_INT4] == 5 && st.pages_by_format[IKV_FMT_F16] == 1);
     ikv_plan_destroy(plan);
     ikv_plan_destroy(plan4);

@@ -376,6 +376,30 @@ static void test_host_tier_on_cpu_pools(void **state) {
     assert_int_equal(on_host, 0);
     IKVT_EXPECT_STATUS(ikv_seq_page_tier(pool, s, 2, &on_host), IKV_E_RANGE, "page 2");
     IKVT_EXPECT_STATUS(ikv_seq_page_tier(pool, s, 0, NULL), IKV_E_NULL, "ikv_seq_page_tier");
+    /* the automatic tier policy: CUDA pools with a host tier only */
+    ikv_tier_policy policy;
+    memset(&policy, 0, sizeof policy);
+    policy.struct_size = sizeof policy;
+    IKVT_EXPECT_STATUS(ikv_pool_set_tier_policy(pool, &policy), IKV_E_UNSUPPORTED, "host tier");
+    IKVT_EXPECT_STATUS(ikv_pool_set_tier_policy(NULL, &policy), IKV_E_NULL, "ikv_pool_set_tier_policy");
+    policy.device_high = 1.5f;
+    IKVT_EXPECT_STATUS(ikv_pool_set_tier_policy(pool, &policy), IKV_E_INVALID, "device_high");
+    policy.device_high = 0.5f;
+    policy.device_low = 0.6f;
+    IKVT_EXPECT_STATUS(ikv_pool_set_tier_policy(pool, &policy), IKV_E_INVALID, "device_low");
+    policy.device_low = 0.0f;
+    policy.flags = 0x80;
+    IKVT_EXPECT_STATUS(ikv_pool_set_tier_policy(pool, &policy), IKV_E_INVALID, "flags");
+    policy.flags = 0;
+    policy.struct_size = 4;
+    IKVT_EXPECT_STATUS(ikv_pool_set_tier_policy(pool, &policy), IKV_E_INVALID, "struct_size");
+    ikv_tier_step_report rep;
+    memset(&rep, 0x5A, sizeof rep);
+    rep.struct_size = sizeof rep;
+    IKVT_EXPECT_STATUS(ikv_pool_tier_step(pool, &s, NULL, 1, NULL, &rep), IKV_E_UNSUPPORTED, "host tier");
+    IKVT_EXPECT_STATUS(ikv_pool_tier_step(pool, NULL, NULL, 1, NULL, NULL), IKV_E_NULL, "seqs");
+    rep.struct_size = 8;
+    IKVT_EXPECT_STATUS(ikv_pool_tier_step(pool, &s, NULL, 1, NULL, &rep), IKV_E_INVALID, "struct_size");
     observe(pool, s, &after);
     assert_memory_equal(&before, &after, sizeof before);
 

@@ -62,14 +62,6 @@ static void check(const ikv_pool *pool, ikv_seq_id s, const shadow *sh) {
         }
 }
 
-static ikv_pool_stats stats(const ikv_pool *pool) {
-    ikv_pool_stats s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    IKVT_OK(ikv_pool_get_stats(pool, &s));
-    return s;
-}
-
 static shadow g_a, g_b, g_c;
 
 static void test_fork_cow(void **state) {
@@ -82,30 +74,30 @@ static void test_fork_cow(void **state) {
     append(pool, a, &g_a, 2 * P + 4, 1);
     IKVT_OK(ikv_seq_fork(pool, a, &b));
     g_b = g_a;
-    ikv_pool_stats st = stats(pool);
+    ikv_pool_stats st = ikvt_pool_stats(pool);
     assert_true(st.pages_used == 3 && st.used_bytes == 3 * pb); /* nothing copied */
     assert_true(st.n_sequences == 2 && st.tokens_total == 2 * (2 * P + 4));
     check(pool, a, &g_a);
     check(pool, b, &g_b);
     /* Parent writes into the shared partial page: it gets its own copy. */
     append(pool, a, &g_a, 2, 2);
-    assert_true(stats(pool).pages_used == 4);
+    assert_true(ikvt_pool_stats(pool).pages_used == 4);
     check(pool, b, &g_b); /* the child still sees the old tail */
     check(pool, a, &g_a);
     /* The child is now the only user of the old tail page: no copy. */
     append(pool, b, &g_b, 3, 3);
-    assert_true(stats(pool).pages_used == 4);
+    assert_true(ikvt_pool_stats(pool).pages_used == 4);
     check(pool, a, &g_a);
     check(pool, b, &g_b);
     /* Crossing into new pages: each gets its own. */
     append(pool, b, &g_b, P, 4);
-    assert_true(stats(pool).pages_used == 5);
+    assert_true(ikvt_pool_stats(pool).pages_used == 5);
     check(pool, a, &g_a);
     check(pool, b, &g_b);
     /* Full pages stay shared: format changes are refused, eviction only drops a reference. */
     IKVT_EXPECT_STATUS(ikv_seq_set_page_format(pool, b, 0, IKV_FMT_INT8), IKV_E_SHARED, "shared");
     IKVT_OK(ikv_seq_evict(pool, b, 0, P));
-    assert_true(stats(pool).pages_used == 5);
+    assert_true(ikvt_pool_stats(pool).pages_used == 5);
     int ev;
     IKVT_OK(ikv_seq_is_evicted(pool, b, 3, &ev));
     assert_int_equal(ev, 1);
@@ -114,20 +106,20 @@ static void test_fork_cow(void **state) {
     check(pool, a, &g_a);
     check(pool, b, &g_b);
     IKVT_OK(ikv_seq_evict(pool, a, 0, P)); /* last user: freed */
-    assert_true(stats(pool).pages_used == 4);
+    assert_true(ikvt_pool_stats(pool).pages_used == 4);
     /* Fork of a fork, then destroy the middle one. */
     ikv_seq_id c;
     IKVT_OK(ikv_seq_fork(pool, b, &c));
     g_c = g_b;
     IKVT_OK(ikv_seq_destroy(pool, b));
-    assert_true(stats(pool).pages_used == 4);
+    assert_true(ikvt_pool_stats(pool).pages_used == 4);
     check(pool, c, &g_c);
     /* Page 1 is shared by a and c until a goes. */
     IKVT_EXPECT_STATUS(ikv_seq_set_page_format(pool, c, 1, IKV_FMT_INT8), IKV_E_SHARED, "shared");
     IKVT_OK(ikv_seq_destroy(pool, a));
     IKVT_OK(ikv_seq_set_page_format(pool, c, 1, IKV_FMT_INT8));
     IKVT_OK(ikv_seq_destroy(pool, c));
-    st = stats(pool);
+    st = ikvt_pool_stats(pool);
     assert_true(st.pages_used == 0 && st.used_bytes == 0 && st.staging_bytes == 0 && st.tokens_total == 0);
     ikv_pool_destroy(pool);
 }
@@ -142,14 +134,14 @@ static void test_truncate(void **state) {
     /* Roll back across a page boundary: the emptied page is released. */
     IKVT_OK(ikv_seq_truncate(pool, a, 5));
     g_a.len -= 5;
-    assert_true(stats(pool).pages_used == 3);
+    assert_true(ikvt_pool_stats(pool).pages_used == 3);
     check(pool, a, &g_a);
     append(pool, a, &g_a, 7, 11); /* re-fills the re-staged tail */
     check(pool, a, &g_a);
     /* Roll back to a page boundary: no partial tail, no staging. */
     IKVT_OK(ikv_seq_truncate(pool, a, g_a.len - 2 * P));
     g_a.len = 2 * P;
-    ikv_pool_stats st = stats(pool);
+    ikv_pool_stats st = ikvt_pool_stats(pool);
     assert_true(st.pages_used == 2 && st.staging_bytes == 0 && st.tokens_total == 2 * P);
     check(pool, a, &g_a);
     /* Truncating a shared partial tail copies it; the other sequence keeps its tokens. */
@@ -158,7 +150,7 @@ static void test_truncate(void **state) {
     g_b = g_a;
     IKVT_OK(ikv_seq_truncate(pool, b, 2));
     g_b.len -= 2;
-    assert_true(stats(pool).pages_used == 4);
+    assert_true(ikvt_pool_stats(pool).pages_used == 4);
     check(pool, a, &g_a);
     check(pool, b, &g_b);
     append(pool, b, &g_b, 4, 13);
@@ -174,7 +166,7 @@ static void test_truncate(void **state) {
     check(pool, a, &g_a);
     IKVT_OK(ikv_seq_destroy(pool, a));
     IKVT_OK(ikv_seq_destroy(pool, b));
-    st = stats(pool);
+    st = ikvt_pool_stats(pool);
     assert_true(st.pages_used == 0 && st.used_bytes == 0 && st.staging_bytes == 0 && st.tokens_total == 0);
     ikv_pool_destroy(pool);
 }
@@ -201,10 +193,10 @@ static void test_truncate_fork_near_capacity(void **state) {
     append(pool, sc, &child, P + 6, 32); /* 2 pages of its own */
     IKVT_OK(ikv_seq_create(pool, &so));
     append(pool, so, &other, P, 33);
-    assert_int_equal(stats(pool).pages_used, 5);
+    assert_int_equal(ikvt_pool_stats(pool).pages_used, 5);
     IKVT_OK(ikv_seq_truncate(pool, sc, child.len - 4)); /* keep 4 tokens of the shared page 0 */
     child.len = 4;
-    assert_int_equal(stats(pool).pages_used, 4);
+    assert_int_equal(ikvt_pool_stats(pool).pages_used, 4);
     check(pool, sc, &child);
     check(pool, sp, &parent);
     check(pool, so, &other);
@@ -219,7 +211,7 @@ static void test_evict(void **state) {
     IKVT_OK(ikv_seq_create(pool, &a));
     append(pool, a, &g_a, 5 * P + 1, 20);
     IKVT_OK(ikv_seq_evict(pool, a, P, 3 * P));
-    assert_true(stats(pool).pages_used == 4);
+    assert_true(ikvt_pool_stats(pool).pages_used == 4);
     check(pool, a, &g_a);
     for (uint32_t t = 0; t < g_a.len; ++t) {
         int ev;
@@ -240,7 +232,7 @@ static void test_evict(void **state) {
     g_a.len = 2 * P;
     check(pool, a, &g_a);
     IKVT_OK(ikv_seq_destroy(pool, a));
-    ikv_pool_stats st = stats(pool);
+    ikv_pool_stats st = ikvt_pool_stats(pool);
     assert_true(st.pages_used == 0 && st.used_bytes == 0);
     ikv_pool_destroy(pool);
 }

@@ -272,8 +272,9 @@ func appendStructSize(p *Pool) [2]uintptr {
 	return [2]uintptr{uintptr(C.ikv_append_default(p.raw, 1).struct_size), C.sizeof_ikv_append}
 }
 
-// plainStructSizes are the sizes of the structs without struct_size this
-// binding compiled against (the tests compare them with the header's field lists).
+// plainStructSizes are the sizes of the structs without a *_default
+// function this binding compiled against (the tests compare them with the
+// header's field lists).
 func plainStructSizes() map[string]uintptr {
 	return map[string]uintptr{
 		"ikv_token_range":      C.sizeof_ikv_token_range,
@@ -286,6 +287,8 @@ func plainStructSizes() map[string]uintptr {
 		"ikv_pool_stats":       C.sizeof_ikv_pool_stats,
 		"ikv_decoder_stats":    C.sizeof_ikv_decoder_stats,
 		"ikv_runtime_info":     C.sizeof_ikv_runtime_info,
+		"ikv_tier_policy":      C.sizeof_ikv_tier_policy,
+		"ikv_tier_step_report": C.sizeof_ikv_tier_step_report,
 	}
 }
 

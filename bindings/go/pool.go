@@ -132,6 +132,10 @@ type PoolStats struct {
 	HostPages      uint64 // pages in the host tier
 	BytesOffloaded uint64 // page bytes moved device -> host since the pool was created
 	BytesFetched   uint64 // page bytes moved host -> device since the pool was created
+	// HostPageReads counts the pages in host memory that decode calls
+	// listed, one per page and call (read over the bus: the stalls the tier
+	// policy avoids; with query-aware top-k, host-tier candidates).
+	HostPageReads uint64
 }
 
 // Stats is ikv_pool_get_stats.
@@ -148,6 +152,7 @@ func (p *Pool) Stats() (PoolStats, error) {
 		Sequences: uint32(s.n_sequences), TokensTotal: uint64(s.tokens_total),
 		HostUsedBytes: uint64(s.host_used_bytes), HostPages: uint64(s.host_pages),
 		BytesOffloaded: uint64(s.bytes_offloaded), BytesFetched: uint64(s.bytes_fetched),
+		HostPageReads: uint64(s.host_page_reads),
 	}
 	for i := range out.PagesByFormat {
 		out.PagesByFormat[i] = uint64(s.pages_by_format[i])
@@ -465,6 +470,100 @@ func (p *Pool) PageTier(seq, page uint32) (Tier, error) {
 		return TierHost, nil
 	}
 	return TierDevice, nil
+}
+
+// TierNoPrefetch is the IKV_TIER_NO_PREFETCH flag (TierPolicy.Flags):
+// TierStep fetches nothing; the step's pages stay where they are and
+// decodes read host-tier ones over the bus.
+const TierNoPrefetch = C.IKV_TIER_NO_PREFETCH
+
+// TierPolicy is ikv_tier_policy, the automatic tier policy of a CUDA pool
+// with a host tier. A zero field takes the library's default, so
+// TierPolicy{} is the default policy.
+type TierPolicy struct {
+	IdleSteps  uint32  // a page no TierStep named for this many steps is idle (offloaded under pressure); default 8
+	DeviceHigh float32 // a step offloads above this share of CapacityBytes; in (0, 1]; default 0.9
+	DeviceLow  float32 // idle pages are offloaded down to this share; in (0, DeviceHigh]; default min(0.75, DeviceHigh)
+	Flags      uint32  // TierNoPrefetch or 0
+}
+
+// SetTierPolicy turns the automatic tier policy on (policy != nil) or off
+// (nil) (ikv_pool_set_tier_policy). It changes no page; the next TierStep
+// acts. A field out of range is refused with ErrInvalid naming it (checked
+// first); a CPU pool, or one without a host tier, with ErrUnsupported.
+func (p *Pool) SetTierPolicy(policy *TierPolicy) error {
+	defer runtime.KeepAlive(p)
+	if policy == nil {
+		return call(func() C.ikv_status { return C.ikv_pool_set_tier_policy(p.raw, nil) })
+	}
+	var c C.ikv_tier_policy
+	c.struct_size = C.uint32_t(C.sizeof_ikv_tier_policy)
+	c.idle_steps = C.uint32_t(policy.IdleSteps)
+	c.device_high, c.device_low = C.float(policy.DeviceHigh), C.float(policy.DeviceLow)
+	c.flags = C.uint32_t(policy.Flags)
+	return call(func() C.ikv_status { return C.ikv_pool_set_tier_policy(p.raw, &c) })
+}
+
+// TierStepReport is ikv_tier_step_report: what one TierStep did.
+type TierStepReport struct {
+	PagesFetched   uint32 // pages moved host -> device by this call
+	PagesOffloaded uint32 // pages moved device -> host by this call
+	PagesOnHost    uint32 // pages the step reads that stay in host memory (its decodes read them over the bus)
+	Step           uint64 // the pool's step count after this call (the first call makes it 1)
+}
+
+// TierStep is one step of the automatic tier policy (ikv_pool_tier_step):
+// call it once per engine step, before the step's decodes, with the
+// sequences the step decodes (none: a step that only relieves pressure) and
+// one plan per sequence (nil entries: the whole sequence), or no plans. It
+// marks the pages the step reads as used, offloads idle pages under
+// pressure and fetches the step's pages from the host tier, on the default
+// CUDA stream (this binding passes no streams). Errors: ErrUnsupported (a
+// CPU pool or no host tier), ErrState (no policy set: SetTierPolicy),
+// ErrNotFound, ErrInvalid, ErrDevice, ErrNoMem.
+func (p *Pool) TierStep(seqs []uint32, plans []*Plan) (TierStepReport, error) {
+	defer runtime.KeepAlive(p)
+	defer runtime.KeepAlive(plans)
+	const m = "Pool.TierStep"
+	if len(plans) > 0 && len(plans) != len(seqs) {
+		return TierStepReport{}, bindErr(ErrInvalid, "%s: %d plans for %d sequences", m, len(plans), len(seqs))
+	}
+	if uint64(len(seqs)) > math.MaxUint32 {
+		return TierStepReport{}, bindErr(ErrInvalid, "%s: %d sequences is too many", m, len(seqs))
+	}
+	var cs *C.ikv_seq_id
+	if len(seqs) > 0 {
+		cs = (*C.ikv_seq_id)(cAlloc(len(seqs), 4))
+		defer C.free(unsafe.Pointer(cs))
+		for i, s := range seqs {
+			unsafe.Slice(cs, len(seqs))[i] = C.ikv_seq_id(s)
+		}
+	}
+	var cp **C.ikv_plan
+	if len(plans) > 0 {
+		cp = (**C.ikv_plan)(cAlloc(len(plans), unsafe.Sizeof(uintptr(0))))
+		defer C.free(unsafe.Pointer(cp))
+		for i, pl := range plans {
+			var raw *C.ikv_plan
+			if pl != nil {
+				if pl.raw == nil {
+					return TierStepReport{}, bindErr(ErrState, "%s: plans[%d] is a closed plan", m, i)
+				}
+				raw = pl.raw
+			}
+			unsafe.Slice(cp, len(plans))[i] = raw
+		}
+	}
+	var r C.ikv_tier_step_report
+	r.struct_size = C.uint32_t(C.sizeof_ikv_tier_step_report)
+	err := call(func() C.ikv_status {
+		return C.ikv_pool_tier_step(p.raw, cs, cp, C.uint32_t(len(seqs)), nil, &r)
+	})
+	if err != nil {
+		return TierStepReport{}, err
+	}
+	return TierStepReport{PagesFetched: uint32(r.pages_fetched), PagesOffloaded: uint32(r.pages_offloaded),
+		PagesOnHost: uint32(r.pages_on_host), Step: uint64(r.step)}, nil
 }
 
 // Read returns the stored (dequantized) K and V of tokens [begin, end) of a

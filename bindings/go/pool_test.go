@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -404,4 +405,98 @@ func TestHostTierOnCPUPool(t *testing.T) {
 	if TierHost.String() != "host" {
 		t.Fatalf("TierHost is %q", TierHost)
 	}
+}
+
+func TestTierPolicyOnCPUPool(t *testing.T) {
+	pool := newTestPool(t, PoolConfig{Layers: 2, KVHeads: 1, HeadDim: 64, PageSize: 8, CapacityBytes: 8 << 20})
+	seq, err := pool.SeqCreate()
+	must(t, err)
+	data := make([]float32, 2*20*64) // 20 tokens in both layers: pages 0, 1 full, page 2 partial
+	for i := range data {
+		data[i] = 0.01 * float32(i)
+	}
+	must(t, pool.Append(seq, AllLayers, data, data))
+	before, err := pool.Stats()
+	must(t, err)
+	if before.HostPageReads != 0 {
+		t.Fatalf("host page reads of a CPU pool: %d", before.HostPageReads)
+	}
+	storedK, storedV, err := pool.Read(seq, 1, 0, 20)
+	must(t, err)
+
+	// The policy's fields are checked before the pool: ErrInvalid naming the field.
+	bad := []struct {
+		policy TierPolicy
+		field  string
+	}{
+		{TierPolicy{DeviceHigh: 1.5}, "policy->device_high"},
+		{TierPolicy{DeviceHigh: -0.25}, "policy->device_high"},
+		{TierPolicy{DeviceHigh: float32(math.NaN())}, "policy->device_high"},
+		{TierPolicy{DeviceHigh: 0.5, DeviceLow: 0.75}, "policy->device_low"},
+		{TierPolicy{DeviceLow: -1}, "policy->device_low"},
+		{TierPolicy{Flags: 0x2}, "policy->flags"},
+	}
+	for _, c := range bad {
+		policy := c.policy
+		e := expectErr(t, pool.SetTierPolicy(&policy), ErrInvalid, c.field)
+		if !strings.Contains(e.Message, "ikv_pool_set_tier_policy") {
+			t.Fatalf("%+v: %v", c.policy, e)
+		}
+	}
+	// Valid policies (the zero value is the default one), and turning it off: a CPU pool has no host tier.
+	for _, policy := range []*TierPolicy{{}, {IdleSteps: 4, DeviceHigh: 0.8, DeviceLow: 0.5},
+		{DeviceHigh: 1, DeviceLow: 1}, {DeviceHigh: 0.5}, {Flags: TierNoPrefetch}, nil} {
+		e := expectErr(t, pool.SetTierPolicy(policy), ErrUnsupported, "host tier")
+		if !strings.Contains(e.Message, "ikv_pool_set_tier_policy") {
+			t.Fatalf("%+v: %v", policy, e)
+		}
+	}
+
+	// TierStep: with or without plans, no sequences, an unknown sequence (the pool is checked first).
+	plan, err := PlanFromRanges([]TokenRange{{0, 8}, {16, 20}}, 20, 8)
+	must(t, err)
+	defer plan.Close()
+	steps := []struct {
+		seqs  []uint32
+		plans []*Plan
+	}{
+		{[]uint32{seq}, nil}, {[]uint32{seq}, []*Plan{plan}}, {[]uint32{seq}, []*Plan{nil}},
+		{nil, nil}, {[]uint32{}, []*Plan{}}, {[]uint32{seq + 99}, nil},
+	}
+	for _, s := range steps {
+		r, err := pool.TierStep(s.seqs, s.plans)
+		e := expectErr(t, err, ErrUnsupported, "host tier")
+		if !strings.Contains(e.Message, "ikv_pool_tier_step") || r != (TierStepReport{}) {
+			t.Fatalf("TierStep(%v, %v): %+v, %v", s.seqs, s.plans, r, e)
+		}
+	}
+	_, err = pool.TierStep([]uint32{seq}, []*Plan{plan, nil})
+	expectErr(t, err, ErrInvalid, "Pool.TierStep: 2 plans for 1 sequences")
+	closedPlan, err := PlanFromRanges([]TokenRange{{0, 8}}, 20, 8)
+	must(t, err)
+	closedPlan.Close()
+	_, err = pool.TierStep([]uint32{seq}, []*Plan{closedPlan})
+	expectErr(t, err, ErrState, "closed plan")
+
+	if after, _ := pool.Stats(); after != before {
+		t.Fatalf("refused tier calls changed the stats: %+v, before %+v", after, before)
+	}
+	k, v, err := pool.Read(seq, 1, 0, 20)
+	must(t, err)
+	if !reflect.DeepEqual(k, storedK) || !reflect.DeepEqual(v, storedV) {
+		t.Fatal("refused tier calls changed the stored values")
+	}
+	for page := uint32(0); page < 3; page++ {
+		if tier, err := pool.PageTier(seq, page); err != nil || tier != TierDevice {
+			t.Fatalf("page %d: tier %v, %v", page, tier, err)
+		}
+	}
+
+	// A closed pool reaches the library as NULL.
+	closed, err := NewPool(PoolConfig{Layers: 1, KVHeads: 1, HeadDim: 64, PageSize: 8, CapacityBytes: 1 << 20})
+	must(t, err)
+	closed.Close()
+	expectErr(t, closed.SetTierPolicy(&TierPolicy{}), ErrNull, "ikv_pool_set_tier_policy")
+	_, err = closed.TierStep(nil, nil)
+	expectErr(t, err, ErrNull, "ikv_pool_tier_step")
 }

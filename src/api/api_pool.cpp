@@ -1,5 +1,6 @@
 // extern "C" boundary of the KV page pool: argument checks that need no pool
 // state, then the core in src/pool/. No exception crosses this file.
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <new>
@@ -289,6 +290,43 @@ IKV_API ikv_status ikv_seq_fetch(ikv_pool *pool, ikv_seq_id seq, uint32_t begin,
         return ikv::seq_move_tier(pool, seq, begin, end, false, stream, moved_out, "ikv_seq_fetch");
     } catch (const std::bad_alloc &) {
         return ikv::fail(IKV_E_NOMEM, "ikv_seq_fetch: out of host memory");
+    }
+}
+
+IKV_API ikv_status ikv_pool_set_tier_policy(ikv_pool *pool, const ikv_tier_policy *policy) {
+    constexpr const char *fn = "ikv_pool_set_tier_policy";
+    IKV_CHECK_NULL(pool, fn);
+    ikv::TierPolicy p;  // off, with the defaults
+    if (policy != nullptr) {
+        IKV_CHECK_STRUCT(policy, sizeof(ikv_tier_policy), fn);
+        p.on = true;
+        if (policy->idle_steps != 0) p.idle_steps = policy->idle_steps;
+        if (policy->device_high != 0.0f) p.device_high = policy->device_high;
+        p.device_low = policy->device_low != 0.0f ? policy->device_low : std::min(p.device_low, p.device_high);
+        if (!(p.device_high > 0.0 && p.device_high <= 1.0))
+            return ikv::fail(IKV_E_INVALID, "%s: policy->device_high is %g; it must be in (0, 1] (0 = 0.9)", fn,
+                             (double)policy->device_high);
+        if (!(p.device_low > 0.0 && p.device_low <= p.device_high))
+            return ikv::fail(IKV_E_INVALID, "%s: policy->device_low is %g; it must be in (0, device_high = %g]", fn,
+                             p.device_low, p.device_high);
+        if ((policy->flags & ~IKV_TIER_NO_PREFETCH) != 0)
+            return ikv::fail(IKV_E_INVALID, "%s: policy->flags 0x%x has bits that are not IKV_TIER_* flags", fn,
+                             policy->flags);
+        p.prefetch = (policy->flags & IKV_TIER_NO_PREFETCH) == 0;
+    }
+    return ikv::pool_set_tier_policy(pool, p);
+}
+
+IKV_API ikv_status ikv_pool_tier_step(ikv_pool *pool, const ikv_seq_id *seqs, const ikv_plan *const *plans,
+                                      uint32_t n_seqs, void *stream, ikv_tier_step_report *report) {
+    constexpr const char *fn = "ikv_pool_tier_step";
+    IKV_CHECK_NULL(pool, fn);
+    if (n_seqs > 0) IKV_CHECK_NULL(seqs, fn);
+    if (report != nullptr) IKV_CHECK_STRUCT(report, sizeof(uint32_t) * 4 + sizeof(uint64_t), fn);
+    try {
+        return ikv::pool_tier_step(pool, seqs, plans, n_seqs, stream, report);
+    } catch (const std::bad_alloc &) {
+        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     }
 }
 

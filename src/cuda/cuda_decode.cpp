@@ -53,6 +53,7 @@ struct ListSummary {
     uint64_t n_entries = 0, all_tokens = 0;
     uint64_t bytes = 0;      // K/V bytes of every listed row, all kv-heads
     uint32_t formats = 0;    // bit per page format listed
+    uint64_t host_pages = 0; // distinct (sequence, page) pairs listed that are in the host tier
     uint64_t off_lens = 0, off_pages = 0, staged = 0;  // layout of the staged lists (bytes)
 };
 
@@ -277,12 +278,15 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     sum.bytes = 0;
     sum.all_tokens = 0;
     sum.formats = 0;
+    sum.host_pages = 0;
     for (uint32_t b = 0; b < B; ++b) {
         const SeqSnapshot &snap = snaps[b];
         cuda::DevPage *out = reinterpret_cast<cuda::DevPage *>(h + sum.off_pages) + uint64_t(b) * sum.stride;
         for (uint64_t i = first[b]; i < first[b + 1]; ++i) {
             const Entry &e = s.entries[i];
             const PageRef &ref = snap.pages[e.page];
+            // entries are sorted by page: a page split into several counts once
+            if (ref.on_host && (i == first[b] || s.entries[i - 1].page != e.page)) ++sum.host_pages;
             const uint32_t n = e.end - e.begin;
             cuda::DevPage &d = *out++;  // fields stored one by one (no temporary: see collect_entries)
             d.base = ref.base;
@@ -488,6 +492,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         err = cuda::launch_decode(p, stream);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the decode kernels");
     }
+    if (sum.host_pages > 0) pool_count_host_reads(pool, sum.host_pages);
     *bytes_read = bytes;
     return IKV_OK;
 }

@@ -50,10 +50,14 @@ constexpr uint64_t kSlabAlign = 256;
 // The allocator still caps a slab at what the pool's capacity could hold.
 constexpr uint64_t kSlabTargetBytes = 64ull << 20;
 
-// Slab memory from cudaMalloc on the pool's device.
+// Slab memory from cudaMalloc on the pool's device. A pool with a host tier
+// keeps its empty slabs: pages leaving for the host and coming back would
+// otherwise cudaFree (which synchronizes the device) and cudaMalloc slabs
+// at every turn of a session (bench/RESULTS.md section 9).
 class DeviceMemory final : public SlabMemory {
 public:
-    explicit DeviceMemory(int device) : device_(device) {}
+    DeviceMemory(int device, bool keep_empty) : device_(device), keep_empty_(keep_empty) {}
+    bool keeps_empty_slabs() const override { return keep_empty_; }
     ikv_status allocate(uint64_t bytes, uint8_t **out) override {
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
@@ -74,6 +78,7 @@ public:
 
 private:
     int device_;
+    bool keep_empty_;
 };
 
 class CudaPageStore final : public PageStore {
@@ -82,7 +87,7 @@ public:
         : shape_{c.n_layers, c.n_kv_heads, c.head_dim, c.page_size},
           device_(c.device),
           stream_(stream),
-          memory_(c.device),
+          memory_(c.device, c.host_capacity_bytes > 0),
           slabs_(shape_, c.capacity_bytes, kSlabAlign, kSlabTargetBytes, memory_),
           host_memory_(c.device),
           stage_bytes_(2ull * c.n_kv_heads * c.page_size * c.head_dim * sizeof(float)) {

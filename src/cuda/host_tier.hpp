@@ -47,6 +47,7 @@ public:
         return IKV_OK;
     }
     void deallocate(uint8_t *base) override { cudaFreeHost(base); }
+    bool keeps_empty_slabs() const override { return true; }
 
 private:
     int device_;

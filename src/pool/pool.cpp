@@ -29,6 +29,7 @@ ikv_status alloc_page_locked(ikv_pool *pool, ikv_format f, PageRec *rec) {
     rec->format = f;
     rec->refs = 1;
     rec->on_host = false;  // new pages are device (or CPU) pages; only pool_tier.cpp moves them
+    rec->last_used = pool->tier_clock;  // a new page is in use, not idle
     pool->used_bytes += pool->page_bytes[f];
     pool->pages_used += 1;
     pool->pages_by_format[f] += 1;
@@ -106,6 +107,7 @@ void pool_stats(const ikv_pool *pool, ikv_pool_stats *out) {
     out->host_pages = pool->host_pages;
     out->bytes_offloaded = pool->bytes_offloaded;
     out->bytes_fetched = pool->bytes_fetched;
+    out->host_page_reads = pool->host_page_reads.load(std::memory_order_relaxed);
 }
 
 ikv_status seq_create(ikv_pool *pool, ikv_seq_id *id_out) {

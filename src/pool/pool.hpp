@@ -14,6 +14,7 @@
 // writers copy it first (copy-on-write, decided under state_mu).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -32,6 +33,15 @@ struct PageRec {
     ikv_format format = IKV_FMT_F16;
     uint32_t refs = 1;     // sequences whose block table holds this page (under state_mu)
     bool on_host = false;  // CUDA pools with a host tier: bytes are pinned host memory (pool_tier.cpp)
+    uint64_t last_used = 0;  // the tier policy's step that last named this page (tier_policy.cpp)
+};
+
+// The automatic tier policy (ikv_pool_set_tier_policy), defaults filled in.
+struct TierPolicy {
+    bool on = false;
+    uint32_t idle_steps = 8;
+    double device_high = 0.9, device_low = 0.75;
+    bool prefetch = true;
 };
 
 struct LayerState {
@@ -80,6 +90,12 @@ struct ikv_pool {
     uint64_t host_pages = 0;
     uint64_t bytes_offloaded = 0;
     uint64_t bytes_fetched = 0;
+    // The tier policy and its step count (new pages start as used now).
+    ikv::TierPolicy tier_policy;
+    uint64_t tier_clock = 0;
+    // Host-tier pages decode calls listed (ikv_pool_stats.host_page_reads);
+    // decoders add to it without the pool's locks.
+    mutable std::atomic<uint64_t> host_page_reads{0};
 };
 
 namespace ikv {
@@ -110,6 +126,10 @@ ikv_status seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id seq, const ikv_plan
 ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end, bool to_host, void *stream,
                          uint32_t *moved_out, const char *fn);
 ikv_status seq_page_tier(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, int *on_host_out);
+// ikv_pool_set_tier_policy (policy checked and defaults filled) / ikv_pool_tier_step.
+ikv_status pool_set_tier_policy(ikv_pool *pool, const TierPolicy &policy);
+ikv_status pool_tier_step(ikv_pool *pool, const ikv_seq_id *seqs, const ikv_plan *const *plans, uint32_t n_seqs,
+                          void *stream, ikv_tier_step_report *report);
 ikv_status seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t begin, uint32_t end, float *k_out,
                     float *v_out);
 ikv_status seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t kv_head, uint32_t page,

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "common/error.hpp"
 #include "common/quant.hpp"
@@ -32,6 +33,27 @@ ikv_status alloc_page_locked(ikv_pool *pool, ikv_format f, PageRec *rec);
 void unref_page_locked(ikv_pool *pool, PageRec *rec);
 // Release a page's bytes and uncharge them (rec itself stays).
 void free_page_bytes_locked(ikv_pool *pool, PageRec *rec);
+
+// ---- the host tier (pool_tier.cpp) ----
+// Pages of seq complete in every layer (only those move between tiers).
+uint32_t complete_pages(const ikv_pool *pool, const Seq &seq);
+// One page changing tier: its sequence, its record, its new bytes.
+struct TierMove {
+    Seq *seq;
+    PageRec *rec;
+    uint8_t *dst;
+};
+// IKV_E_UNSUPPORTED without a host tier; IKV_E_INVALID for a capturing stream.
+ikv_status check_tier_call(const ikv_pool *pool, void *stream, const char *fn);
+// Under state_mu: check the target tier's room for every move and allocate
+// every destination, charging the target tier (*extra bytes); all or nothing.
+ikv_status tier_moves_prepare_locked(ikv_pool *pool, std::vector<TierMove> &moves, bool to_host, uint64_t *extra,
+                                     const char *fn);
+// Without the lock: enqueue the copies on stream, then (under state_mu) the
+// records take their new bytes and tier; on failure the prepared
+// destinations and charge go back and nothing moved.
+ikv_status tier_moves_finish(ikv_pool *pool, const std::vector<TierMove> &moves, bool to_host, uint64_t extra,
+                             void *stream);
 
 // Floats in one staging buffer (K and V of a tail page of one layer).
 inline uint64_t stage_floats(const PageShape &s) { return 2ull * s.n_kv_heads * s.page_size * s.head_dim; }

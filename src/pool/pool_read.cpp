@@ -94,6 +94,10 @@ ikv_status seq_page_format(const ikv_pool *pool, ikv_seq_id id, uint32_t page, i
 
 const PageShape &pool_shape(const ikv_pool *pool) { return pool->shape; }
 ikv_backend pool_backend(const ikv_pool *pool) { return pool->config.backend; }
+void pool_count_host_reads(const ikv_pool *pool, uint64_t n) {
+    // The counter is the only state a decode changes in a pool; relaxed: it orders nothing.
+    pool->host_page_reads.fetch_add(n, std::memory_order_relaxed);
+}
 int pool_device(const ikv_pool *pool) { return pool->config.device; }
 
 namespace {
@@ -139,6 +143,7 @@ ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, Se
         PageRef &r = out->pages[p];
         r.base = rec ? rec->bytes : nullptr;
         r.format = rec ? rec->format : IKV_FMT_F16;
+        r.on_host = rec && rec->on_host;
     }
     out->length = len;
     return IKV_OK;

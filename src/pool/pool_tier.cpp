@@ -16,83 +16,64 @@
 //      (and releases each source once its copy is done);
 //   3. under state_mu: the records take their new bytes and tier; accounting.
 #include <algorithm>
+#include <new>
 #include <vector>
 
 #include "pool/pool_internal.hpp"
 
 namespace ikv {
 
-namespace {
-
-struct Move {
-    PageRec *rec;
-    uint8_t *dst;
-};
-
-}  // namespace
-
-ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t end, bool to_host, void *stream,
-                         uint32_t *moved_out, const char *fn) {
-    if (moved_out) *moved_out = 0;
-    if (pool->config.backend != IKV_BACKEND_CUDA || !pool->store->has_host_tier())
-        return fail(IKV_E_UNSUPPORTED,
-                    "%s: the pool has no host tier (a CUDA pool created with host_capacity_bytes > 0 has one)", fn);
-    ikv_status sst = pool->store->check_move_stream(stream, fn);
-    if (sst != IKV_OK) return sst;
-    auto seqp = find_seq(pool, id);
-    if (!seqp) return seq_not_found(fn, id);
-    Seq &seq = *seqp;
-    if (begin > end || end > seq.length)
-        return fail(IKV_E_RANGE, "%s: tokens [%u, %u) are not inside sequence %u of %u tokens", fn, begin, end,
-                    (unsigned)id, seq.length);
-    if (begin == end) return IKV_OK;  // an empty range overlaps no page
-    const uint32_t P = pool->shape.page_size;
+uint32_t complete_pages(const ikv_pool *pool, const Seq &seq) {
     uint32_t full_len = seq.length;  // pages complete in every layer: below the shortest layer's last whole page
     for (const LayerState &ls : seq.layers) full_len = std::min(full_len, ls.length);
-    const uint32_t p0 = begin / P, p1 = std::min((end + P - 1) / P, full_len / P);
+    return full_len / pool->shape.page_size;
+}
 
-    std::vector<Move> moves;
-    std::vector<PageStore::PageMove> copies;
-    uint64_t extra = 0;  // the moving pages' bytes
-    {
-        std::lock_guard<std::mutex> lock(pool->state_mu);
-        try {
-            for (uint32_t p = p0; p < p1; ++p) {
-                PageRec *rec = seq.pages[p];
-                if (rec == nullptr || rec->refs > 1 || rec->on_host == to_host) continue;
-                moves.push_back(Move{rec, nullptr});
-                extra += pool->page_bytes[rec->format];
-            }
-            copies.reserve(moves.size());
-        } catch (const std::bad_alloc &) {
-            return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+ikv_status tier_moves_prepare_locked(ikv_pool *pool, std::vector<TierMove> &moves, bool to_host, uint64_t *extra,
+                                     const char *fn) {
+    *extra = 0;
+    for (const TierMove &m : moves) *extra += pool->page_bytes[m.rec->format];
+    if (moves.empty()) return IKV_OK;
+    const ikv_status st = check_room_locked(pool, to_host, *extra, 0, fn);
+    if (st != IKV_OK) return st;
+    for (size_t i = 0; i < moves.size(); ++i) {
+        const ikv_format f = moves[i].rec->format;
+        const ikv_status a = to_host ? pool->store->alloc_host(f, &moves[i].dst) : pool->store->alloc(f, &moves[i].dst);
+        if (a != IKV_OK) {
+            for (size_t j = 0; j < i; ++j) pool->store->release(moves[j].rec->format, moves[j].dst);
+            return a;
         }
-        if (moves.empty()) return IKV_OK;
-        ikv_status st = check_room_locked(pool, to_host, extra, 0, fn);
-        for (size_t i = 0; i < moves.size() && st == IKV_OK; ++i) {
-            const ikv_format f = moves[i].rec->format;
-            st = to_host ? pool->store->alloc_host(f, &moves[i].dst) : pool->store->alloc(f, &moves[i].dst);
-            if (st != IKV_OK) {
-                for (size_t j = 0; j < i; ++j) pool->store->release(moves[j].rec->format, moves[j].dst);
-                return st;
-            }
-        }
-        if (st != IKV_OK) return st;
-        for (const Move &m : moves) copies.push_back(PageStore::PageMove{m.rec->format, m.dst, m.rec->bytes});
-        // The target tier is charged now, so moves and appends of other
-        // sequences during the copies see the room as taken.
-        (to_host ? pool->host_used_bytes : pool->used_bytes) += extra;
     }
-    const ikv_status st = pool->store->move_pages(copies.data(), copies.size(), stream);
+    // The target tier is charged now, so moves and appends of other
+    // sequences during the copies see the room as taken.
+    (to_host ? pool->host_used_bytes : pool->used_bytes) += *extra;
+    return IKV_OK;
+}
+
+ikv_status tier_moves_finish(ikv_pool *pool, const std::vector<TierMove> &moves, bool to_host, uint64_t extra,
+                             void *stream) {
+    if (moves.empty()) return IKV_OK;
+    std::vector<PageStore::PageMove> copies;
+    ikv_status st = IKV_OK;
+    try {
+        copies.reserve(moves.size());
+    } catch (const std::bad_alloc &) {
+        st = fail(IKV_E_NOMEM, "moving pages between tiers: out of host memory");
+    }
+    if (st == IKV_OK) {
+        for (const TierMove &m : moves) copies.push_back(PageStore::PageMove{m.rec->format, m.dst, m.rec->bytes});
+        st = pool->store->move_pages(copies.data(), copies.size(), stream);
+    }
     std::lock_guard<std::mutex> lock(pool->state_mu);
     if (st != IKV_OK) {  // nothing was enqueued: the destinations go back, the pages stay
-        for (const Move &m : moves) pool->store->release(m.rec->format, m.dst);
+        for (const TierMove &m : moves) pool->store->release(m.rec->format, m.dst);
         (to_host ? pool->host_used_bytes : pool->used_bytes) -= extra;
         return st;
     }
-    for (const Move &m : moves) {
+    for (const TierMove &m : moves) {
         m.rec->bytes = m.dst;  // the source is released by the store once copied
         m.rec->on_host = to_host;
+        table_changed(*m.seq);
     }
     const uint64_t n = moves.size();
     if (to_host) {
@@ -104,9 +85,46 @@ ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t
         pool->host_pages -= n;
         pool->bytes_fetched += extra;
     }
-    table_changed(seq);
-    if (moved_out) *moved_out = uint32_t(moves.size());
     return IKV_OK;
+}
+
+ikv_status check_tier_call(const ikv_pool *pool, void *stream, const char *fn) {
+    if (pool->config.backend != IKV_BACKEND_CUDA || !pool->store->has_host_tier())
+        return fail(IKV_E_UNSUPPORTED,
+                    "%s: the pool has no host tier (a CUDA pool created with host_capacity_bytes > 0 has one)", fn);
+    return pool->store->check_move_stream(stream, fn);
+}
+
+ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t end, bool to_host, void *stream,
+                         uint32_t *moved_out, const char *fn) {
+    if (moved_out) *moved_out = 0;
+    ikv_status st = check_tier_call(pool, stream, fn);
+    if (st != IKV_OK) return st;
+    auto seqp = find_seq(pool, id);
+    if (!seqp) return seq_not_found(fn, id);
+    Seq &seq = *seqp;
+    if (begin > end || end > seq.length)
+        return fail(IKV_E_RANGE, "%s: tokens [%u, %u) are not inside sequence %u of %u tokens", fn, begin, end,
+                    (unsigned)id, seq.length);
+    if (begin == end) return IKV_OK;  // an empty range overlaps no page
+    const uint32_t P = pool->shape.page_size;
+    const uint32_t p0 = begin / P, p1 = std::min((end + P - 1) / P, complete_pages(pool, seq));
+
+    std::vector<TierMove> moves;
+    uint64_t extra = 0;  // the moving pages' bytes
+    {
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        for (uint32_t p = p0; p < p1; ++p) {
+            PageRec *rec = seq.pages[p];
+            if (rec == nullptr || rec->refs > 1 || rec->on_host == to_host) continue;
+            moves.push_back(TierMove{&seq, rec, nullptr});
+        }
+        st = tier_moves_prepare_locked(pool, moves, to_host, &extra, fn);
+        if (st != IKV_OK) return st;
+    }
+    st = tier_moves_finish(pool, moves, to_host, extra, stream);
+    if (st == IKV_OK && moved_out) *moved_out = uint32_t(moves.size());
+    return st;
 }
 
 ikv_status seq_page_tier(const ikv_pool *pool, ikv_seq_id id, uint32_t page, int *on_host_out) {

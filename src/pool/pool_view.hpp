@@ -19,6 +19,7 @@ namespace ikv {
 struct PageRef {
     const uint8_t *base;
     ikv_format format;
+    bool on_host;  // CUDA pools: in the host tier (read over the bus)
 };
 
 // A consistent copy of one sequence's block table for one layer.
@@ -41,6 +42,9 @@ struct SeqState {
 const PageShape &pool_shape(const ikv_pool *pool);
 ikv_backend pool_backend(const ikv_pool *pool);
 int pool_device(const ikv_pool *pool);
+
+// Count n host-tier pages a decode call listed (ikv_pool_stats.host_page_reads).
+void pool_count_host_reads(const ikv_pool *pool, uint64_t n);
 
 // Snapshot seq's block table for `layer`, taken under the pool's lock so it is
 // safe while other sequences change. Valid while the caller orders mutation of

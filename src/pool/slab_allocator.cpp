@@ -58,7 +58,7 @@ void SlabAllocator::release(ikv_format f, uint8_t *page) {
     if (s->free_pages.empty()) with_free_[f].push_back(s);
     s->free_pages.push_back(idx);
     if (s->free_pages.size() == s->n_pages) {
-        if (empty_slabs_[f] >= 1)
+        if (empty_slabs_[f] >= 1 && !memory_.keeps_empty_slabs())
             drop_slab(s);
         else
             ++empty_slabs_[f];

@@ -3,7 +3,7 @@
 // (at least one page, never far beyond what the pool's capacity could hold).
 // Freed pages go back to their slab and are reused first; a slab whose pages
 // are all free is given back, except one empty slab per format, kept to avoid
-// thrashing at a slab boundary. Where slab memory comes from (mimalloc,
+// thrashing at a slab boundary (or every one: SlabMemory::keeps_empty_slabs). Where slab memory comes from (mimalloc,
 // cudaMalloc) is a SlabMemory. Not thread-safe: the pool serializes calls.
 #pragma once
 
@@ -23,6 +23,12 @@ public:
     // IKV_E_NOMEM (or IKV_E_DEVICE) with the sentence set via fail().
     virtual ikv_status allocate(uint64_t bytes, uint8_t **out) = 0;
     virtual void deallocate(uint8_t *base) = 0;
+    // Keep every empty slab until the allocator goes, for memory whose
+    // allocation is slow or synchronizes the device (pinned host memory:
+    // cudaHostAlloc ~0.5 ms per MB, cudaFreeHost waits for the device), where
+    // pages moving between tiers would otherwise free and re-allocate slabs
+    // step after step.
+    virtual bool keeps_empty_slabs() const { return false; }
 };
 
 class SlabAllocator {

@@ -112,6 +112,14 @@ double ikvt_rel_l2(const float *a, const double *b, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+ikv_pool_stats ikvt_pool_stats(const ikv_pool *pool) {
+    ikv_pool_stats st;
+    memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    IKVT_OK(ikv_pool_get_stats(pool, &st));
+    return st;
+}
+
 ikv_pool_config ikvt_pool_config(ikvt_pool_spec s) {
     ikv_pool_config c = ikv_pool_default_config();
     c.backend = s.backend;

@@ -40,6 +40,8 @@ typedef struct ikvt_pool_spec {
     ikv_dtype kv_dtype;
 } ikvt_pool_spec;
 ikv_pool_config ikvt_pool_config(ikvt_pool_spec s);
+/* The pool's statistics (asserting success). */
+ikv_pool_stats ikvt_pool_stats(const ikv_pool *pool);
 ikv_pool *ikvt_make_pool(ikvt_pool_spec s); /* ikv_pool_create; the test fails unless it succeeds */
 
 /* Convert fp32 arrays to the engine dtypes the pool accepts. */

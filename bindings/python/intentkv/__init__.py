@@ -26,11 +26,12 @@ from ctypes import byref, c_float, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import Any, Optional, Sequence, Tuple, Union
 
 from . import _arrays, _ffi
-from ._ffi import IKV_ALL_LAYERS, IKV_MAX_QUERY_TOKENS, IKV_PAGE_MANDATORY, IKV_PAGE_PARTIAL, load
+from ._ffi import (IKV_ALL_LAYERS, IKV_MAX_QUERY_TOKENS, IKV_PAGE_MANDATORY, IKV_PAGE_PARTIAL, IKV_TIER_NO_PREFETCH,
+                   load)
 
 __all__ = ["load", "IntentKVError", "InvalidArgumentError", "IKV_APPEND_ASYNC", "Format", "DType", "Backend", "Tier", "TopkMode", "TopkScore", "QueryMemory", "PageFeedback", "Kind", "Policy", "Reason", "OverBudget", "Layout",
-           "Router", "Plan", "Pool", "Decoder", "runtime_info", "version", "version_string",
-           "IKV_ALL_LAYERS", "IKV_MAX_QUERY_TOKENS", "IKV_PAGE_MANDATORY", "IKV_PAGE_PARTIAL"]
+           "Router", "Plan", "Pool", "TierStepReport", "Decoder", "runtime_info", "version", "version_string",
+           "IKV_ALL_LAYERS", "IKV_MAX_QUERY_TOKENS", "IKV_PAGE_MANDATORY", "IKV_PAGE_PARTIAL", "IKV_TIER_NO_PREFETCH"]
 
 IKV_APPEND_ASYNC = 0x1
 
@@ -492,11 +493,18 @@ class Router(_Handle):
         return Plan._wrap(ptr)
 
 
+TierStepReport = namedtuple("TierStepReport", "pages_fetched pages_offloaded pages_on_host step")
+TierStepReport.__doc__ = """What one Pool.tier_step() did (ikv_tier_step_report): pages_fetched (host -> device),
+pages_offloaded (device -> host), pages_on_host (pages the step reads that stay in host memory: its decodes read
+them over the bus) and step (the pool's step count after the call; the first call makes it 1)."""
+
+
 class Pool(_Handle):
     """Paged KV storage. Pool(n_layers=2, n_kv_heads=2, head_dim=64, ...); kv_dtype defaults to F32 here.
     Pool(backend=Backend.CUDA, device=0, ...) keeps the pages in GPU memory (a library built with CUDA);
     host_capacity_bytes=N (CUDA pools only) adds a tier of N bytes of pinned host memory that
-    offload() and fetch() move pages to and from."""
+    offload() and fetch() move pages to and from, by hand or through the automatic tier policy
+    (set_tier_policy(), then tier_step() once per engine step)."""
     _destroy_name = "ikv_pool_destroy"
 
     def __init__(self, **fields):
@@ -687,6 +695,56 @@ class Pool(_Handle):
         out = c_int()
         _check(_ffi.lib().ikv_seq_page_tier(self.handle, seq, page, byref(out)))
         return Tier.HOST if out.value else Tier.DEVICE
+
+    def set_tier_policy(self, idle_steps: Optional[int] = 0, device_high: float = 0.0, device_low: float = 0.0,
+                        prefetch: bool = True) -> None:
+        """Turn the automatic tier policy on (ikv_pool_set_tier_policy; a CUDA pool created with
+        host_capacity_bytes > 0), or off with set_tier_policy(None). 0 takes a field's default:
+        idle_steps (steps without use after which a page is idle: offloaded under pressure; 8),
+        device_high (the share of capacity_bytes above which a step offloads, in (0, 1]; 0.9),
+        device_low (the share idle pages are offloaded down to, in (0, device_high];
+        min(0.75, device_high)). prefetch=False sets IKV_TIER_NO_PREFETCH: tier_step() fetches
+        nothing and decodes read host-tier pages over the bus. Changes no page; the next tier_step()
+        acts. Out-of-range fields raise IntentKVError IKV_E_INVALID naming the field (checked first);
+        a CPU pool, or one without a host tier, raises IKV_E_UNSUPPORTED."""
+        if idle_steps is None:
+            if (device_high, device_low, prefetch) != (0.0, 0.0, True):
+                raise _invalid("set_tier_policy(None) turns the policy off; it takes no device_high, device_low "
+                               "or prefetch")
+            _check(_ffi.lib().ikv_pool_set_tier_policy(self.handle, None))
+            return
+        if idle_steps < 0:
+            raise _invalid("idle_steps is %d; it must be >= 0 (0 = the default, 8)" % idle_steps)
+        policy = _ffi.TierPolicy()
+        policy.struct_size = ctypes.sizeof(policy)
+        policy.idle_steps, policy.device_high, policy.device_low = idle_steps, device_high, device_low
+        policy.flags = 0 if prefetch else IKV_TIER_NO_PREFETCH
+        _check(_ffi.lib().ikv_pool_set_tier_policy(self.handle, byref(policy)))
+
+    def tier_step(self, seqs: Union[int, Sequence[int]], plans: Optional[Sequence[Optional[Plan]]] = None,
+                  stream: StreamLike = None) -> TierStepReport:
+        """One step of the automatic tier policy (ikv_pool_tier_step): call it once per engine step,
+        before the step's decodes, with the sequences the step decodes (an int, a sequence, or [] for
+        a step that only relieves pressure) and the plans it passes them (None, or a plan or None per
+        sequence: None = the whole sequence). Marks the pages the step reads as used, offloads idle
+        pages under pressure and fetches the step's pages from the host tier; the moves are enqueued
+        on stream (int cudaStream_t or a stream object; None = the default stream). Returns a
+        TierStepReport. Raises IKV_E_UNSUPPORTED on a CPU pool or one without a host tier, IKV_E_STATE
+        when no policy is set (set_tier_policy())."""
+        seqs = [seqs] if isinstance(seqs, int) else list(seqs)
+        c_plans = None
+        if plans is not None:
+            plans = list(plans)
+            if len(plans) != len(seqs):
+                raise _invalid("plans has %d entries for %d sequences" % (len(plans), len(seqs)))
+            if plans:
+                c_plans = (c_void_p * len(plans))(*[p.handle if p is not None else None for p in plans])
+        c_seqs = (c_uint32 * len(seqs))(*seqs) if seqs else None
+        report = _ffi.TierStepReport()
+        report.struct_size = ctypes.sizeof(report)
+        _check(_ffi.lib().ikv_pool_tier_step(self.handle, c_seqs, c_plans, len(seqs), _stream(stream),
+                                             byref(report)))
+        return TierStepReport(report.pages_fetched, report.pages_offloaded, report.pages_on_host, report.step)
 
 
 class QueryMemory(_Handle):

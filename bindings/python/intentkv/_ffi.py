@@ -16,6 +16,7 @@ IKV_ALL_LAYERS = 0xFFFFFFFF
 IKV_MAX_QUERY_TOKENS = 2048
 IKV_PAGE_MANDATORY = 0x1
 IKV_PAGE_PARTIAL = 0x2
+IKV_TIER_NO_PREFETCH = 0x1
 
 # ikv_status
 OK, E_INVALID, E_NULL, E_RANGE, E_NOMEM, E_BUDGET, E_OVERLAP = 0, -1, -2, -3, -4, -5, -6
@@ -118,7 +119,17 @@ class PoolStats(Structure):
                 ("bytes_by_format", c_uint64 * IKV_FMT_COUNT), ("reserved_bytes", c_uint64),
                 ("staging_bytes", c_uint64), ("n_sequences", c_uint32), ("tokens_total", c_uint64),
                 ("host_used_bytes", c_uint64), ("host_pages", c_uint64), ("bytes_offloaded", c_uint64),
-                ("bytes_fetched", c_uint64)]
+                ("bytes_fetched", c_uint64), ("host_page_reads", c_uint64)]
+
+
+class TierPolicy(Structure):
+    _fields_ = [("struct_size", c_uint32), ("idle_steps", c_uint32), ("device_high", c_float),
+                ("device_low", c_float), ("flags", c_uint32)]
+
+
+class TierStepReport(Structure):
+    _fields_ = [("struct_size", c_uint32), ("pages_fetched", c_uint32), ("pages_offloaded", c_uint32),
+                ("pages_on_host", c_uint32), ("step", c_uint64)]
 
 
 class Append(Structure):
@@ -225,6 +236,9 @@ _PROTOTYPES = [
     ("ikv_seq_offload", _S, [_V, c_uint32, c_uint32, c_uint32, c_void_p, POINTER(c_uint32)]),
     ("ikv_seq_fetch", _S, [_V, c_uint32, c_uint32, c_uint32, c_void_p, POINTER(c_uint32)]),
     ("ikv_seq_page_tier", _S, [_V, c_uint32, c_uint32, POINTER(c_int)]),
+    ("ikv_pool_set_tier_policy", _S, [_V, POINTER(TierPolicy)]),
+    ("ikv_pool_tier_step", _S, [_V, POINTER(c_uint32), POINTER(c_void_p), c_uint32, c_void_p,
+                                POINTER(TierStepReport)]),
     ("ikv_seq_read", _S, [_V, c_uint32, c_uint32, c_uint32, c_uint32, c_void_p, c_void_p]),
     ("ikv_decoder_default_config", DecoderConfig, []),
     ("ikv_decoder_create", _S, [POINTER(DecoderConfig), _PV]),

@@ -332,6 +332,89 @@ class HostTierTest(unittest.TestCase):
             self.assertEqual(pool.stats(), before)
             self.assertEqual([bytes(a) for a in pool.read(seq, 1, 0, 20)], stored)
 
+    def assertUnsupported(self, fn_name, call, *args, **kwargs):
+        with self.assertRaises(ikv.IntentKVError) as ctx:
+            call(*args, **kwargs)
+        self.assertEqual(ctx.exception.status_name, "IKV_E_UNSUPPORTED")
+        self.assertEqual(ctx.exception.status, _ffi.E_UNSUPPORTED)
+        self.assertIn(fn_name, ctx.exception.message)
+        self.assertIn("host tier", ctx.exception.message)
+
+    def test_tier_policy_and_tier_step_on_a_cpu_pool(self):
+        """ikv_pool_set_tier_policy / ikv_pool_tier_step: the policy's fields are checked first (IKV_E_INVALID
+        naming the field), then the pool: a CPU pool has no host tier (IKV_E_UNSUPPORTED). Nothing changes."""
+        with ikv.Pool(n_layers=2, n_kv_heads=1, head_dim=64, page_size=8, capacity_bytes=8 << 20) as pool, \
+                ikv.Plan.from_ranges([(0, 8), (16, 20)], 20, page_size=8) as plan:
+            seq = pool.seq_create()
+            data = array.array("f", [0.01 * i for i in range(2 * 20 * 64)])
+            pool.append(seq, data, data)
+            before, stored = pool.stats(), [bytes(a) for a in pool.read(seq, 1, 0, 20)]
+            self.assertEqual(before["host_page_reads"], 0)
+            for kwargs, field in (({"device_high": 1.5}, "device_high"), ({"device_high": -0.25}, "device_high"),
+                                  ({"device_high": float("nan")}, "device_high"),
+                                  ({"device_high": 0.5, "device_low": 0.75}, "device_low"),
+                                  ({"device_low": -1.0}, "device_low"), ({"idle_steps": 3, "device_low": 2.0},
+                                                                         "device_low")):
+                with self.assertRaises(ikv.IntentKVError) as ctx:
+                    pool.set_tier_policy(**kwargs)
+                self.assertEqual(ctx.exception.status_name, "IKV_E_INVALID", kwargs)
+                self.assertNotIsInstance(ctx.exception, ikv.InvalidArgumentError)  # the library's check
+                self.assertIn("ikv_pool_set_tier_policy: policy->" + field, ctx.exception.message)
+            for kwargs in ({}, {"idle_steps": 4, "device_high": 0.8, "device_low": 0.5},
+                           {"device_high": 1.0, "device_low": 1.0}, {"device_high": 0.5}, {"prefetch": False}):
+                self.assertUnsupported("ikv_pool_set_tier_policy", pool.set_tier_policy, **kwargs)
+            self.assertUnsupported("ikv_pool_set_tier_policy", pool.set_tier_policy, None)  # off
+            # Checks made in Python before C: a negative idle_steps (no uint32), None with other fields.
+            with self.assertRaises(ikv.InvalidArgumentError) as ctx:
+                pool.set_tier_policy(-1)
+            self.assertIn("idle_steps", ctx.exception.message)
+            with self.assertRaises(ValueError):
+                pool.set_tier_policy(None, device_high=0.5)
+            # tier_step: one sequence, a list, plans (or None entries), no sequences, an unknown sequence (the
+            # pool is checked before the sequences), an explicit stream.
+            for args, kwargs in (((seq,), {}), (([seq],), {"plans": [plan]}), (([seq],), {"plans": [None]}),
+                                 (([],), {}), (([],), {"plans": []}), (((),), {}), (([seq + 99],), {}),
+                                 (([seq],), {"stream": 0})):
+                self.assertUnsupported("ikv_pool_tier_step", pool.tier_step, *args, **kwargs)
+            with self.assertRaises(ikv.InvalidArgumentError) as ctx:
+                pool.tier_step([seq], plans=[plan, plan])
+            self.assertIn("plans has 2 entries for 1 sequences", ctx.exception.message)
+            # The raw calls: NULL arguments and struct sizes are refused before the pool's capability.
+            lib = _ffi.lib()
+            self.assertEqual(lib.ikv_pool_tier_step(pool.handle, None, None, 1, None, None), _ffi.E_NULL)
+            self.assertIn("ikv_pool_tier_step", lib.ikv_last_error().decode())
+            self.assertEqual(lib.ikv_pool_tier_step(None, None, None, 0, None, None), _ffi.E_NULL)
+            small = _ffi.TierStepReport()
+            small.struct_size = 16
+            self.assertEqual(lib.ikv_pool_tier_step(pool.handle, None, None, 0, None, ctypes.byref(small)),
+                             _ffi.E_INVALID)
+            self.assertIn("struct_size", lib.ikv_last_error().decode())
+            self.assertEqual(lib.ikv_pool_tier_step(pool.handle, None, None, 0, None, None), _ffi.E_UNSUPPORTED)
+            policy = _ffi.TierPolicy()
+            self.assertEqual(lib.ikv_pool_set_tier_policy(pool.handle, ctypes.byref(policy)), _ffi.E_INVALID)
+            self.assertIn("struct_size", lib.ikv_last_error().decode())
+            policy.struct_size = ctypes.sizeof(policy)
+            policy.flags = 0x2
+            self.assertEqual(lib.ikv_pool_set_tier_policy(pool.handle, ctypes.byref(policy)), _ffi.E_INVALID)
+            self.assertIn("flags", lib.ikv_last_error().decode())
+            policy.flags = ikv.IKV_TIER_NO_PREFETCH
+            self.assertEqual(lib.ikv_pool_set_tier_policy(pool.handle, ctypes.byref(policy)), _ffi.E_UNSUPPORTED)
+            self.assertEqual(lib.ikv_pool_set_tier_policy(None, None), _ffi.E_NULL)
+            self.assertEqual(pool.stats(), before)
+            self.assertEqual([bytes(a) for a in pool.read(seq, 1, 0, 20)], stored)
+            for page in range(3):
+                self.assertIs(pool.page_tier(seq, page), ikv.Tier.DEVICE)
+        closed = ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, capacity_bytes=1 << 20)
+        closed.close()
+        for call in (closed.set_tier_policy, lambda: closed.tier_step([])):
+            with self.assertRaises(ikv.IntentKVError) as ctx:
+                call()
+            self.assertEqual(ctx.exception.status_name, "IKV_E_STATE")
+
+    def test_tier_step_report_fields(self):
+        self.assertEqual(ikv.TierStepReport._fields, ("pages_fetched", "pages_offloaded", "pages_on_host", "step"))
+        self.assertEqual([name for name, _ in _ffi.TierStepReport._fields_[1:]], list(ikv.TierStepReport._fields))
+
 
 class ErrorTest(unittest.TestCase):
     def assertFails(self, status_name, substring, fn, *args, **kwargs):
@@ -413,9 +496,13 @@ class StructTest(unittest.TestCase):
         v1 = ctypes.CFUNCTYPE(PoolConfigV1)(("ikv_pool_default_config", _ffi.lib()))()
         self.assertEqual(v1.struct_size, ctypes.sizeof(PoolConfigV1))
         self.assertEqual(v1.struct_size, 48)
-        # PoolStats: 144 bytes through tokens_total, then the four host-tier counters.
+        # PoolStats: 144 bytes through tokens_total, then the four host-tier counters (176), then host_page_reads.
         self.assertEqual(_ffi.PoolStats.host_used_bytes.offset, 144)
-        self.assertEqual(ctypes.sizeof(_ffi.PoolStats), 176)
+        self.assertEqual(_ffi.PoolStats.host_page_reads.offset, 176)
+        self.assertEqual(ctypes.sizeof(_ffi.PoolStats), 184)
+        # The tier policy structs have no *_default(): sizes from the header's field lists.
+        self.assertEqual(ctypes.sizeof(_ffi.TierPolicy), 4 * 5)
+        self.assertEqual(ctypes.sizeof(_ffi.TierStepReport), 4 * 4 + 8)
         with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, capacity_bytes=1 << 20) as pool:
             # The library writes only the caller's struct_size bytes.
             old = _ffi.PoolStats()
@@ -426,6 +513,13 @@ class StructTest(unittest.TestCase):
             self.assertEqual((old.host_used_bytes, old.host_pages, old.bytes_offloaded, old.bytes_fetched),
                              (12345,) * 4)
             self.assertEqual(old.struct_size, 144)
+            # A caller built with the header before host_page_reads gets the host-tier counters, not it.
+            v2 = _ffi.PoolStats()
+            v2.struct_size = _ffi.PoolStats.host_page_reads.offset
+            v2.host_pages = v2.host_page_reads = 12345
+            self.assertEqual(_ffi.lib().ikv_pool_get_stats(pool.handle, ctypes.byref(v2)), 0)
+            self.assertEqual((v2.struct_size, v2.host_pages, v2.host_page_reads), (176, 0, 12345))
+            self.assertEqual(pool.stats()["host_page_reads"], 0)
 
     def test_plain_structs_have_c_sizes(self):
         # Structs without struct_size: sizes follow from the header's field lists (no padding surprises).

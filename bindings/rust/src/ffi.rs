@@ -310,6 +310,44 @@ pub struct ikv_pool_stats {
     pub bytes_offloaded: u64,
     /// Page bytes moved host -> device since the pool was created.
     pub bytes_fetched: u64,
+    /// Pages in host memory that decode calls listed, one per page and call (read over the bus: the stalls
+    /// the tier policy avoids; with query-aware top-k, host-tier candidates, which it may read).
+    pub host_page_reads: u64,
+}
+
+/// `ikv_pool_tier_step` fetches nothing: the step's pages stay where they are and decodes read host-tier
+/// ones over the bus (`ikv_tier_policy.flags`).
+pub const IKV_TIER_NO_PREFETCH: u32 = 0x1;
+
+/// The automatic tier policy of a CUDA pool with a host tier (`ikv_pool_set_tier_policy`). A field left 0
+/// takes its default, so a zeroed struct with struct_size set is the default policy.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ikv_tier_policy {
+    pub struct_size: u32,
+    /// A page no `ikv_pool_tier_step` named for at least this many steps is idle; default 8.
+    pub idle_steps: u32,
+    /// Share of capacity_bytes above which a step offloads, in (0, 1]; default 0.9.
+    pub device_high: c_float,
+    /// Share idle pages are offloaded down to, in (0, device_high]; default min(0.75, device_high).
+    pub device_low: c_float,
+    /// `IKV_TIER_*`
+    pub flags: u32,
+}
+
+/// What one `ikv_pool_tier_step` did. Set struct_size first.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ikv_tier_step_report {
+    pub struct_size: u32,
+    /// Pages moved host -> device by this call.
+    pub pages_fetched: u32,
+    /// Pages moved device -> host by this call.
+    pub pages_offloaded: u32,
+    /// Pages this step's plans read that are still in host memory after the call.
+    pub pages_on_host: u32,
+    /// The pool's step count after this call (the first call makes it 1).
+    pub step: u64,
 }
 
 #[repr(C)]
@@ -460,6 +498,9 @@ extern "C" {
                          moved_out: *mut u32) -> ikv_status;
     pub fn ikv_seq_page_tier(pool: *const ikv_pool, seq: ikv_seq_id, page: u32, on_host_out: *mut c_int)
                              -> ikv_status;
+    pub fn ikv_pool_set_tier_policy(pool: *mut ikv_pool, policy: *const ikv_tier_policy) -> ikv_status;
+    pub fn ikv_pool_tier_step(pool: *mut ikv_pool, seqs: *const ikv_seq_id, plans: *const *const ikv_plan,
+                              n_seqs: u32, stream: *mut c_void, report: *mut ikv_tier_step_report) -> ikv_status;
     pub fn ikv_seq_read(pool: *const ikv_pool, seq: ikv_seq_id, layer: u32, begin: u32, end: u32,
                         k_out: *mut c_float, v_out: *mut c_float) -> ikv_status;
 

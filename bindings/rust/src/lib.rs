@@ -21,8 +21,9 @@ use std::ptr;
 pub use ffi::{ikv_block_decision as Decision, ikv_decoder_config as DecoderConfig, ikv_decoder_stats as DecoderStats,
               ikv_model_shape as ModelShape, ikv_plan_cost as PlanCost, ikv_plan_page as PlanPage,
               ikv_plan_summary as PlanSummary, ikv_pool_config as PoolConfig, ikv_pool_stats as PoolStats,
-              ikv_router_config as RouterConfig, ikv_synth_config as SynthConfig, ikv_token_range as TokenRange,
-              ikv_seq_id as SeqId, IKV_ALL_LAYERS};
+              ikv_router_config as RouterConfig, ikv_synth_config as SynthConfig, ikv_tier_policy as TierPolicy,
+              ikv_tier_step_report as TierStepReport, ikv_token_range as TokenRange, ikv_seq_id as SeqId,
+              IKV_ALL_LAYERS, IKV_TIER_NO_PREFETCH};
 
 /// A failed intentkv call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -591,6 +592,43 @@ impl Pool {
         let mut on_host: c_int = 0;
         check(unsafe { ffi::ikv_seq_page_tier(self.raw, seq, page, &mut on_host) })?;
         Ok(if on_host != 0 { Tier::Host } else { Tier::Device })
+    }
+
+    /// The default tier policy (`ikv_tier_policy` zeroed with struct_size set: every field takes its
+    /// default); set fields by name and pass it to [`Pool::set_tier_policy`].
+    pub fn default_tier_policy() -> TierPolicy {
+        TierPolicy { struct_size: std::mem::size_of::<TierPolicy>() as u32, ..Default::default() }
+    }
+
+    /// Turn the automatic tier policy on (`Some`) or off (`None`) (`ikv_pool_set_tier_policy`; a CUDA pool
+    /// created with `host_capacity_bytes > 0`). Changes no page; the next [`Pool::tier_step`] acts.
+    /// Errors: `IKV_E_INVALID` (struct_size, or a field out of range: named; checked first),
+    /// `IKV_E_UNSUPPORTED` (a CPU pool, or a CUDA pool without a host tier).
+    pub fn set_tier_policy(&mut self, policy: Option<&TierPolicy>) -> Result<()> {
+        check(unsafe { ffi::ikv_pool_set_tier_policy(self.raw, policy.map_or(ptr::null(), |p| p as *const _)) })
+    }
+
+    /// One step of the automatic tier policy (`ikv_pool_tier_step`): call it once per engine step, before
+    /// the step's decodes, with the sequences the step decodes (empty: a step that only relieves
+    /// pressure) and one plan (or None = the whole sequence) per sequence; an empty `plans` means no
+    /// plans. Marks the pages the step reads as used, offloads idle pages under pressure and fetches the
+    /// step's pages from the host tier, on the default CUDA stream (other streams:
+    /// `ffi::ikv_pool_tier_step`). Errors: `IKV_E_UNSUPPORTED` (a CPU pool or no host tier),
+    /// `IKV_E_STATE` (no policy set), `IKV_E_NOT_FOUND`, `IKV_E_INVALID`, `IKV_E_DEVICE`, `IKV_E_NOMEM`.
+    pub fn tier_step(&mut self, seqs: &[SeqId], plans: &[Option<&Plan>]) -> Result<TierStepReport> {
+        let n_seqs = u32::try_from(seqs.len()).map_err(|_| Error::invalid("more than 2^32-1 sequences".into()))?;
+        if !plans.is_empty() && plans.len() != seqs.len() {
+            return Err(Error::invalid(format!("{} plans for {} sequences", plans.len(), seqs.len())));
+        }
+        let raw_plans: Vec<*const ffi::ikv_plan> = plans.iter().map(|p| p.map_or(ptr::null(), |p| p.raw)).collect();
+        let mut report =
+            TierStepReport { struct_size: std::mem::size_of::<TierStepReport>() as u32, ..Default::default() };
+        check(unsafe {
+            ffi::ikv_pool_tier_step(self.raw, if seqs.is_empty() { ptr::null() } else { seqs.as_ptr() },
+                                    if raw_plans.is_empty() { ptr::null() } else { raw_plans.as_ptr() }, n_seqs,
+                                    ptr::null_mut(), &mut report)
+        })?;
+        Ok(report)
     }
 
     pub fn as_ptr(&self) -> *const ffi::ikv_pool {

@@ -2,7 +2,7 @@
 //! over the values read back; plus error paths and struct-size checks.
 
 use intentkv::{ffi, Block, DecodeRequest, Decoder, Error, Layout, PageFeedback, Plan, Pool, QueryMemory, Router,
-               Tier, TokenRange};
+               Tier, TierPolicy, TokenRange, IKV_TIER_NO_PREFETCH};
 
 const SEQ_LEN: u32 = 1024;
 const N_LAYERS: u32 = 2;
@@ -249,6 +249,72 @@ fn offload_fetch_unsupported_on_cpu_and_page_tier() {
     assert_eq!(pool.seq_read(seq, 1, 0, 20).unwrap(), stored);
 }
 
+#[test]
+fn tier_policy_and_tier_step_unsupported_on_cpu() {
+    let mut pool = Pool::new(&small_config(2, 8)).unwrap();
+    let seq = pool.seq_create().unwrap();
+    let data: Vec<f32> = (0..2 * 20 * 64).map(|i| 0.01 * i as f32).collect();
+    pool.append(seq, &data, &data, None, None).unwrap(); // 20 tokens: pages 0, 1 full, page 2 partial
+    let before = pool.stats().unwrap();
+    assert_eq!(before.host_page_reads, 0);
+    let stored = pool.seq_read(seq, 1, 0, 20).unwrap();
+
+    // The policy's fields are checked before the pool: IKV_E_INVALID naming the field.
+    let default = Pool::default_tier_policy();
+    assert_eq!(default, TierPolicy { struct_size: 20, idle_steps: 0, device_high: 0.0, device_low: 0.0, flags: 0 });
+    let bad = [
+        (TierPolicy { device_high: 1.5, ..default }, "policy->device_high"),
+        (TierPolicy { device_high: -0.25, ..default }, "policy->device_high"),
+        (TierPolicy { device_high: f32::NAN, ..default }, "policy->device_high"),
+        (TierPolicy { device_high: 0.5, device_low: 0.75, ..default }, "policy->device_low"),
+        (TierPolicy { device_low: -1.0, ..default }, "policy->device_low"),
+        (TierPolicy { flags: 0x2, ..default }, "policy->flags"),
+        (TierPolicy { struct_size: 4, ..default }, "struct_size"),
+        (TierPolicy::default(), "struct_size"), // Default is all zero: struct_size unset
+    ];
+    for (policy, field) in &bad {
+        let err = expect_err(pool.set_tier_policy(Some(policy)), ffi::IKV_E_INVALID, field);
+        assert!(err.message.contains("ikv_pool_set_tier_policy"), "{err}");
+    }
+    // Valid policies, and turning the policy off: a CPU pool has no host tier.
+    let good = [
+        default,
+        TierPolicy { idle_steps: 4, device_high: 0.8, device_low: 0.5, ..default },
+        TierPolicy { device_high: 1.0, device_low: 1.0, ..default },
+        TierPolicy { device_high: 0.5, ..default },
+        TierPolicy { flags: IKV_TIER_NO_PREFETCH, ..default },
+    ];
+    for policy in &good {
+        let err = expect_err(pool.set_tier_policy(Some(policy)), ffi::IKV_E_UNSUPPORTED, "host tier");
+        assert!(err.message.contains("ikv_pool_set_tier_policy"), "{err}");
+    }
+    expect_err(pool.set_tier_policy(None), ffi::IKV_E_UNSUPPORTED, "host tier");
+
+    // tier_step: with or without plans, no sequences, an unknown sequence (the pool is checked first).
+    let plan = Plan::from_ranges(&[TokenRange { begin: 0, end: 8 }, TokenRange { begin: 16, end: 20 }], 20, 8,
+                                 ffi::IKV_FMT_F16).unwrap();
+    for (seqs, plans) in [(vec![seq], vec![]), (vec![seq], vec![Some(&plan)]), (vec![seq], vec![None]),
+                          (vec![], vec![]), (vec![seq + 99], vec![])] {
+        let err = expect_err(pool.tier_step(&seqs, &plans), ffi::IKV_E_UNSUPPORTED, "host tier");
+        assert!(err.message.contains("ikv_pool_tier_step"), "{err}");
+    }
+    expect_err(pool.tier_step(&[seq], &[Some(&plan), None]), ffi::IKV_E_INVALID, "2 plans for 1 sequences");
+    // The raw call: NULL seqs for n_seqs > 0 and a short report are refused before the pool's capability.
+    let raw = pool.as_ptr() as *mut ffi::ikv_pool;
+    assert_eq!(unsafe { ffi::ikv_pool_tier_step(raw, std::ptr::null(), std::ptr::null(), 1, std::ptr::null_mut(),
+                                                std::ptr::null_mut()) }, ffi::IKV_E_NULL);
+    let mut short = ffi::ikv_tier_step_report { struct_size: 16, ..Default::default() };
+    assert_eq!(unsafe { ffi::ikv_pool_tier_step(raw, std::ptr::null(), std::ptr::null(), 0, std::ptr::null_mut(),
+                                                &mut short) }, ffi::IKV_E_INVALID);
+    assert_eq!(short, ffi::ikv_tier_step_report { struct_size: 16, ..Default::default() });
+
+    assert_eq!(pool.stats().unwrap(), before);
+    assert_eq!(pool.seq_read(seq, 1, 0, 20).unwrap(), stored);
+    for page in 0..3 {
+        assert_eq!(pool.page_tier(seq, page).unwrap(), Tier::Device);
+    }
+}
+
 fn expect_err<T: std::fmt::Debug>(result: intentkv::Result<T>, status: i32, substring: &str) -> Error {
     let err = result.unwrap_err();
     assert_eq!(err.status, status, "{err}");
@@ -313,7 +379,12 @@ fn struct_sizes_match_the_library() {
     assert_eq!(offset(std::ptr::addr_of!(pc).cast(), std::ptr::addr_of!(pc.host_capacity_bytes)), 48);
     assert_eq!(size_of::<ffi::ikv_pool_config>(), 56);
     assert_eq!(offset(std::ptr::addr_of!(stats).cast(), std::ptr::addr_of!(stats.host_used_bytes)), 144);
-    assert_eq!(size_of::<ffi::ikv_pool_stats>(), 176);
+    assert_eq!(offset(std::ptr::addr_of!(stats).cast(), std::ptr::addr_of!(stats.host_page_reads)), 176);
+    assert_eq!(size_of::<ffi::ikv_pool_stats>(), 184);
+    // The tier policy structs have no *_default(): sizes from the header's field lists.
+    assert_eq!(size_of::<ffi::ikv_tier_policy>(), 4 * 5);
+    assert_eq!(size_of::<ffi::ikv_tier_step_report>(), 4 * 4 + 8);
+    assert_eq!(Pool::default_tier_policy().struct_size as usize, size_of::<ffi::ikv_tier_policy>());
     // The library writes only the caller's struct_size bytes.
     let pool = Pool::new(&small_config(1, 16)).unwrap();
     let mut old = ffi::ikv_pool_stats { struct_size: 144, host_used_bytes: 7, host_pages: 7, bytes_offloaded: 7,
@@ -322,6 +393,11 @@ fn struct_sizes_match_the_library() {
     assert_eq!(old.capacity_bytes, 8 << 20);
     assert_eq!((old.struct_size, old.host_used_bytes, old.host_pages, old.bytes_offloaded, old.bytes_fetched),
                (144, 7, 7, 7, 7));
+    // A caller built with the header before host_page_reads gets the host-tier counters, not it.
+    let mut v2 = ffi::ikv_pool_stats { struct_size: 176, host_pages: 7, host_page_reads: 7, ..Default::default() };
+    assert_eq!(unsafe { ffi::ikv_pool_get_stats(pool.as_ptr(), &mut v2) }, ffi::IKV_OK);
+    assert_eq!((v2.struct_size, v2.host_pages, v2.host_page_reads), (176, 0, 7));
+    assert_eq!(pool.stats().unwrap().host_page_reads, 0);
     let info = intentkv::runtime_info().unwrap();
     assert_eq!(info.version, intentkv::version());
     assert!(["avx512", "avx2", "neon", "scalar"].contains(&info.cpu_isa.as_str()));
