@@ -24,6 +24,18 @@
 
 enum { D = 128, P = 16 };
 
+/* n seeded N(0, 1) values as f16 (malloc'd; the caller frees). */
+static uint16_t *random_f16(ikvt_rng *rng, size_t n) {
+    uint16_t *out = malloc(n * sizeof *out);
+    float tmp[4096];
+    for (size_t i = 0; i < n; i += 4096) {
+        const size_t m = n - i < 4096 ? n - i : 4096;
+        ikvt_fill_normal(rng, tmp, m, 1.0f);
+        ikvt_to_f16(tmp, out + i, m);
+    }
+    return out;
+}
+
 /* ------------------------------------------------------------------ moves */
 
 
@@ -49,12 +61,7 @@ static void bench_tiers(void) {
     enum { BL = 8, BH = 8, BG = 4, BQ = BH * BG, BB = 4, CTX = 32768, REPS = 20 };
     ikvt_rng rng = {9};
     const size_t per_seq = (size_t)BL * CTX * BH * D;
-    uint16_t *kv = malloc(per_seq * 2);
-    float *tmp = malloc(4096 * sizeof(float));
-    for (size_t i = 0; i < per_seq; i += 4096) {
-        ikvt_fill_normal(&rng, tmp, 4096, 1.0f);
-        ikvt_to_f16(tmp, kv + i, per_seq - i < 4096 ? per_seq - i : 4096);
-    }
+    uint16_t *kv = random_f16(&rng, per_seq);
     ikv_pool_config c = ikvt_pool_config((ikvt_pool_spec){.backend = IKV_BACKEND_CUDA, .n_layers = BL,
                                                           .n_kv_heads = BH, .head_dim = D, .page_size = P,
                                                           .capacity_bytes = 8ull << 30, .kv_dtype = IKV_DTYPE_F16});
@@ -156,7 +163,7 @@ static void bench_tiers(void) {
     ikv_pool_destroy(pool);
     ikvt_rt.free_(dq);
     ikvt_rt.free_(dout);
-    free(kv), free(tmp), free(q), free(ref), free(got);
+    free(kv), free(q), free(ref), free(got);
 }
 
 
@@ -352,12 +359,7 @@ static trace_result run_trace(int tiered, const uint16_t *prefill, const void *d
 static void bench_trace(void) {
     ikvt_rng rng = {31};
     const size_t per_seq = (size_t)TL * TCTX * TH * D;
-    uint16_t *kv = malloc(per_seq * 2);
-    float *tmp = malloc(4096 * sizeof(float));
-    for (size_t i = 0; i < per_seq; i += 4096) {
-        ikvt_fill_normal(&rng, tmp, 4096, 1.0f);
-        ikvt_to_f16(tmp, kv + i, per_seq - i < 4096 ? per_seq - i : 4096);
-    }
+    uint16_t *kv = random_f16(&rng, per_seq);
     uint16_t step_kv[TL * TB * TH * D];
     float stmp[TL * TB * TH * D];
     ikvt_fill_normal(&rng, stmp, TL * TB * TH * D, 1.0f);
@@ -391,7 +393,7 @@ static void bench_trace(void) {
     ikvt_rt.free_(dq);
     ikvt_rt.free_(dout);
     ikvt_rt.free_(dev_kv);
-    free(kv), free(tmp), free(q);
+    free(kv), free(q);
 }
 
 static void test_moves(void **state) {

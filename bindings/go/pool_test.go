@@ -349,6 +349,20 @@ func TestPoolConfigAndErrors(t *testing.T) {
 	expectErr(t, pool.Append(seq, 0, half, half), ErrNull, "pool")
 }
 
+// A new sequence of 20 tokens in both layers of a 2-layer, head_dim 64, page 8
+// pool: pages 0 and 1 full, page 2 partial.
+func appendTwentyTokens(t *testing.T, pool *Pool) uint32 {
+	t.Helper()
+	seq, err := pool.SeqCreate()
+	must(t, err)
+	data := make([]float32, 2*20*64)
+	for i := range data {
+		data[i] = 0.01 * float32(i)
+	}
+	must(t, pool.Append(seq, AllLayers, data, data))
+	return seq
+}
+
 func TestHostTierOnCPUPool(t *testing.T) {
 	_, err := NewPool(PoolConfig{Layers: 1, KVHeads: 1, HeadDim: 64, PageSize: 8, CapacityBytes: 8 << 20, HostCapacityBytes: 1 << 20})
 	expectErr(t, err, ErrInvalid, "host_capacity_bytes")
@@ -359,13 +373,7 @@ func TestHostTierOnCPUPool(t *testing.T) {
 	if cfg, _ := pool.Config(); cfg.HostCapacityBytes != 0 {
 		t.Fatalf("config host_capacity_bytes %d", cfg.HostCapacityBytes)
 	}
-	seq, err := pool.SeqCreate()
-	must(t, err)
-	data := make([]float32, 2*20*64) // 20 tokens in both layers: pages 0, 1 full, page 2 partial
-	for i := range data {
-		data[i] = 0.01 * float32(i)
-	}
-	must(t, pool.Append(seq, AllLayers, data, data))
+	seq := appendTwentyTokens(t, pool)
 	before, err := pool.Stats()
 	must(t, err)
 	if before.HostUsedBytes != 0 || before.HostPages != 0 || before.BytesOffloaded != 0 || before.BytesFetched != 0 {
@@ -409,13 +417,7 @@ func TestHostTierOnCPUPool(t *testing.T) {
 
 func TestTierPolicyOnCPUPool(t *testing.T) {
 	pool := newTestPool(t, PoolConfig{Layers: 2, KVHeads: 1, HeadDim: 64, PageSize: 8, CapacityBytes: 8 << 20})
-	seq, err := pool.SeqCreate()
-	must(t, err)
-	data := make([]float32, 2*20*64) // 20 tokens in both layers: pages 0, 1 full, page 2 partial
-	for i := range data {
-		data[i] = 0.01 * float32(i)
-	}
-	must(t, pool.Append(seq, AllLayers, data, data))
+	seq := appendTwentyTokens(t, pool)
 	before, err := pool.Stats()
 	must(t, err)
 	if before.HostPageReads != 0 {
