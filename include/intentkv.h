@@ -910,21 +910,29 @@ typedef struct ikv_decoder ikv_decoder;
  * so that query-aware selection does not drop what mattered a turn ago
  * because of one unusual query now.
  *
- * For each sequence it remembers, and each layer and query head, the memory
- * holds a query m: the turns' mean queries averaged with weights decay^age
- * (the last ended turn weighs 1, the one before decay, ...). A decode that
- * passes the memory (ikv_decode_args.query_memory) with query-aware
- * selection on scores each candidate page with the memory's queries too, as
- * `group` more query heads of the kv-group whose scores count log(decay)
- * lower: a page's score is max(score with the current queries, score with
- * the memory's + log(decay)), i.e. the memory's attention-weight estimate
- * counts decay times (Quest: bounds; hybrid: each row shifted by its best
- * first). Sequences the memory has no ended turn for score as without it.
+ * For each sequence, layer and query head the memory keeps the mean query of
+ * each of the last `turns` ended turns (ikv_query_memory_config.turns), and a
+ * decode recalls, for each query head, the remembered turn whose mean is the
+ * most similar (cosine) to that head's current query (query token 0): an
+ * earlier intent that the current query resembles, even weakly, comes back
+ * whole. With turns = 0 (the first version's memory) it keeps one query
+ * instead: the turns' means averaged with weights decay^age (the last ended
+ * turn weighs 1, the one before decay, ...). A decode that passes the memory
+ * (ikv_decode_args.query_memory) with query-aware selection on scores each
+ * candidate page with the recalled queries too, as `group` more query heads
+ * of the kv-group whose scores count log(decay) lower: a page's score is
+ * max(score with the current queries, score with the recalled ones +
+ * log(decay)), i.e. the memory's attention-weight estimate counts decay
+ * times (Quest: bounds; hybrid: each row shifted by its best first).
+ * Sequences the memory has no ended turn for score as without it.
  *
  * The engine tells the memory what a turn asked (ikv_query_memory_remember,
  * per layer, any number of query tokens; their mean is the turn's query) and
  * when the turn ends (ikv_query_memory_end_turn). CPU pools only for now.
- * Host memory: n_layers * n_q_heads * head_dim * 12 bytes per sequence.
+ * Host memory: n_layers * n_q_heads * head_dim * (8 + 4 * max(turns, 1))
+ * bytes per sequence. Measured (bench/RESULTS.md section 6): the mean form
+ * lowered recall when the attended document returned (it weighs the turn
+ * in between most); the turns form raised it.
  * Thread-safety: calls that change a memory need exclusive access to it; a
  * decode reads it, so no change may run while a decode that uses it runs.
  */
@@ -933,16 +941,26 @@ typedef struct ikv_query_memory ikv_query_memory;
 typedef struct ikv_query_memory_config {
     uint32_t struct_size;
     uint32_t n_q_heads;  /**< the model's query heads: a positive multiple of the pool's n_kv_heads */
-    float decay;         /**< weight of a turn one turn older, in (0, 1); default 0.5 */
+    float decay;         /**< the recalled queries' weight (turns >= 1), or that of a turn one turn older
+                              (turns = 0); in (0, 1); default 0.5 */
+    /* Later fields: a caller built with an older header (smaller struct_size) gets turns = 0. */
+    uint32_t turns;      /**< ended turns kept apart, 1..64, the oldest dropped first; 0 = one decayed mean
+                              (the first version); default 4 */
 } ikv_query_memory_config;
 
-/** n_q_heads 0 (must be set), decay 0.5. */
-IKV_API ikv_query_memory_config ikv_query_memory_default_config(void);
+/**
+ * n_q_heads 0 (must be set), decay 0.5, turns 4. Versioned as
+ * ikv_pool_default_config is: the unversioned symbol stays exported for
+ * programs built against the first header and fills that version's fields
+ * (struct_size 12, through decay).
+ */
+IKV_API ikv_query_memory_config ikv_query_memory_default_config_v2(void);
+#define ikv_query_memory_default_config() ikv_query_memory_default_config_v2()
 
 /**
  * A memory for the sequences of pool (it takes n_layers and head_dim from
  * the pool; it is used only with that pool). The pool must outlive it.
- * Errors: IKV_E_NULL, IKV_E_INVALID (struct_size, n_q_heads, decay),
+ * Errors: IKV_E_NULL, IKV_E_INVALID (struct_size, n_q_heads, decay, turns),
  * IKV_E_UNSUPPORTED (a CUDA pool), IKV_E_NOMEM.
  */
 IKV_API ikv_status ikv_query_memory_create(const ikv_pool *pool, const ikv_query_memory_config *config,

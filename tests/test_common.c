@@ -36,6 +36,15 @@ typedef struct first_pool_config {
 #undef ikv_pool_default_config
 first_pool_config ikv_pool_default_config(void);
 
+/* The first header's ikv_query_memory_config (through decay) and its unversioned default. */
+typedef struct first_query_memory_config {
+    uint32_t struct_size;
+    uint32_t n_q_heads;
+    float decay;
+} first_query_memory_config;
+#undef ikv_query_memory_default_config
+first_query_memory_config ikv_query_memory_default_config(void);
+
 static void test_version(void **state) {
     (void)state;
     assert_int_equal(ikv_version(), IKV_VERSION_NUMBER);
@@ -126,6 +135,29 @@ static void test_first_header_decode_args(void **state) {
     ikv_pool_destroy(pool);
 }
 
+/* The same for ikv_query_memory_config: the old default writes exactly its
+ * struct, and a memory created from it takes the first version's form (no
+ * turns kept apart: `turns` 0). The new default keeps 4. */
+static void test_first_header_query_memory_config(void **state) {
+    (void)state;
+    first_query_memory_config c = ikv_query_memory_default_config();
+    assert_int_equal(c.struct_size, sizeof(first_query_memory_config));
+    assert_true(c.decay == 0.5f && c.n_q_heads == 0);
+    c.n_q_heads = 8;
+    ikv_pool_config pc = ikv_pool_default_config_v2();
+    pc.n_layers = 1;
+    pc.n_kv_heads = 2;
+    pc.capacity_bytes = 1u << 20;
+    ikv_pool *pool = NULL;
+    IKVT_OK(ikv_pool_create(&pc, &pool));
+    ikv_query_memory *m = NULL;
+    IKVT_OK(ikv_query_memory_create(pool, (const ikv_query_memory_config *)(const void *)&c, &m));
+    ikv_query_memory_destroy(m);
+    ikv_query_memory_config now = ikv_query_memory_default_config_v2();
+    assert_true(now.struct_size == sizeof now && now.turns == 4);
+    ikv_pool_destroy(pool);
+}
+
 /* The same for ikv_pool_config: the old default writes exactly its struct,
  * a pool created from it has no host tier and reads it back. */
 static void test_first_header_pool_config(void **state) {
@@ -169,6 +201,7 @@ int main(void) {
         cmocka_unit_test(test_errors_and_log),
         cmocka_unit_test(test_runtime_info),
         cmocka_unit_test(test_first_header_pool_config),
+        cmocka_unit_test(test_first_header_query_memory_config),
         cmocka_unit_test(test_first_header_decode_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

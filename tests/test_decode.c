@@ -363,6 +363,7 @@ typedef struct step_cfg {
     uint32_t topk, layer;
     mass_rule mass; /* mass.on: IKV_TOPK_MASS with topk as its upper limit */
     uint32_t memory_turns; /* > 0: a query memory of that many remembered turns joins the selection */
+    uint32_t memory_slots; /* its config's turns: 0 = one decayed mean, else the last turns kept apart */
     int routed; /* the plan comes from the router: an ALWAYS system block and a RECENT window (mandatory pages) */
     uint64_t seed;
 } step_cfg;
@@ -445,17 +446,22 @@ static void expect_last_selection(const ikv_decoder *dec, uint32_t seq_index, co
 
 /* A query memory for the step's sequence with c->memory_turns turns of 1-3
  * random query tokens each at c->layer (and one at another layer, which must
- * not count), and in mass->mem_q the query it should hold, computed plainly:
- * the turns' means weighted decay^age, m = (mean + d W m) / (1 + d W). */
+ * not count), and in mass->mem_q the query it should recall for each query
+ * head given the step's queries cur (token 0), computed plainly: with
+ * c->memory_slots 0 the turns' means weighted decay^age, m = (mean + d W m) /
+ * (1 + d W); else of the last memory_slots turns' means, per head the one of
+ * largest cosine with the head's current query (the newest on a tie). */
 static ikv_query_memory *remember_turns(ikv_pool *pool, ikv_seq_id seq, const step_cfg *c, uint32_t nq,
-                                        ikvt_rng *rng, mass_rule *mass) {
+                                        const void *cur, ikv_dtype cur_dtype, ikvt_rng *rng, mass_rule *mass) {
     ikv_query_memory_config mc = ikv_query_memory_default_config();
     mc.n_q_heads = nq;
     mc.decay = 0.6f;
+    mc.turns = c->memory_slots;
     ikv_query_memory *memory = NULL;
     IKVT_OK(ikv_query_memory_create(pool, &mc, &memory));
     const size_t row = (size_t)nq * c->D;
     double *m = calloc(row, sizeof *m), w = 0;
+    double *means = calloc((size_t)c->memory_turns * row + 1, sizeof *means); /* every turn's mean, oldest first */
     float *q = malloc(3 * row * sizeof *q);
     for (uint32_t turn = 0; turn < c->memory_turns; ++turn) {
         const uint32_t n = 1 + turn % 3;
@@ -466,12 +472,37 @@ static ikv_query_memory *remember_turns(ikv_pool *pool, ikv_seq_id seq, const st
         for (size_t e = 0; e < row; ++e) {
             double mean = 0;
             for (uint32_t t = 0; t < n; ++t) mean += q[t * row + e];
+            means[turn * row + e] = (float)(mean / n); /* the memory keeps fp32 means */
             m[e] = (mean / n + (double)0.6f * w * m[e]) / (1 + (double)0.6f * w);
         }
         w = 1 + (double)0.6f * w;
     }
+    if (c->memory_slots > 0) /* per head: the kept turn most similar to its query now */
+        for (uint32_t hq = 0; hq < nq; ++hq) {
+            const double *x = NULL;
+            double best = 0, second = -2;
+            const uint32_t kept = c->memory_turns < c->memory_slots ? c->memory_turns : c->memory_slots;
+            for (uint32_t age = 0; age < kept; ++age) {
+                const double *mt = means + (size_t)(c->memory_turns - 1 - age) * row + (size_t)hq * c->D;
+                double ab = 0, aa = 0, bb = 0;
+                for (uint32_t d = 0; d < c->D; ++d) {
+                    const double a = dtype_get(cur, cur_dtype, (size_t)hq * c->D + d);
+                    ab += a * mt[d], aa += a * a, bb += mt[d] * mt[d];
+                }
+                const double cs = ab / sqrt(aa * bb);
+                if (x == NULL || cs > best) second = x ? best : second, best = cs, x = mt;
+                else if (cs > second) second = cs;
+            }
+            if (best - second < 1e-5) {
+                print_error("query memory: two kept turns are within %g of cosine for head %u: no exact test\n",
+                            best - second, hq);
+                fail();
+            }
+            memcpy(m + (size_t)hq * c->D, x, c->D * sizeof *m);
+        }
     mass->mem_q = m;
     mass->decay = (double)0.6f;
+    free(means);
     free(q);
     return memory;
 }
@@ -529,7 +560,7 @@ static void run_step(const step_cfg *c) {
     mass_rule mass = c->mass;
     mass.scale = scale;
     mass.max_tokens = c->topk;
-    ikv_query_memory *memory = c->memory_turns ? remember_turns(f.pool, f.seq, c, nq, &rng, &mass) : NULL;
+    ikv_query_memory *memory = c->memory_turns ? remember_turns(f.pool, f.seq, c, nq, q, c->q_dtype, &rng, &mass) : NULL;
     uint8_t *sel = selective ? topk_selection(f.pool, f.seq, c->layer, plan, &s, c->length, c->H, c->D, c->P, nq, q,
                                               c->q_dtype, c->topk, &mass)
                              : plan_selection(plan, c->length, c->H);
@@ -826,6 +857,7 @@ static void test_topk_with_mandatory_pages(void **state) {
         c.mass.min_tokens = i == 3 ? 150 : 0; /* above the ~64 mandatory tokens */
         c.topk = i < 2 ? 120 : (i == 4 ? 200 : 0);
         c.memory_turns = i == 5 ? 2 : 0;
+        c.memory_slots = 4;
         c.fmt = (ikv_format)(i % IKV_FMT_COUNT);
         c.seed = 4900 + (uint64_t)i;
         run_step(&c);
@@ -833,8 +865,10 @@ static void test_topk_with_mandatory_pages(void **state) {
 }
 
 /* A query memory joins the ranking as `group` more rows per kv-head that
- * count log(decay) lower: Quest and hybrid scores, fixed and mass budgets,
- * with and without a plan; the selection is the reference's exactly. */
+ * count log(decay) lower, in both forms (one decayed mean; turns kept apart,
+ * each head recalling the most similar): Quest and hybrid scores, fixed and
+ * mass budgets, with and without a plan; the selection is the reference's
+ * exactly. */
 static void test_query_memory_selection(void **state) {
     (void)state;
     static const ikv_token_range ranges[] = {{0, 20}, {33, 140}, {150, 380}};
@@ -847,6 +881,7 @@ static void test_query_memory_selection(void **state) {
         c.group = 1u + (uint32_t)(i % 4);
         c.q_sigma = 1.5f;
         c.memory_turns = 1 + (uint32_t)(i % 3);
+        c.memory_slots = i % 2 ? 0 : 2; /* the decayed mean, or two turns kept apart (three remembered: the ring) */
         c.mass.hybrid = i >= 4;
         c.mass.on = i % 4 == 3;
         c.mass.share = 0.8;
@@ -883,6 +918,10 @@ static void test_query_memory_errors(void **state) {
     mc.struct_size = 3;
     IKVT_EXPECT_STATUS(ikv_query_memory_create(f.pool, &mc, &m), IKV_E_INVALID, "struct_size");
     mc.struct_size = sizeof mc;
+    assert_int_equal(mc.turns, 4);
+    mc.turns = 65;
+    IKVT_EXPECT_STATUS(ikv_query_memory_create(f.pool, &mc, &m), IKV_E_INVALID, "turns");
+    mc.turns = 4;
     IKVT_EXPECT_STATUS(ikv_query_memory_create(NULL, &mc, &m), IKV_E_NULL, "pool");
     IKVT_EXPECT_STATUS(ikv_query_memory_create(f.pool, NULL, &m), IKV_E_NULL, "config");
     IKVT_EXPECT_STATUS(ikv_query_memory_create(f.pool, &mc, NULL), IKV_E_NULL, "out");

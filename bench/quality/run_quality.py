@@ -26,7 +26,7 @@ METHODS = ("dense", "oracle", "random", "sinks+recent", "plan", "quest", "hybrid
            "adaptive-0.9", "adaptive-0.95")
 REAL_SETS = ("real-single", "real-multidoc-8k", "real-multidoc-32k")
 SYNTH_SETS = ("synth-32k", "synth-128k")
-SESSION_SETS = ("synth-revisit-32k", "session-feedback")  # sessions of steps (sessions.py)
+SESSION_SETS = ("synth-revisit-32k", "synth-revisit-weak-32k", "session-feedback")  # sessions of steps (sessions.py)
 
 
 def build_cases(name, small):
@@ -66,16 +66,17 @@ def quality_lines(name, summary):
 def run_revisit(name, small, threads):
     """The query-memory session (revisit.py): table and quality lines."""
     import sessions
-    tokens = 8192 if small else int(name[len("synth-revisit-"):-1]) * 1024
-    data, out = sessions.evaluate(seq_len=tokens, n_threads=threads)
+    weak = "weak-" if name.startswith("synth-revisit-weak-") else ""
+    tokens = 8192 if small else int(name[len("synth-revisit-" + weak):-1]) * 1024
+    data, out = sessions.evaluate(seq_len=tokens, n_threads=threads, return_strength=sessions.RETURN_STRENGTH[weak])
     print("\n== %s (turns: %s; recall of turn 3's attention, and on the returning document) ==" %
           (data, " / ".join(sessions.TURNS)))
-    print("%-14s %7s %11s %9s %13s %11s" % ("method", "budget", "recall_mean", "recall_p5", "returning_doc",
+    print("%-18s %7s %11s %9s %13s %11s" % ("method", "budget", "recall_mean", "recall_p5", "returning_doc",
                                              "returning_p5"))
     lines = []
     for (method, budget), (rec, home) in sorted(out.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         rec, home = np.array(rec), np.array(home)
-        print("%-14s %7.4f %11.4f %9.4f %13.4f %11.4f" % (method, budget, rec.mean(), np.percentile(rec, 5),
+        print("%-18s %7.4f %11.4f %9.4f %13.4f %11.4f" % (method, budget, rec.mean(), np.percentile(rec, 5),
                                                         home.mean(), np.percentile(home, 5)))
         lines.append("quality: data=%s method=%s budget=%g recall_mean=%.4f recall_p5=%.4f returning_doc=%.4f" %
                      (data, method, budget, rec.mean(), np.percentile(rec, 5), home.mean()))

@@ -4,12 +4,16 @@ revisit (query memory, ikv_query_memory): the attended document changes and
 later returns.
 
 Per query head: turn 1 reads document A, turn 2 document B, turn 3 returns to
-A with a weaker query (half of A's topic in it: the "unusual query" the
-memory is for). The same keys throughout (synthetic.py's construction:
-1024-token documents with topic directions, sinks). The memory remembers
-turns 1 and 2 (all of their queries), then turn 3 decodes with and without
-it at each budget. Reported: recall of turn 3's true attention, and recall on
-the returning document (its share of turn 3's mass that the pages read hold).
+A with a weaker query (half of A's topic in it, or a fifth in the "weak" set:
+the "unusual query" the memory is for). The same keys throughout
+(synthetic.py's construction: 1024-token documents with topic directions,
+sinks). The memory remembers turns 1 and 2 (all of their queries), then turn
+3 decodes with and without it at each budget, in both of the memory's forms:
+`hybrid+memory` keeps the turns apart and each head recalls the most similar
+(ikv_query_memory_config.turns = 4, the default), `hybrid+memory-mean` keeps
+one decayed mean (turns = 0, the first version). Reported: recall of turn 3's
+true attention, and recall on the returning document (its share of turn 3's
+mass that the pages read hold).
 """
 import numpy as np
 
@@ -17,9 +21,10 @@ import harness
 from synthetic import DOC_TOKENS, SINK_TOKENS, Case, _unit
 
 TURNS = ("A", "B", "A again, weaker")
+RETURN_STRENGTH = {"": 1.5, "weak-": 0.6}  # turn 3's share of A's topic (turns 1 and 2: 3.0), per set name
 
 
-def revisit_case(seq_len=32768, seed=7, n_kv_heads=4, group=4, head_dim=64, n_queries=8):
+def revisit_case(seq_len=32768, seed=7, n_kv_heads=4, group=4, head_dim=64, n_queries=8, return_strength=1.5):
     """Keys, values and three turns of queries ([turn][query][q_head][D]), and
     per q-head the returning document's token range."""
     rng = np.random.default_rng(seed)
@@ -38,35 +43,38 @@ def revisit_case(seq_len=32768, seed=7, n_kv_heads=4, group=4, head_dim=64, n_qu
         for g in range(G):
             a, b = rng.choice(np.arange(1, n_docs - 1), size=2, replace=False)
             home[h * G + g] = (a * DOC_TOKENS, (a + 1) * DOC_TOKENS)
-            for turn, (doc, strength) in enumerate(((a, 3.0), (b, 3.0), (a, 1.5))):
+            for turn, (doc, strength) in enumerate(((a, 3.0), (b, 3.0), (a, return_strength))):
                 for n in range(n_queries):
                     q[turn, n, h * G + g] = (strength * topics[doc] * sd + 2.0 * sink * sd +
                                              rng.standard_normal(D)).astype(np.float32)
-    case = Case(name="synth-revisit-%dk" % (T // 1024), k=k[None], v=v[None], q=q[2][None],
+    weak = [p for p, x in RETURN_STRENGTH.items() if x == return_strength]
+    case = Case(name="synth-revisit-%s%dk" % (weak[0] if weak else "", T // 1024), k=k[None], v=v[None], q=q[2][None],
                 note="%d kv-heads x %d query heads, head_dim %d, 3 turns of %d queries" % (H, G, D, n_queries))
     return case, q, home
 
 
-def evaluate(seq_len=32768, budgets=harness.BUDGETS, decay=0.5, n_threads=0):
+def evaluate(seq_len=32768, budgets=harness.BUDGETS, decay=0.5, n_threads=0, return_strength=1.5):
     """{(method, budget): (recall list, returning-document recall list)}."""
-    case, turns, home = revisit_case(seq_len)
+    case, turns, home = revisit_case(seq_len, return_strength=return_strength)
     dec = harness.ikv.Decoder(n_threads=n_threads)
     run = harness.CaseRunner(case, dec)
     # The pool holds kv-head h as layer h (harness.CaseRunner): the memory
     # remembers each layer's group of query heads.
-    memory = harness.ikv.QueryMemory(run.pool, n_q_heads=run.group, decay=decay)
-    for turn in (0, 1):  # every fork remembers turns 1 and 2 (each step's queries)
-        for seq in run.forks:
-            for h in range(run.H):
-                memory.remember(seq, h, np.ascontiguousarray(turns[turn, :, h * run.group:(h + 1) * run.group]))
-            memory.end_turn(seq)
+    memories = {"hybrid+memory": harness.ikv.QueryMemory(run.pool, n_q_heads=run.group, decay=decay, turns=4),
+                "hybrid+memory-mean": harness.ikv.QueryMemory(run.pool, n_q_heads=run.group, decay=decay, turns=0)}
+    for memory in memories.values():
+        for turn in (0, 1):  # every fork remembers turns 1 and 2 (each step's queries)
+            for seq in run.forks:
+                for h in range(run.H):
+                    memory.remember(seq, h, np.ascontiguousarray(turns[turn, :, h * run.group:(h + 1) * run.group]))
+                memory.end_turn(seq)
     out = {}
     try:
         for h in range(run.H):
             ref = run.head_reference(0, h)
             for share in budgets:
                 B = harness.budget_tokens(share, run.T)
-                for method, mem in (("hybrid", None), ("hybrid+memory", memory)):
+                for method, mem in (("hybrid", None),) + tuple(memories.items()):
                     _, runs, _ = run.decode(0, h, ref, topk_token_budget=B, topk_score=harness.ikv.TopkScore.HYBRID,
                                             query_memory=mem)
                     rec, home_rec = out.setdefault((method, share), ([], []))
@@ -79,7 +87,8 @@ def evaluate(seq_len=32768, budgets=harness.BUDGETS, decay=0.5, n_threads=0):
                             total = ref["cum"][n, g, e] - ref["cum"][n, g, b]
                             home_rec.append(harness.mass_of_runs(ref["cum"][n, g], inside) / total)
     finally:
-        memory.close()
+        for memory in memories.values():
+            memory.close()
         run.close()
         dec.close()
     return case.name, out

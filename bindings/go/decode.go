@@ -315,17 +315,53 @@ type QueryMemory struct {
 	qHeads uint32
 }
 
+// QueryMemoryConfig is ikv_query_memory_config. Start from
+// DefaultQueryMemoryConfig and change fields by name: a zero Turns is the
+// mean form, not the default.
+type QueryMemoryConfig struct {
+	// QHeads is the model's query heads: a positive multiple of the pool's KVHeads.
+	QHeads uint32
+	// Decay is the recalled queries' weight (Turns >= 1), or that of a turn
+	// one turn older (Turns 0); in (0, 1); 0 means the default 0.5.
+	Decay float32
+	// Turns is how many ended turns are kept apart, 1..64, the oldest
+	// dropped first: a decode recalls, per query head, the kept turn whose
+	// mean query is the most similar (cosine) to its current query. 0 keeps
+	// one mean of the turns weighted Decay^age (the first version's memory).
+	// Default 4.
+	Turns uint32
+}
+
+// DefaultQueryMemoryConfig is ikv_query_memory_default_config's values
+// (QHeads 0, to be set; Decay 0.5; Turns 4).
+func DefaultQueryMemoryConfig() QueryMemoryConfig {
+	c := C.ikv_query_memory_default_config_v2()
+	return QueryMemoryConfig{QHeads: uint32(c.n_q_heads), Decay: float32(c.decay), Turns: uint32(c.turns)}
+}
+
 // NewQueryMemory creates a memory for the sequences of pool, for qHeads
-// query heads (a positive multiple of the pool's KVHeads) and a turn decay
-// in (0, 1) (0 means the default 0.5).
+// query heads (a positive multiple of the pool's KVHeads) and a decay in
+// (0, 1) (0 means the default 0.5), keeping the default 4 turns apart
+// (NewQueryMemoryWith sets Turns).
 func NewQueryMemory(pool *Pool, qHeads uint32, decay float32) (*QueryMemory, error) {
+	cfg := DefaultQueryMemoryConfig()
+	cfg.QHeads, cfg.Decay = qHeads, decay
+	return NewQueryMemoryWith(pool, cfg)
+}
+
+// NewQueryMemoryWith creates a memory for the sequences of pool
+// (ikv_query_memory_create). Out-of-range fields return ErrInvalid naming
+// the field (n_q_heads, decay, turns).
+func NewQueryMemoryWith(pool *Pool, cfg QueryMemoryConfig) (*QueryMemory, error) {
 	defer runtime.KeepAlive(pool)
-	c := C.ikv_query_memory_default_config()
-	c.n_q_heads = C.uint32_t(qHeads)
-	if decay != 0 {
-		c.decay = C.float(decay)
+	// cgo cannot call the header's function-like macro ikv_query_memory_default_config(): its v2 symbol.
+	c := C.ikv_query_memory_default_config_v2()
+	c.n_q_heads = C.uint32_t(cfg.QHeads)
+	if cfg.Decay != 0 {
+		c.decay = C.float(cfg.Decay)
 	}
-	m := &QueryMemory{pool: pool, qHeads: qHeads}
+	c.turns = C.uint32_t(cfg.Turns)
+	m := &QueryMemory{pool: pool, qHeads: cfg.QHeads}
 	if err := call(func() C.ikv_status { return C.ikv_query_memory_create(pool.ptr(), &c, &m.raw) }); err != nil {
 		return nil, err
 	}

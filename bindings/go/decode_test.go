@@ -319,6 +319,29 @@ func TestQueryMemoryOfAnEarlierTurnJoinsTheSelection(t *testing.T) {
 	expectErr(t, err, ErrState, "QueryMemory is closed")
 }
 
+func TestQueryMemoryTurns(t *testing.T) {
+	def := DefaultQueryMemoryConfig()
+	if want := (QueryMemoryConfig{QHeads: 0, Decay: 0.5, Turns: 4}); def != want {
+		t.Fatalf("DefaultQueryMemoryConfig() = %+v, want %+v", def, want)
+	}
+	pool := newTestPool(t, PoolConfig{Layers: 1, KVHeads: 1, HeadDim: 32, PageSize: 16, CapacityBytes: 1 << 20})
+	for _, turns := range []uint32{0, 1, 4, 64} {
+		cfg := def
+		cfg.QHeads, cfg.Turns = 2, turns
+		m, err := NewQueryMemoryWith(pool, cfg)
+		must(t, err)
+		m.Close()
+	}
+	_, err := NewQueryMemoryWith(pool, QueryMemoryConfig{QHeads: 2, Decay: 0.5, Turns: 65})
+	expectErr(t, err, ErrInvalid, "turns")
+	_, err = NewQueryMemoryWith(pool, QueryMemoryConfig{QHeads: 2, Decay: 1.5, Turns: 4})
+	expectErr(t, err, ErrInvalid, "decay")
+	// A zero Decay takes the default; a zero Turns is the mean form (accepted).
+	m, err := NewQueryMemoryWith(pool, QueryMemoryConfig{QHeads: 2})
+	must(t, err)
+	m.Close()
+}
+
 // feedbackShares is, per kv-head and page, the page's share of one step's
 // softmax (averaged over the group's heads and query tokens), in float64.
 func feedbackShares(q []float32, k []float32, sel []uint32, length, nqt, qHeads, kvHeads, dim, page int) [][]float64 {

@@ -261,7 +261,7 @@ func structSizes() map[string][2]uintptr {
 		"ikv_synth_config":         {uintptr(C.ikv_synth_default_config().struct_size), C.sizeof_ikv_synth_config},
 		"ikv_model_shape":          {uintptr(C.ikv_model_shape_default().struct_size), C.sizeof_ikv_model_shape},
 		"ikv_decoder_config":       {uintptr(C.ikv_decoder_default_config().struct_size), C.sizeof_ikv_decoder_config},
-		"ikv_query_memory_config":  {uintptr(C.ikv_query_memory_default_config().struct_size), C.sizeof_ikv_query_memory_config},
+		"ikv_query_memory_config":  {uintptr(C.ikv_query_memory_default_config_v2().struct_size), C.sizeof_ikv_query_memory_config},
 		"ikv_page_feedback_config": {uintptr(C.ikv_page_feedback_default_config().struct_size), C.sizeof_ikv_page_feedback_config},
 	}
 }

@@ -240,6 +240,10 @@ func TestStructSizesMatchTheLibrary(t *testing.T) {
 	if n := structSizes()["ikv_decode_args"][1]; n != 144 {
 		t.Errorf("ikv_decode_args: %d bytes, the header's v2 fields make 144", n)
 	}
+	// ikv_query_memory_config v2: struct_size, n_q_heads, decay (12 bytes: the first layout), then turns.
+	if n := structSizes()["ikv_query_memory_config"][1]; n != 16 {
+		t.Errorf("ikv_query_memory_config: %d bytes, the header's v2 fields make 16", n)
+	}
 	// ikv_pool_config v2: 7 uint32/enum fields, padding, capacity_bytes, default_format and kv_dtype (48
 	// bytes: the first layout), then host_capacity_bytes.
 	if n := structSizes()["ikv_pool_config"][1]; n != 4*7+4+8+4+4+8 {

@@ -1,6 +1,7 @@
 // extern "C" boundary of query memories: argument checks and error
 // sentences; the memory itself lives in src/query_memory/.
 #include <cmath>
+#include <cstddef>
 #include <vector>
 
 #include "common/config.hpp"
@@ -13,6 +14,10 @@
 #include "pool/pool_view.hpp"
 
 namespace {
+
+// The first published ikv_query_memory_config ended at decay.
+constexpr uint32_t kFirstConfigSize = uint32_t(offsetof(ikv_query_memory_config, turns));
+constexpr uint32_t kMaxTurns = 64;
 
 // The queries as fp32 after checking dtype and finiteness (nothing is kept on error).
 ikv_status queries_f32(const void *q, int d, uint64_t n, uint64_t row, const char *fn, std::vector<float> &out) {
@@ -33,11 +38,12 @@ ikv_status queries_f32(const void *q, int d, uint64_t n, uint64_t row, const cha
 
 extern "C" {
 
-IKV_API ikv_query_memory_config ikv_query_memory_default_config(void) {
+IKV_API ikv_query_memory_config ikv_query_memory_default_config_v2(void) {
     ikv_query_memory_config c{};
     c.struct_size = sizeof c;
     c.n_q_heads = 0;
     c.decay = 0.5f;
+    c.turns = 4;
     return c;
 }
 
@@ -47,14 +53,20 @@ IKV_API ikv_status ikv_query_memory_create(const ikv_pool *pool, const ikv_query
     IKV_CHECK_NULL(pool, fn);
     IKV_CHECK_NULL(config, fn);
     IKV_CHECK_NULL(out, fn);
-    IKV_CHECK_STRUCT(config, sizeof(ikv_query_memory_config), fn);
-    const ikv_query_memory_config c = ikv::read_config(*config, ikv_query_memory_default_config());
+    IKV_CHECK_STRUCT(config, kFirstConfigSize, fn);
+    // Fields a caller built with the first header does not pass keep that header's behaviour.
+    ikv_query_memory_config first = ikv_query_memory_default_config_v2();
+    first.turns = 0;
+    const ikv_query_memory_config c = ikv::read_config(*config, first);
     const ikv::PageShape &shape = ikv::pool_shape(pool);
     if (c.n_q_heads == 0 || c.n_q_heads % shape.n_kv_heads != 0)
         return ikv::fail(IKV_E_INVALID, "%s: config->n_q_heads %u is not a positive multiple of the pool's n_kv_heads %u",
                          fn, c.n_q_heads, shape.n_kv_heads);
     if (!(c.decay > 0.0f && c.decay < 1.0f))
         return ikv::fail(IKV_E_INVALID, "%s: config->decay %g is outside (0, 1)", fn, (double)c.decay);
+    if (c.turns > kMaxTurns)
+        return ikv::fail(IKV_E_INVALID, "%s: config->turns %u is above %u (0 = one decayed mean)", fn, c.turns,
+                         kMaxTurns);
     if (ikv::pool_backend(pool) == IKV_BACKEND_CUDA)
         return ikv::fail(IKV_E_UNSUPPORTED, "%s: query memories serve CPU pools only for now", fn);
     ikv_query_memory *m = ikv::new_handle<ikv_query_memory>();
@@ -64,6 +76,7 @@ IKV_API ikv_status ikv_query_memory_create(const ikv_pool *pool, const ikv_query
     m->n_q_heads = c.n_q_heads;
     m->head_dim = shape.head_dim;
     m->decay = c.decay;
+    m->turns = c.turns;
     *out = m;
     return IKV_OK;
 }
@@ -106,6 +119,19 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory) {
     IKV_CHECK_NULL(memory, "ikv_query_memory_reset");
     memory->seqs.clear();
     return IKV_OK;
+}
+
+// The first header's struct and its unversioned default (see ikv_query_memory_default_config_v2).
+struct ikv_query_memory_config_v1 {
+    uint32_t struct_size;
+    uint32_t n_q_heads;
+    float decay;
+};
+static_assert(sizeof(ikv_query_memory_config_v1) == kFirstConfigSize, "the first ikv_query_memory_config layout");
+
+#undef ikv_query_memory_default_config
+IKV_API ikv_query_memory_config_v1 ikv_query_memory_default_config(void) {
+    return ikv::first_layout<ikv_query_memory_config_v1>(ikv_query_memory_default_config_v2());
 }
 
 }  // extern "C"

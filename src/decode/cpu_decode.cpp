@@ -140,10 +140,11 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             std::copy_n(S.q.data() + uint64_t(bh) * RD, GD, rows);
             std::fill(off, off + group, 0.0f);
             if (mem) {
-                // The memory's rows count log(decay) lower; a sequence it has nothing for at
-                // this layer gets rows that never win.
-                const float *m = mem->queries(a.seqs[bh / H], a.layer);
-                for (uint64_t e = 0; e < GD; ++e) rows[GD + e] = m ? m[uint64_t(bh % H) * GD + e] * scale : 0.0f;
+                // The memory's rows (what each head recalls, given its query now) count
+                // log(decay) lower; a sequence it has nothing for at this layer gets rows
+                // that never win.
+                const bool m = mem->recall(a.seqs[bh / H], a.layer, (bh % H) * group, group, rows, rows + GD);
+                for (uint64_t e = 0; e < GD; ++e) rows[GD + e] = m ? rows[GD + e] * scale : 0.0f;
                 std::fill(off + group, off + n_rows, m ? std::log(mem->decay) : -INFINITY);
             }
             const float half = hybrid ? 0.5f : 1.0f;

@@ -749,14 +749,21 @@ class Pool(_Handle):
 
 class QueryMemory(_Handle):
     """What earlier turns of each sequence asked (ikv_query_memory): QueryMemory(pool, n_q_heads,
-    decay=0.5); remember(seq, layer, q) adds float32 query tokens [n_tokens][n_q_heads][head_dim]
-    to the current turn, end_turn(seq) folds it in; pass it to Decoder.decode(query_memory=...)."""
+    decay=0.5, turns=4); remember(seq, layer, q) adds float32 query tokens [n_tokens][n_q_heads][head_dim]
+    to the current turn, end_turn(seq) ends it; pass it to Decoder.decode(query_memory=...).
+    turns (1..64) is how many ended turns are kept apart, the oldest dropped first: a decode recalls,
+    per query head, the kept turn whose mean query is the most similar (cosine) to the current one,
+    weighted by decay. turns=0 keeps one mean instead (the first version's memory): the turns' means
+    averaged with weights decay^age. n_q_heads must be a positive multiple of the pool's n_kv_heads
+    and decay in (0, 1); a value out of range raises IntentKVError IKV_E_INVALID naming it."""
     _destroy_name = "ikv_query_memory_destroy"
 
-    def __init__(self, pool, n_q_heads, decay=0.5):
+    def __init__(self, pool, n_q_heads, decay=0.5, turns=4):
         super().__init__()
-        config = _ffi.lib().ikv_query_memory_default_config()
-        config.n_q_heads, config.decay = n_q_heads, decay
+        if turns < 0:
+            raise _invalid("turns is %d; it must be in 0..64 (0 = one decayed mean)" % turns)
+        config = _ffi.lib().ikv_query_memory_default_config_v2()  # the header's ikv_query_memory_default_config()
+        config.n_q_heads, config.decay, config.turns = n_q_heads, decay, turns
         self._head_dim = pool._config["head_dim"]
         self._row = n_q_heads * self._head_dim
         _check(_ffi.lib().ikv_query_memory_create(pool.handle, byref(config), byref(self._ptr)))

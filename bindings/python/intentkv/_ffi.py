@@ -163,7 +163,8 @@ class PageFeedbackConfig(Structure):
 
 
 class QueryMemoryConfig(Structure):
-    _fields_ = [("struct_size", c_uint32), ("n_q_heads", c_uint32), ("decay", c_float)]
+    _fields_ = [("struct_size", c_uint32), ("n_q_heads", c_uint32), ("decay", c_float),
+                ("turns", c_uint32)]  # later field: the struct of ikv_query_memory_default_config_v2
 
 
 # (name, restype, argtypes). Handles are c_void_p; status is c_int.
@@ -246,7 +247,9 @@ _PROTOTYPES = [
     ("ikv_decode_args_default_v2", DecodeArgs, []),  # this struct version's default (the header's macro)
     ("ikv_decode", _S, [_V, _V, POINTER(DecodeArgs)]),
     ("ikv_decoder_last_bytes_read", _S, [_V, POINTER(c_uint64)]),
-    ("ikv_query_memory_default_config", QueryMemoryConfig, []),
+    # The header's ikv_query_memory_default_config() is a macro naming this version's symbol; the unversioned
+    # symbol returns the first, 12-byte layout (no turns) and is not declared here.
+    ("ikv_query_memory_default_config_v2", QueryMemoryConfig, []),
     ("ikv_query_memory_create", _S, [_V, POINTER(QueryMemoryConfig), _PV]),
     ("ikv_query_memory_destroy", None, [_V]),
     ("ikv_query_memory_remember", _S, [_V, c_uint32, c_uint32, _V, c_int, c_uint32]),

@@ -118,9 +118,35 @@ class RoundTripTest(unittest.TestCase):
 
 class QueryMemoryTest(unittest.TestCase):
     def test_memory_of_an_earlier_turn_joins_the_selection(self):
+        for turns in (4, 0):  # the default (turns kept apart), and one decayed mean
+            with self.subTest(turns=turns):
+                self._earlier_turn_joins_the_selection(turns)
+
+    def test_turns_argument(self):
+        with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=32, page_size=16, capacity_bytes=1 << 20) as pool:
+            for turns in (0, 1, 4, 64):
+                ikv.QueryMemory(pool, n_q_heads=2, turns=turns).close()
+            with self.assertRaises(ikv.IntentKVError) as ctx:
+                ikv.QueryMemory(pool, n_q_heads=2, turns=65)
+            self.assertEqual(ctx.exception.status_name, "IKV_E_INVALID")
+            self.assertIn("turns", ctx.exception.message)
+            with self.assertRaises(ikv.InvalidArgumentError) as ctx:  # checked in Python: c_uint32 would wrap
+                ikv.QueryMemory(pool, n_q_heads=2, turns=-1)
+            self.assertIn("turns", ctx.exception.message)
+            # A caller built with the first header (struct_size 12) gets turns = 0; its turns field is not read.
+            config = _ffi.lib().ikv_query_memory_default_config_v2()
+            config.n_q_heads, config.turns = 2, 65
+            config.struct_size = _ffi.QueryMemoryConfig.turns.offset
+            memory = ctypes.c_void_p()
+            self.assertEqual(_ffi.lib().ikv_query_memory_create(pool.handle, ctypes.byref(config),
+                                                                ctypes.byref(memory)), 0)
+            _ffi.lib().ikv_query_memory_destroy(memory)
+
+    def _earlier_turn_joins_the_selection(self, turns):
         rng = random.Random(5)
         with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=32, page_size=16, capacity_bytes=8 << 20) as pool, \
-                ikv.Decoder(n_threads=1) as decoder, ikv.QueryMemory(pool, n_q_heads=2, decay=0.5) as memory:
+                ikv.Decoder(n_threads=1) as decoder, \
+                ikv.QueryMemory(pool, n_q_heads=2, decay=0.5, turns=turns) as memory:
             seq = pool.seq_create()
             n_tokens = 256
             k, v = random_f32(rng, n_tokens * 32), random_f32(rng, n_tokens * 32)
@@ -478,6 +504,7 @@ class StructTest(unittest.TestCase):
             (lib.ikv_pool_default_config_v2(), _ffi.PoolConfig),
             (lib.ikv_decoder_default_config(), _ffi.DecoderConfig),
             (lib.ikv_decode_args_default_v2(), _ffi.DecodeArgs),
+            (lib.ikv_query_memory_default_config_v2(), _ffi.QueryMemoryConfig),
         ]
         for value, cls in pairs:
             self.assertEqual(value.struct_size, ctypes.sizeof(cls), cls.__name__)
@@ -496,6 +523,15 @@ class StructTest(unittest.TestCase):
         v1 = ctypes.CFUNCTYPE(PoolConfigV1)(("ikv_pool_default_config", _ffi.lib()))()
         self.assertEqual(v1.struct_size, ctypes.sizeof(PoolConfigV1))
         self.assertEqual(v1.struct_size, 48)
+        # QueryMemoryConfig: 12 bytes through decay (the first layout), then turns (default 4).
+        self.assertEqual(_ffi.QueryMemoryConfig.turns.offset, 12)
+        self.assertEqual(ctypes.sizeof(_ffi.QueryMemoryConfig), 16)
+        qm = _ffi.lib().ikv_query_memory_default_config_v2()
+        self.assertEqual((qm.struct_size, qm.n_q_heads, qm.decay, qm.turns), (16, 0, 0.5, 4))
+        class QueryMemoryConfigV1(ctypes.Structure):
+            _fields_ = _ffi.QueryMemoryConfig._fields_[:-1]
+        qm1 = ctypes.CFUNCTYPE(QueryMemoryConfigV1)(("ikv_query_memory_default_config", _ffi.lib()))()
+        self.assertEqual((qm1.struct_size, qm1.n_q_heads, qm1.decay), (12, 0, 0.5))
         # PoolStats: 144 bytes through tokens_total, then the four host-tier counters (176), then host_page_reads.
         self.assertEqual(_ffi.PoolStats.host_used_bytes.offset, 144)
         self.assertEqual(_ffi.PoolStats.host_page_reads.offset, 176)

@@ -113,6 +113,11 @@ pub struct ikv_query_memory_config {
     pub struct_size: u32,
     pub n_q_heads: u32,
     pub decay: c_float,
+    // Later fields (the struct of ikv_query_memory_default_config_v2; a caller passing the first, 12-byte
+    // struct_size gets turns = 0):
+    /// Ended turns kept apart, 1..64, the oldest dropped first; 0 = one decayed mean (the first version's
+    /// memory); default 4.
+    pub turns: u32,
 }
 
 #[repr(C)]
@@ -512,6 +517,9 @@ extern "C" {
     pub fn ikv_decode_args_default() -> ikv_decode_args;
     pub fn ikv_decode(decoder: *mut ikv_decoder, pool: *mut ikv_pool, args: *const ikv_decode_args) -> ikv_status;
     pub fn ikv_decoder_last_bytes_read(decoder: *const ikv_decoder, bytes_out: *mut u64) -> ikv_status;
+    // The header's ikv_query_memory_default_config() is a macro naming this version's symbol (the unversioned
+    // symbol returns the first, 12-byte layout for programs built with the first header).
+    #[link_name = "ikv_query_memory_default_config_v2"]
     pub fn ikv_query_memory_default_config() -> ikv_query_memory_config;
     pub fn ikv_query_memory_create(pool: *const ikv_pool, config: *const ikv_query_memory_config,
                                    out: *mut *mut ikv_query_memory) -> ikv_status;

@@ -21,7 +21,7 @@ use std::ptr;
 pub use ffi::{ikv_block_decision as Decision, ikv_decoder_config as DecoderConfig, ikv_decoder_stats as DecoderStats,
               ikv_model_shape as ModelShape, ikv_plan_cost as PlanCost, ikv_plan_page as PlanPage,
               ikv_plan_summary as PlanSummary, ikv_pool_config as PoolConfig, ikv_pool_stats as PoolStats,
-              ikv_router_config as RouterConfig, ikv_synth_config as SynthConfig, ikv_tier_policy as TierPolicy,
+              ikv_query_memory_config as QueryMemoryConfig, ikv_router_config as RouterConfig, ikv_synth_config as SynthConfig, ikv_tier_policy as TierPolicy,
               ikv_tier_step_report as TierStepReport, ikv_token_range as TokenRange, ikv_seq_id as SeqId,
               IKV_ALL_LAYERS, IKV_TIER_NO_PREFETCH};
 
@@ -799,13 +799,26 @@ pub struct QueryMemory<'p> {
 }
 
 impl<'p> QueryMemory<'p> {
+    /// `ikv_query_memory_default_config()`: n_q_heads 0 (must be set), decay 0.5, turns 4.
+    pub fn default_config() -> QueryMemoryConfig {
+        unsafe { ffi::ikv_query_memory_default_config() }
+    }
+
+    /// A memory with the default config's other fields (turns 4); see [`QueryMemory::with_config`].
     pub fn new(pool: &'p Pool, n_q_heads: u32, decay: f32) -> Result<QueryMemory<'p>> {
-        let mut config = unsafe { ffi::ikv_query_memory_default_config() };
-        config.n_q_heads = n_q_heads;
-        config.decay = decay;
+        QueryMemory::with_config(pool, &QueryMemoryConfig { n_q_heads, decay, ..QueryMemory::default_config() })
+    }
+
+    /// A memory for the sequences of `pool` (`ikv_query_memory_create`). `config.turns` (1..64) ended turns
+    /// are kept apart and a decode recalls, per query head, the one most similar (cosine) to its current
+    /// query; 0 keeps one mean of the turns weighted decay^age (the first version's memory). Errors:
+    /// `IKV_E_INVALID` naming `n_q_heads` (not a positive multiple of the pool's n_kv_heads), `decay`
+    /// (outside (0, 1)) or `turns` (above 64).
+    pub fn with_config(pool: &'p Pool, config: &QueryMemoryConfig) -> Result<QueryMemory<'p>> {
         let mut raw = ptr::null_mut();
-        check(unsafe { ffi::ikv_query_memory_create(pool.raw, &config, &mut raw) })?;
-        Ok(QueryMemory { raw, row: n_q_heads as usize * pool.config.head_dim as usize, _pool: std::marker::PhantomData })
+        check(unsafe { ffi::ikv_query_memory_create(pool.raw, config, &mut raw) })?;
+        Ok(QueryMemory { raw, row: config.n_q_heads as usize * pool.config.head_dim as usize,
+                         _pool: std::marker::PhantomData })
     }
 
     /// Adds query tokens `[n_tokens][n_q_heads][head_dim]` of `seq` at `layer` to the current turn.

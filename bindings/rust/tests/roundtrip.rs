@@ -1,8 +1,8 @@
 //! Route a synthetic layout, fill a pool, decode one step, and compare with a plain f64 attention
 //! over the values read back; plus error paths and struct-size checks.
 
-use intentkv::{ffi, Block, DecodeRequest, Decoder, Error, Layout, PageFeedback, Plan, Pool, QueryMemory, Router,
-               Tier, TierPolicy, TokenRange, IKV_TIER_NO_PREFETCH};
+use intentkv::{ffi, Block, DecodeRequest, Decoder, Error, Layout, PageFeedback, Plan, Pool, QueryMemory,
+               QueryMemoryConfig, Router, Tier, TierPolicy, TokenRange, IKV_TIER_NO_PREFETCH};
 
 const SEQ_LEN: u32 = 1024;
 const N_LAYERS: u32 = 2;
@@ -366,6 +366,8 @@ fn struct_sizes_match_the_library() {
         assert_eq!(ffi::ikv_pool_default_config().struct_size as usize, size_of::<ffi::ikv_pool_config>());
         assert_eq!(ffi::ikv_decoder_default_config().struct_size as usize, size_of::<ffi::ikv_decoder_config>());
         assert_eq!(ffi::ikv_decode_args_default().struct_size as usize, size_of::<ffi::ikv_decode_args>());
+        assert_eq!(ffi::ikv_query_memory_default_config().struct_size as usize,
+                   size_of::<ffi::ikv_query_memory_config>());
     }
     assert_eq!(size_of::<ffi::ikv_block_info>(), 4 + 64 + 4 * 7);
     assert_eq!(size_of::<ffi::ikv_plan_page>(), 16);
@@ -381,6 +383,10 @@ fn struct_sizes_match_the_library() {
     assert_eq!(offset(std::ptr::addr_of!(stats).cast(), std::ptr::addr_of!(stats.host_used_bytes)), 144);
     assert_eq!(offset(std::ptr::addr_of!(stats).cast(), std::ptr::addr_of!(stats.host_page_reads)), 176);
     assert_eq!(size_of::<ffi::ikv_pool_stats>(), 184);
+    // ikv_query_memory_config: the first layout ends at decay (12), then turns.
+    let qm = QueryMemory::default_config();
+    assert_eq!(std::ptr::addr_of!(qm.turns) as usize - std::ptr::addr_of!(qm) as usize, 12);
+    assert_eq!(size_of::<ffi::ikv_query_memory_config>(), 16);
     // The tier policy structs have no *_default(): sizes from the header's field lists.
     assert_eq!(size_of::<ffi::ikv_tier_policy>(), 4 * 5);
     assert_eq!(size_of::<ffi::ikv_tier_step_report>(), 4 * 4 + 8);
@@ -442,4 +448,35 @@ fn query_memory_and_feedback() {
     assert!((48..64).all(|t| read.contains(&t)));
     assert!(memory.remember(seq, 1, &then).is_err()); // layer out of range
     assert!(memory.remember(seq, 0, &then[..3]).is_err());
+}
+
+#[test]
+fn query_memory_turns() {
+    let pool = Pool::new(&small_config(1, 16)).unwrap();
+    let default = QueryMemory::default_config();
+    assert_eq!((default.struct_size, default.n_q_heads, default.decay, default.turns), (16, 0, 0.5, 4));
+    for turns in [0, 1, 4, 64] {
+        QueryMemory::with_config(&pool, &QueryMemoryConfig { n_q_heads: 2, turns, ..default }).unwrap();
+    }
+    QueryMemory::new(&pool, 2, 0.5).unwrap(); // turns 4
+    expect_err(QueryMemory::with_config(&pool, &QueryMemoryConfig { n_q_heads: 2, turns: 65, ..default }),
+               ffi::IKV_E_INVALID, "turns");
+    expect_err(QueryMemory::with_config(&pool, &QueryMemoryConfig { n_q_heads: 0, ..default }),
+               ffi::IKV_E_INVALID, "n_q_heads");
+    // A caller built with the first header (struct_size 12) gets turns = 0: its turns field is not read.
+    QueryMemory::with_config(&pool, &QueryMemoryConfig { struct_size: 12, n_q_heads: 2, turns: 65, ..default })
+        .unwrap();
+    // The unversioned symbol fills the first, 12-byte layout.
+    #[repr(C)]
+    struct ConfigV1 {
+        struct_size: u32,
+        n_q_heads: u32,
+        decay: f32,
+    }
+    extern "C" {
+        #[link_name = "ikv_query_memory_default_config"]
+        fn ikv_query_memory_default_config_v1() -> ConfigV1;
+    }
+    let v1 = unsafe { ikv_query_memory_default_config_v1() };
+    assert_eq!((v1.struct_size, v1.n_q_heads, v1.decay), (12, 0, 0.5));
 }
