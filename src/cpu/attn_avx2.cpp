@@ -81,7 +81,7 @@ struct O {
 }  // namespace
 
 const CpuKernels &cpu_kernels_avx2() {
-    static const CpuKernels k{"avx2", attend_chunk, quest_bounds};
+    static const CpuKernels k{"avx2", attend_chunk, quest_bounds, attend_chunks};
     return k;
 }
 

@@ -80,7 +80,7 @@ struct O {
 }  // namespace
 
 const CpuKernels &cpu_kernels_avx512() {
-    static const CpuKernels k{"avx512", attend_chunk, quest_bounds};
+    static const CpuKernels k{"avx512", attend_chunk, quest_bounds, attend_chunks};
     return k;
 }
 

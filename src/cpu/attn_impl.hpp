@@ -343,28 +343,53 @@ inline void prefetch_span(const ChunkTask &T, const SpanRef &s) {
 
 constexpr uint32_t kPrefetchSpans = 2;  // spans ahead (~ memory latency x bandwidth / span bytes)
 
+// One span of one task, in its format.
+inline void attend_one(const ChunkTask &T, const SpanRef &s) {
+    switch (s.fmt) {
+        case IKV_FMT_F16: attend_span<IKV_FMT_F16>(T, s); break;
+        case IKV_FMT_BF16: attend_span<IKV_FMT_BF16>(T, s); break;
+        case IKV_FMT_FP8_E4M3: attend_span<IKV_FMT_FP8_E4M3>(T, s); break;
+        case IKV_FMT_INT8: attend_span<IKV_FMT_INT8>(T, s); break;
+        case IKV_FMT_INT4: attend_span<IKV_FMT_INT4>(T, s); break;
+        default: break;  // the decoder never builds spans of other formats
+    }
+}
+
+inline void start_chunk(const ChunkTask &T) {
+    for (uint32_t r = 0; r < T.R; ++r) {
+        T.m[r] = -INFINITY;
+        T.l[r] = 0.0f;
+    }
+    for (uint64_t i = 0; i < uint64_t(T.R) * T.D; ++i) T.acc[i] = 0.0f;
+}
+
 void attend_chunk(const ChunkTask &T) {
     // Subnormal operands and results flushed to zero while the kernel runs
     // (restored on return): weights below ~1e-38 of the largest change no
     // output measurably, and on x86 every FMA touching a subnormal takes a
     // microcode assist (~100 cycles), which peaked softmax rows hit often.
     [[maybe_unused]] const typename O::FlushDenormals ftz{};
-    for (uint32_t r = 0; r < T.R; ++r) {
-        T.m[r] = -INFINITY;
-        T.l[r] = 0.0f;
-    }
-    for (uint64_t i = 0; i < uint64_t(T.R) * T.D; ++i) T.acc[i] = 0.0f;
+    start_chunk(T);
     for (uint32_t k = 0; k < kPrefetchSpans && k < T.n_spans; ++k) prefetch_span(T, T.spans[k]);
     for (uint32_t k = 0; k < T.n_spans; ++k) {
         if (k + kPrefetchSpans < T.n_spans) prefetch_span(T, T.spans[k + kPrefetchSpans]);
-        const SpanRef &s = T.spans[k];
-        switch (s.fmt) {
-            case IKV_FMT_F16: attend_span<IKV_FMT_F16>(T, s); break;
-            case IKV_FMT_BF16: attend_span<IKV_FMT_BF16>(T, s); break;
-            case IKV_FMT_FP8_E4M3: attend_span<IKV_FMT_FP8_E4M3>(T, s); break;
-            case IKV_FMT_INT8: attend_span<IKV_FMT_INT8>(T, s); break;
-            case IKV_FMT_INT4: attend_span<IKV_FMT_INT4>(T, s); break;
-            default: break;  // the decoder never builds spans of other formats
-        }
+        attend_one(T, T.spans[k]);
     }
+}
+
+// n tasks over the same pages (the kv-heads of one sequence and chunk, whose
+// sub-pages of a page lie side by side), span k of every task before span
+// k + 1 of any: a page's kv-heads are read as one contiguous run instead of
+// one head's rows every page apart. Each task's result equals attend_chunk's.
+void attend_chunks(const ChunkTask *tasks, uint32_t n) {
+    [[maybe_unused]] const typename O::FlushDenormals ftz{};
+    for (uint32_t t = 0; t < n; ++t) start_chunk(tasks[t]);
+    const uint32_t n_spans = n ? tasks[0].n_spans : 0;
+    for (uint32_t t = 0; t < n; ++t)
+        for (uint32_t k = 0; k < kPrefetchSpans && k < n_spans; ++k) prefetch_span(tasks[t], tasks[t].spans[k]);
+    for (uint32_t k = 0; k < n_spans; ++k)
+        for (uint32_t t = 0; t < n; ++t) {
+            if (k + kPrefetchSpans < n_spans) prefetch_span(tasks[t], tasks[t].spans[k + kPrefetchSpans]);
+            attend_one(tasks[t], tasks[t].spans[k]);
+        }
 }

@@ -53,6 +53,10 @@ struct ChunkTask {
 constexpr uint32_t logit_stride(uint32_t P) { return (P + 15u) / 16u * 16u; }
 
 using AttendChunkFn = void (*)(const ChunkTask &task);
+// n tasks with the same number of spans over the same pages (the kv-heads of
+// one sequence), interleaved span by span; each task's result is the one
+// AttendChunkFn computes.
+using AttendChunksFn = void (*)(const ChunkTask *tasks, uint32_t n);
 
 // Quest bounds of n candidate pages for one kv-head (src/decode/selection.hpp):
 // bounds[i] = max over the group's query heads g of
@@ -84,6 +88,7 @@ struct CpuKernels {
     const char *isa;
     AttendChunkFn attend_chunk;
     QuestBoundsFn quest_bounds;
+    AttendChunksFn attend_chunks;
 };
 
 // Defined by the ISA files; only those this architecture compiles exist.

@@ -81,7 +81,7 @@ struct O {
 }  // namespace
 
 const CpuKernels &cpu_kernels_neon() {
-    static const CpuKernels k{"neon", attend_chunk, quest_bounds};
+    static const CpuKernels k{"neon", attend_chunk, quest_bounds, attend_chunks};
     return k;
 }
 

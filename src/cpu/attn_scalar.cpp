@@ -115,7 +115,7 @@ struct O {
 }  // namespace
 
 const CpuKernels &cpu_kernels_scalar() {
-    static const CpuKernels k{"scalar", attend_chunk, quest_bounds};
+    static const CpuKernels k{"scalar", attend_chunk, quest_bounds, attend_chunks};
     return k;
 }
 

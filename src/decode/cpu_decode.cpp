@@ -229,7 +229,14 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
     constexpr uint64_t kMaxPartialBytes = 256ull << 20;
     const uint64_t item_bytes = (RD + 2ull * R) * sizeof(float);
     const uint64_t extra_items = std::max<uint64_t>(1, kMaxPartialBytes / item_bytes);
-    const uint64_t cut = std::max(chunk_tokens(total_tokens, threads.size()), (total_tokens + extra_items - 1) / extra_items);
+    // Without top-k every kv-head of a sequence reads the same entries, so the
+    // kv-heads of a sequence and chunk run as one unit that reads each page's
+    // sub-pages side by side (attend_chunks); the chunks are then cut per
+    // head so that there are still ~4 units per thread.
+    const bool by_page = !topk && H > 1;
+    const uint64_t cut_tokens = by_page ? std::max<uint64_t>(chunk_tokens(total_tokens, threads.size()) / H, 64)
+                                        : chunk_tokens(total_tokens, threads.size());
+    const uint64_t cut = std::max(cut_tokens, (total_tokens + extra_items - 1) / extra_items);
     S.items.clear();
     S.item_lo.assign(1, 0);
     for (uint32_t bh = 0; bh < BH; ++bh) {
@@ -271,7 +278,7 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
 
     // ---- kernels ----
     const CpuKernels &K = cpu_kernels();
-    auto run_item = [&](std::size_t i, unsigned w) {
+    auto make_task = [&](std::size_t i, unsigned w) {
         const DecodeScratch::Item &it = S.items[i];
         const uint32_t b = it.bh / H;
         float *part = S.partial.data() + i * stride;
@@ -294,9 +301,34 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
         T.m = part;
         T.l = part + R;
         T.acc = part + 2 * R;
-        K.attend_chunk(T);
+        return T;
     };
-    threads.parallel_for(S.items.size(), run_item);
+    // Units of the by-page order: (sequence, chunk), when every kv-head of
+    // each sequence was cut alike (it is, their spans being the same).
+    S.units.clear();
+    bool aligned = by_page;
+    for (uint32_t b = 0; b < B && aligned; ++b) {
+        const uint32_t n_chunks = S.item_lo[b * H + 1] - S.item_lo[b * H];
+        for (uint32_t h = 1; h < H && aligned; ++h)
+            aligned = S.item_lo[b * H + h + 1] - S.item_lo[b * H + h] == n_chunks;
+        for (uint32_t c = 0; c < n_chunks && aligned; ++c) S.units.push_back({b, c});
+    }
+    if (aligned) {
+        auto run_unit = [&](std::size_t u, unsigned w) {
+            constexpr uint32_t kHeadsPerCall = 16;
+            ChunkTask tasks[kHeadsPerCall];
+            const DecodeScratch::Unit &un = S.units[u];
+            for (uint32_t h0 = 0; h0 < H; h0 += kHeadsPerCall) {
+                const uint32_t n = std::min(kHeadsPerCall, H - h0);
+                for (uint32_t j = 0; j < n; ++j) tasks[j] = make_task(S.item_lo[un.b * H + h0 + j] + un.chunk, w);
+                K.attend_chunks(tasks, n);
+            }
+        };
+        threads.parallel_for(S.units.size(), run_unit);
+    } else {
+        auto run_item = [&](std::size_t i, unsigned w) { K.attend_chunk(make_task(i, w)); };
+        threads.parallel_for(S.items.size(), run_item);
+    }
 
     // ---- exact merge of the chunks of each (b, h), then the output dtype ----
     auto merge = [&](std::size_t bh, unsigned) {

@@ -41,6 +41,10 @@ struct DecodeScratch {
     };
     dvec<Item> items;
     dvec<uint32_t> item_lo;  // [B*H + 1] offsets into items
+    struct Unit {            // the kv-heads of sequence b's chunk `chunk`, run together (attend_chunks)
+        uint32_t b, chunk;
+    };
+    dvec<Unit> units;
     dvec<float> partial;     // [items][R*(D+2)]: m, l, acc
     dvec<dvec<float>> worker;  // per worker: logits, kspan, vspan, qfold
     // attention feedback: row LSEs [B*H][R], each span's share, one (b, h)'s pages and shares
