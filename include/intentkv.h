@@ -564,7 +564,8 @@ typedef struct ikv_pool_stats {
     uint64_t bytes_fetched;                   /**< page bytes moved host -> device since the pool was created */
     uint64_t host_page_reads;                 /**< pages in host memory that decode calls listed, one per page and
                                                    call (read over the bus: the stalls the tier policy avoids; with
-                                                   query-aware top-k, host-tier candidates, which it may read) */
+                                                   query-aware top-k, host-tier candidates, which it may read;
+                                                   counted when a call is made or captured, not at graph replay) */
 } ikv_pool_stats;
 
 /** Errors: IKV_E_NULL, IKV_E_INVALID (struct_size). */
@@ -844,7 +845,7 @@ typedef struct ikv_tier_step_report {
  * (a plan of another page size, a capturing stream, or
  * report->struct_size); IKV_E_DEVICE, IKV_E_NOMEM (host memory
  * for its bookkeeping, or pinned slabs that cannot be allocated) after
- * marking, with the moves done so far kept.
+ * marking, with the moves done so far kept and *report not written.
  */
 IKV_API ikv_status ikv_pool_tier_step(ikv_pool *pool, const ikv_seq_id *seqs, const ikv_plan *const *plans,
                                       uint32_t n_seqs, void *stream, ikv_tier_step_report *report);
@@ -913,7 +914,8 @@ typedef struct ikv_decoder ikv_decoder;
  * For each sequence, layer and query head the memory keeps the mean query of
  * each of the last `turns` ended turns (ikv_query_memory_config.turns), and a
  * decode recalls, for each query head, the remembered turn whose mean is the
- * most similar (cosine) to that head's current query (query token 0): an
+ * most similar (cosine) to that head's current query (query token 0; on
+ * equal cosines the newest turn, and a zero vector has cosine 0): an
  * earlier intent that the current query resembles, even weakly, comes back
  * whole. With turns = 0 (the first version's memory) it keeps one query
  * instead: the turns' means averaged with weights decay^age (the last ended
@@ -978,9 +980,10 @@ IKV_API ikv_status ikv_query_memory_remember(ikv_query_memory *memory, ikv_seq_i
 
 /**
  * End seq's current turn: for each layer with remembered queries, the
- * turn's mean query joins m (m = (mean + decay * W * m) / (1 + decay * W),
- * W = 1 + decay * W); layers without any keep theirs. A sequence with
- * nothing remembered is left as it is. Errors: IKV_E_NULL.
+ * turn's mean query is kept (turns >= 1: in place of the oldest once
+ * `turns` are kept) or joins m (turns = 0: m = (mean + decay * W * m) /
+ * (1 + decay * W), W = 1 + decay * W); layers without any keep theirs. A
+ * sequence with nothing remembered is left as it is. Errors: IKV_E_NULL.
  */
 IKV_API ikv_status ikv_query_memory_end_turn(ikv_query_memory *memory, ikv_seq_id seq);
 

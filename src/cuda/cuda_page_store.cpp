@@ -715,12 +715,11 @@ private:
     ikv_status alloc_from(SlabAllocator &slabs, ikv_format f, uint8_t **page) {
         auto give_back = [this](ikv_format g, uint8_t *p) { release(g, p); };
         moved_.drain(false, give_back);
-        ikv_status st = slabs.alloc(f, page);
-        if (st == IKV_E_NOMEM && !moved_.empty()) {
-            moved_.drain(true, give_back);
-            st = slabs.alloc(f, page);
-        }
-        return st;
+        // Pages whose copies are still running hold memory that comes back
+        // soon: wait for it rather than add a slab (moves would otherwise
+        // reserve past capacity_bytes, and a host-tier pool keeps its slabs).
+        if (!slabs.has_free(f) && !moved_.empty()) moved_.drain(true, give_back);
+        return slabs.alloc(f, page);
     }
 
     std::mutex stage_mu_;  // leaf lock: stage_alloc/stage_free only

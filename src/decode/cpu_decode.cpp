@@ -309,8 +309,13 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
     bool aligned = by_page;
     for (uint32_t b = 0; b < B && aligned; ++b) {
         const uint32_t n_chunks = S.item_lo[b * H + 1] - S.item_lo[b * H];
-        for (uint32_t h = 1; h < H && aligned; ++h)
+        for (uint32_t h = 1; h < H && aligned; ++h) {
             aligned = S.item_lo[b * H + h + 1] - S.item_lo[b * H + h] == n_chunks;
+            for (uint32_t c = 0; c < n_chunks && aligned; ++c) {  // attend_chunks walks equal span counts
+                const DecodeScratch::Item &x = S.items[S.item_lo[b * H] + c], &y = S.items[S.item_lo[b * H + h] + c];
+                aligned = x.span_end - x.span_begin == y.span_end - y.span_begin;
+            }
+        }
         for (uint32_t c = 0; c < n_chunks && aligned; ++c) S.units.push_back({b, c});
     }
     if (aligned) {

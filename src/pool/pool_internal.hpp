@@ -43,6 +43,8 @@ struct TierMove {
     PageRec *rec;
     uint8_t *dst;
 };
+// IKV_E_UNSUPPORTED without a host tier.
+ikv_status check_host_tier(const ikv_pool *pool, const char *fn);
 // IKV_E_UNSUPPORTED without a host tier; IKV_E_INVALID for a capturing stream.
 ikv_status check_tier_call(const ikv_pool *pool, void *stream, const char *fn);
 // Under state_mu: check the target tier's room for every move and allocate

@@ -88,11 +88,16 @@ ikv_status tier_moves_finish(ikv_pool *pool, const std::vector<TierMove> &moves,
     return IKV_OK;
 }
 
-ikv_status check_tier_call(const ikv_pool *pool, void *stream, const char *fn) {
+ikv_status check_host_tier(const ikv_pool *pool, const char *fn) {
     if (pool->config.backend != IKV_BACKEND_CUDA || !pool->store->has_host_tier())
         return fail(IKV_E_UNSUPPORTED,
                     "%s: the pool has no host tier (a CUDA pool created with host_capacity_bytes > 0 has one)", fn);
-    return pool->store->check_move_stream(stream, fn);
+    return IKV_OK;
+}
+
+ikv_status check_tier_call(const ikv_pool *pool, void *stream, const char *fn) {
+    const ikv_status st = check_host_tier(pool, fn);
+    return st != IKV_OK ? st : pool->store->check_move_stream(stream, fn);
 }
 
 ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t end, bool to_host, void *stream,

@@ -40,6 +40,8 @@ public:
     SlabAllocator &operator=(const SlabAllocator &) = delete;
 
     ikv_status alloc(ikv_format f, uint8_t **page);
+    // Whether alloc(f) would find a free page without adding a slab.
+    bool has_free(ikv_format f) const { return !with_free_[f].empty(); }
     void release(ikv_format f, uint8_t *page);
     // Slab memory held, live pages or free.
     uint64_t reserved_bytes() const { return reserved_; }

@@ -25,17 +25,20 @@ namespace {
 
 constexpr const char *kStepFn = "ikv_pool_tier_step";
 
-// A page a step wants in device memory: its sequence, its record and the
-// order of want (plan pages first, prefetch hints after).
+// A page a step wants in device memory: its sequence, its record, whether
+// it may move, and whether it is only a prefetch hint (not read now).
 struct Wanted {
     Seq *seq;
     PageRec *rec;
     bool movable;  // alone in its sequence and complete (the move rules)
+    bool hint;
 };
 
-// Mark the pages of one sequence a step reads and list those on the host.
-// plan == nullptr: every page.
-void mark_seq_locked(ikv_pool *pool, Seq &seq, const ikv_plan *plan, std::vector<Wanted> &on_host) {
+// Mark pages of one sequence as used now and list those on the host:
+// hints == false: the pages the step reads (plan == nullptr: every page);
+// hints == true: the plan's prefetch hints. A page marked already this step
+// is not listed again.
+void mark_seq_locked(ikv_pool *pool, Seq &seq, const ikv_plan *plan, bool hints, std::vector<Wanted> &on_host) {
     const uint64_t now = pool->tier_clock;
     const uint32_t complete = complete_pages(pool, seq);
     const uint32_t n_pages = uint32_t(seq.pages.size());
@@ -44,19 +47,20 @@ void mark_seq_locked(ikv_pool *pool, Seq &seq, const ikv_plan *plan, std::vector
         PageRec *rec = seq.pages[p];
         if (rec == nullptr || rec->last_used == now) return;  // evicted, or already marked this step
         rec->last_used = now;
-        if (rec->on_host) on_host.push_back(Wanted{&seq, rec, rec->refs == 1 && p < complete});
+        if (rec->on_host) on_host.push_back(Wanted{&seq, rec, rec->refs == 1 && p < complete, hints});
     };
-    if (plan == nullptr) {
-        for (uint32_t p = 0; p < n_pages; ++p) mark(p);
-        return;
-    }
-    const ikv_plan_page *pages = nullptr;
     size_t n = 0;
-    ikv_plan_pages(plan, &pages, &n);
-    for (size_t i = 0; i < n; ++i) mark(pages[i].page);
-    const uint32_t *hints = nullptr;
-    ikv_plan_prefetch(plan, &hints, &n);
-    for (size_t i = 0; i < n; ++i) mark(hints[i]);
+    if (hints) {
+        const uint32_t *pages = nullptr;
+        if (plan != nullptr) ikv_plan_prefetch(plan, &pages, &n);
+        for (size_t i = 0; i < n; ++i) mark(pages[i]);
+    } else if (plan == nullptr) {
+        for (uint32_t p = 0; p < n_pages; ++p) mark(p);
+    } else {
+        const ikv_plan_page *pages = nullptr;
+        ikv_plan_pages(plan, &pages, &n);
+        for (size_t i = 0; i < n; ++i) mark(pages[i].page);
+    }
 }
 
 // Device pages of every sequence that this step does not read (the move
@@ -97,7 +101,7 @@ uint64_t share_of(uint64_t capacity, double share) { return uint64_t(double(capa
 }  // namespace
 
 ikv_status pool_set_tier_policy(ikv_pool *pool, const TierPolicy &policy) {
-    const ikv_status st = check_tier_call(pool, nullptr, "ikv_pool_set_tier_policy");
+    const ikv_status st = check_host_tier(pool, "ikv_pool_set_tier_policy");
     if (st != IKV_OK) return st;
     std::lock_guard<std::mutex> lock(pool->state_mu);
     pool->tier_policy = policy;
@@ -135,21 +139,30 @@ ikv_status pool_tier_step(ikv_pool *pool, const ikv_seq_id *ids, const ikv_plan 
     std::vector<Wanted> on_host;
     std::vector<TierMove> offloads, fetches;
     uint64_t offload_bytes = 0, fetch_bytes = 0;
-    uint32_t stays = 0;
+    uint32_t stays = 0, fetched_read = 0;
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
         ++pool->tier_clock;
-        for (uint32_t i = 0; i < n_seqs; ++i)
-            mark_seq_locked(pool, *named[i], plans != nullptr ? plans[i] : nullptr, on_host);
-        uint64_t need = 0;
+        // Every sequence's pages first, then every sequence's hints: plan
+        // pages come before prefetch hints in the fetch order.
+        for (bool hints : {false, true})
+            for (uint32_t i = 0; i < n_seqs; ++i)
+                mark_seq_locked(pool, *named[i], plans != nullptr ? plans[i] : nullptr, hints, on_host);
+        uint64_t need = 0, need_read = 0;  // bytes to fetch: all marked, and those the step reads
         if (policy.prefetch)
             for (const Wanted &w : on_host)
-                if (w.movable) need += pool->page_bytes[w.rec->format];
+                if (w.movable) {
+                    need += pool->page_bytes[w.rec->format];
+                    if (!w.hint) need_read += pool->page_bytes[w.rec->format];
+                }
         const uint64_t cap = pool->config.capacity_bytes;
         const uint64_t high = share_of(cap, policy.device_high), low = share_of(cap, policy.device_low);
         if (pool->used_bytes + need > high) {
+            // Idle pages go down to the low watermark; recently used ones only
+            // as far as the pages this step reads need room below the high one.
             const uint64_t after = pool->used_bytes + need;
-            offloads = choose_offloads_locked(pool, all, after - std::min(low, after), after - high,
+            offloads = choose_offloads_locked(pool, all, after - std::min(low, after),
+                                              std::min(after - high, need_read),
                                               pool->config.host_capacity_bytes - pool->host_used_bytes);
             st = tier_moves_prepare_locked(pool, offloads, true, &offload_bytes, kStepFn);
             if (st != IKV_OK) return st;
@@ -169,13 +182,15 @@ ikv_status pool_tier_step(ikv_pool *pool, const ikv_seq_id *ids, const ikv_plan 
             if (!w.movable || b > room) continue;
             room -= b;
             fetches.push_back(TierMove{w.seq, w.rec, nullptr});
+            fetched_read += w.hint ? 0 : 1;
         }
         st = tier_moves_prepare_locked(pool, fetches, false, &fetch_bytes, kStepFn);
         if (st != IKV_OK) return st;
     }
     st = tier_moves_finish(pool, fetches, false, fetch_bytes, stream);
     if (st != IKV_OK) return st;
-    stays = uint32_t(on_host.size() - fetches.size());
+    for (const Wanted &w : on_host) stays += w.hint ? 0 : 1;  // the step's own pages left on the host
+    stays -= fetched_read;
     if (report != nullptr) {
         ikv_tier_step_report r{};
         r.struct_size = sizeof r;
