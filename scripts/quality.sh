@@ -20,7 +20,7 @@ args=("$@")
 [ $# -eq 0 ] && args=(--plot bench/quality/recall_vs_budget.png)
 # One BLAS thread: the MiniLM forward pass is small, and waiting BLAS threads slowed it
 # up to 13x on a busy 2-core machine (the figures do not depend on it).
-OPENBLAS_NUM_THREADS=1 INTENTKV_LIB="$PWD/${BUILD_DIR:-build-quality}/libintentkv.so" python3 bench/quality/run_quality.py "${args[@]}"
-if [ $# -eq 0 ]; then
+if [ $# -eq 0 ]; then  # first, so that the output still ends with the quality: lines
   OPENBLAS_NUM_THREADS=1 INTENTKV_LIB="$PWD/${BUILD_DIR:-build-quality}/libintentkv.so" python3 bench/quality/equal_bytes.py
 fi
+OPENBLAS_NUM_THREADS=1 INTENTKV_LIB="$PWD/${BUILD_DIR:-build-quality}/libintentkv.so" python3 bench/quality/run_quality.py "${args[@]}"

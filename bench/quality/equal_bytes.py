@@ -70,7 +70,7 @@ def main(argv=None):
                 print("%-14s %6.4f %7.4f %8.4f %16s %15s %10s" % (
                     method, share, s["bytes"], s["recall_mean"], "-" if same is None else "%.4f" % same,
                     "-" if need is None else "%.4f" % need, "-" if need is None else "%.3f" % (s["bytes"] / need)))
-                print("quality: data=%s method=%s budget=%g recall_mean=%.4f bytes=%.4f fixed_recall_same_bytes=%s "
+                print("equal-bytes: data=%s method=%s budget=%g recall_mean=%.4f bytes=%.4f fixed_recall_same_bytes=%s "
                       "fixed_bytes_same_recall=%s" % (name, method, share, s["recall_mean"], s["bytes"],
                                                      "-" if same is None else "%.4f" % same,
                                                      "-" if need is None else "%.4f" % need))
