@@ -642,6 +642,7 @@ static void test_formats_and_head_dims(void **state) {
         }
 }
 
+/* GQA groups and page sizes; then more kv-heads than one by-page kernel call takes. */
 static void test_gqa_groups_and_page_sizes(void **state) {
     (void)state;
     const uint32_t groups[] = {1, 2, 4, 8}, pages[] = {16, 64};
@@ -658,6 +659,19 @@ static void test_gqa_groups_and_page_sizes(void **state) {
             c.seed = 300 + g * 2 + p;
             run_step(&c);
         }
+    /* More kv-heads than one by-page call of the kernel takes (16): a
+     * sequence's heads run in two calls, every format, dense and a plan. */
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) {
+        step_cfg c = base_cfg();
+        c.H = 18;
+        c.group = 1 + (uint32_t)(f % 2);
+        c.length = 700;
+        c.fmt = (ikv_format)f;
+        c.ranges = (f & 1) ? ranges : NULL;
+        c.n_ranges = 4;
+        c.seed = 330 + (uint64_t)f;
+        run_step(&c);
+    }
 }
 
 static void test_partial_plans_and_evicted(void **state) {
