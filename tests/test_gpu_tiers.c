@@ -401,7 +401,7 @@ static void test_tier_policy_session(void **state) {
         assert_memory_equal(out, ref, sizeof out);
         assert_true(ikvt_pool_stats(pb).host_page_reads == reads + host_before);
 
-        /* a refused step changes nothing (not even the step count) */
+        /* a refused step (bad plan, unknown sequence, capturing stream) changes nothing, not even the step count */
         ikv_plan *odd = NULL;
         static const ikv_token_range r8[] = {{0, 8}};
         IKVT_OK(ikv_plan_from_ranges(r8, 1, 64, 8, IKV_FMT_F16, &odd));
@@ -410,6 +410,13 @@ static void test_tier_policy_session(void **state) {
         IKVT_EXPECT_STATUS(ikv_pool_tier_step(pb, sb, mixed, B, stream, NULL), IKV_E_INVALID, "page_size");
         const ikv_seq_id missing[1] = {999};
         IKVT_EXPECT_STATUS(ikv_pool_tier_step(pb, missing, NULL, 1, stream, NULL), IKV_E_NOT_FOUND, "999");
+        void *cs = NULL, *graph = NULL; /* a stream capturing a graph */
+        assert_int_equal(ikvt_rt.stream_create_(&cs), 0);
+        assert_int_equal(ikvt_rt.begin_capture_(cs, IKVT_CAPTURE_RELAXED), 0);
+        IKVT_EXPECT_STATUS(ikv_pool_tier_step(pb, sb, cplans, B, cs, NULL), IKV_E_INVALID, "capturing");
+        assert_int_equal(ikvt_rt.end_capture_(cs, &graph), 0);
+        if (graph) ikvt_rt.graph_destroy_(graph);
+        assert_int_equal(ikvt_rt.stream_destroy_(cs), 0);
         assert_int_equal(ikvt_rt.sync_(), 0);
         st = ikvt_pool_stats(pb);
         assert_memory_equal(&pre, &st, sizeof pre);
