@@ -566,6 +566,8 @@ typedef struct ikv_pool_stats {
                                                    call (read over the bus: the stalls the tier policy avoids; with
                                                    query-aware top-k, host-tier candidates, which it may read;
                                                    counted when a call is made or captured, not at graph replay) */
+    uint64_t host_reserved_bytes;             /**< pinned host slab memory the host tier holds, >= host_used_bytes
+                                                   (kept while the pool lives: see host_capacity_bytes) */
 } ikv_pool_stats;
 
 /** Errors: IKV_E_NULL, IKV_E_INVALID (struct_size). */

@@ -482,6 +482,7 @@ public:
     }
 
     uint64_t reserved_bytes() const override { return slabs_.reserved_bytes(); }
+    uint64_t host_reserved_bytes() const override { return host_slabs_ ? host_slabs_->reserved_bytes() : 0; }
 
 private:
     static constexpr uint64_t kStageChunkBytes = 8ull << 20;

@@ -89,7 +89,12 @@ public:
             Batch &b = batches_[i];
             const cudaError_t st = wait ? cudaEventSynchronize(b.done) : cudaEventQuery(b.done);
             if (st == cudaErrorNotReady) {
-                batches_[kept++] = std::move(b);
+                // Never move a batch onto itself: a self-move-assigned vector is
+                // left empty (libstdc++), and its pages were then never released
+                // (both tiers' slabs grew at every step whose copies were still
+                // running when the next allocation looked: bench/RESULTS.md 9b).
+                if (kept != i) batches_[kept] = std::move(b);
+                ++kept;
                 continue;
             }
             if (st != cudaSuccess) cudaGetLastError();  // a failed copy: its device is lost anyway

@@ -184,6 +184,8 @@ public:
     }
     // Memory held for pages (slabs), live or free.
     virtual uint64_t reserved_bytes() const = 0;
+    // Slab memory of the host tier (CUDA pools with one; else 0).
+    virtual uint64_t host_reserved_bytes() const { return 0; }
 };
 
 // Host store: pages from mimalloc slabs. Fails only with IKV_E_NOMEM.

@@ -108,6 +108,7 @@ void pool_stats(const ikv_pool *pool, ikv_pool_stats *out) {
     out->bytes_offloaded = pool->bytes_offloaded;
     out->bytes_fetched = pool->bytes_fetched;
     out->host_page_reads = pool->host_page_reads.load(std::memory_order_relaxed);
+    out->host_reserved_bytes = pool->store->host_reserved_bytes();
 }
 
 ikv_status seq_create(ikv_pool *pool, ikv_seq_id *id_out) {
