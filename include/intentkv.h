@@ -932,13 +932,27 @@ typedef struct ikv_decoder ikv_decoder;
  *
  * The engine tells the memory what a turn asked (ikv_query_memory_remember,
  * per layer, any number of query tokens; their mean is the turn's query) and
- * when the turn ends (ikv_query_memory_end_turn). CPU pools only for now.
+ * when the turn ends (ikv_query_memory_end_turn).
  * Host memory: n_layers * n_q_heads * head_dim * (8 + 4 * max(turns, 1))
  * bytes per sequence. Measured (bench/RESULTS.md section 6): the mean form
  * lowered recall when the attended document returned (it weighs the turn
  * in between most); the turns form raised it.
+ * CUDA pools: from its first ended turn a sequence also has a device copy of
+ * its ended turns (n_layers * n_q_heads * head_dim * 4 * max(turns, 1) bytes
+ * plus 8 per layer, on the pool's device) that the decode's recall kernel
+ * reads: the recall and the scores run on the device, with no host round
+ * trip. end_turn rewrites that copy after waiting for the device (every
+ * stream) to finish the work already enqueued; forget, reset and destroy
+ * free it (cudaFree waits for the device too). A call may pass a memory for
+ * at most 256 sequences (IKV_E_UNSUPPORTED beyond). A decode captured into a
+ * CUDA graph reads the device copies of the sequences that had one at the
+ * capture, at their fixed addresses: replays see the turns ended since, but
+ * a sequence whose first turn ended after the capture is scored without its
+ * memory until the step is captured again, and forgetting a sequence (or
+ * reset, destroy) invalidates graphs that read its copy.
  * Thread-safety: calls that change a memory need exclusive access to it; a
- * decode reads it, so no change may run while a decode that uses it runs.
+ * decode reads it, so no change may run while a decode that uses it runs
+ * (on the host; on CUDA pools end_turn waits for the device itself).
  */
 typedef struct ikv_query_memory ikv_query_memory;
 
@@ -965,7 +979,7 @@ IKV_API ikv_query_memory_config ikv_query_memory_default_config_v2(void);
  * A memory for the sequences of pool (it takes n_layers and head_dim from
  * the pool; it is used only with that pool). The pool must outlive it.
  * Errors: IKV_E_NULL, IKV_E_INVALID (struct_size, n_q_heads, decay, turns),
- * IKV_E_UNSUPPORTED (a CUDA pool), IKV_E_NOMEM.
+ * IKV_E_NOMEM.
  */
 IKV_API ikv_status ikv_query_memory_create(const ikv_pool *pool, const ikv_query_memory_config *config,
                                            ikv_query_memory **out);
@@ -985,7 +999,11 @@ IKV_API ikv_status ikv_query_memory_remember(ikv_query_memory *memory, ikv_seq_i
  * turn's mean query is kept (turns >= 1: in place of the oldest once
  * `turns` are kept) or joins m (turns = 0: m = (mean + decay * W * m) /
  * (1 + decay * W), W = 1 + decay * W); layers without any keep theirs. A
- * sequence with nothing remembered is left as it is. Errors: IKV_E_NULL.
+ * sequence with nothing remembered is left as it is. On a CUDA pool it then
+ * writes the sequence's device copy (see ikv_query_memory). Errors:
+ * IKV_E_NULL; CUDA pools: IKV_E_NOMEM (the device copy could not be
+ * allocated: nothing changed), IKV_E_DEVICE (a device error while waiting
+ * or copying).
  */
 IKV_API ikv_status ikv_query_memory_end_turn(ikv_query_memory *memory, ikv_seq_id seq);
 
@@ -1010,7 +1028,13 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * ema = (1 - rate) * ema + rate * share (ema starts at 0); pages the step did
  * not read keep their ema. This costs one more pass over the keys the step
  * read (no second read of V; not counted by ikv_decoder_last_bytes_read).
- * CPU pools only for now.
+ * CUDA pools: the device measures the shares (fp32 sums; the CPU sums in
+ * double, so the two agree to float rounding) and the decode then waits
+ * for its stream and copies them back to the host, where the averages live:
+ * a decode with feedback synchronizes, and one on a stream capturing a CUDA
+ * graph is refused (IKV_E_INVALID) before anything is enqueued. The prior
+ * (ikv_decode_args.topk_feedback_weight > 0 with query-aware selection)
+ * serves CPU pools only for now (IKV_E_UNSUPPORTED on CUDA pools).
  * Host memory: 4 bytes per page, layer and kv-head of each sequence fed back.
  * Thread-safety: a decode writes it; calls on one feedback object, decodes
  * that pass it included, need the caller's ordering.
@@ -1028,7 +1052,7 @@ IKV_API ikv_page_feedback_config ikv_page_feedback_default_config(void);
 /**
  * Feedback for the sequences of pool (used only with that pool, which must
  * outlive it). Errors: IKV_E_NULL, IKV_E_INVALID (struct_size, rate),
- * IKV_E_UNSUPPORTED (a CUDA pool), IKV_E_NOMEM.
+ * IKV_E_NOMEM.
  */
 IKV_API ikv_status ikv_page_feedback_create(const ikv_pool *pool, const ikv_page_feedback_config *config,
                                             ikv_page_feedback **out);
@@ -1256,12 +1280,15 @@ IKV_API ikv_decode_args ikv_decode_args_default_v2(void);
  * n_query_tokens, dtypes, a plan of another page size, n_query_tokens > length,
  * topk_mode, topk_mass outside (0, 1], topk_min_tokens above a non-zero
  * topk_token_budget, topk_score, a query_memory of another pool or other
- * n_q_heads, a feedback of another pool, topk_feedback_weight),
+ * n_q_heads, a feedback of another pool, topk_feedback_weight; on a CUDA
+ * pool, feedback on a stream that is capturing a graph),
  * IKV_E_UNSUPPORTED (a CUDA pool with query-aware selection: more than 256
- * query heads per kv-head with IKV_TOPK_SCORE_HYBRID, a kv-group's queries
- * larger than the device's shared memory per block, or more candidate pages
- * than its top-k handles), IKV_E_STATE (a captured call that would have to
- * grow the decoder's buffers: see CUDA graphs above), IKV_E_DEVICE.
+ * scored rows per kv-head with IKV_TOPK_SCORE_HYBRID (query heads, twice
+ * with a query memory), a kv-group's queries larger than the device's
+ * shared memory per block, more candidate pages than its top-k handles, a
+ * query memory with more than 256 sequences, or topk_feedback_weight > 0),
+ * IKV_E_STATE (a captured call that would have to grow the decoder's
+ * buffers: see CUDA graphs above), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args);
 

@@ -122,6 +122,20 @@ cudaError_t launch_mt_softmax(const DecodeParams &p, bool bf16, uint32_t bh0, ui
 cudaError_t launch_mt_finalize(const DecodeParams &p, const float *O, const float *m, const float *l,
                                cudaStream_t stream);
 
+// ------------------------------------------------------ attention feedback --
+// After a decode of p (p.lse set: the rows' log-sum-exp it wrote), the
+// softmax share each entry of p.lists received (kernels/attention_feedback.cu),
+// per (sequence, kv-head) bh = b * n_kv_heads + h: counts[bh] entries, entry i's
+// share at shares[bh * stride + i] and its page (pos0 / page_size) at
+// pages[bh * stride + i], in list order. stride >= p.lists.stride.
+struct FeedbackOut {
+    float *shares;
+    uint32_t *pages;
+    uint32_t *counts;
+    uint32_t stride;
+};
+cudaError_t launch_attention_feedback(const DecodeParams &p, const FeedbackOut &o, cudaStream_t stream);
+
 // --------------------------------------------------------- score + top-k --
 constexpr uint32_t kMaxTopkCandidates = 8192;
 
@@ -151,7 +165,31 @@ struct TopkParams {
     float scale;           // the logit scale (scores are of the unscaled query)
     DevPage *out_pages;       // device [n_seqs * n_kv_heads * max_candidates]
     uint32_t *out_counts;     // device [n_seqs * n_kv_heads]
+    // A query memory (ikv_query_memory): mem_rows [n_seqs][n_kv_heads][group][D]
+    // holds each head's recalled query (unscaled) and mem_ok [n_seqs * n_kv_heads]
+    // whether there is one; both written by the recall kernel that
+    // launch_score_topk runs first when given a MemoryRecall. The group's
+    // scores are then taken over 2 * group rows, the recalled ones
+    // mem_offset (= log(decay) / scale) lower; without a memory (or where
+    // mem_ok is 0) they are the current queries' alone.
+    float *mem_rows;
+    uint32_t *mem_ok;
+    float mem_offset;
 };
+
+// The device copies of a query memory for the sequences of one call
+// (src/cuda/cuda_query_memory.cpp writes them). A sequence's block holds
+// uint32 {filled, next} per layer (padded to 16 bytes: mem_block_header_bytes),
+// then fp32 m[layer][slot][n_q_heads][head_dim], as the host memory keeps
+// them: slot (next + slots - 1 - age) % slots holds the turn ended `age`
+// turns before the last. Null block: nothing remembered.
+constexpr uint32_t kMaxMemorySeqs = 256;  // sequences per call with a query memory (kernel argument space)
+struct MemoryRecall {
+    uint32_t n_layers;
+    uint32_t slots;  // max(turns, 1)
+    const uint8_t *blocks[kMaxMemorySeqs];
+};
+constexpr uint64_t mem_block_header_bytes(uint32_t n_layers) { return (uint64_t(n_layers) * 8 + 15) / 16 * 16; }
 
 // Quest upper bound per candidate page and kv-head (max over the group's
 // query heads of sum_d max(q_d*kmin_d, q_d*kmax_d); with p.hybrid the
@@ -165,8 +203,12 @@ struct TopkParams {
 // budgets set (IKV_TOPK_MASS) a kernel between score and select sizes each
 // (seq, kv-head)'s budget from its scores (the header's rule, ties taken in
 // candidate order as on the CPU).
-cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream);
-constexpr uint32_t kMaxHybridGroup = 256;  // query heads per kv-head the hybrid score's shift handles
+// With mem (a query memory), a recall kernel first writes p.mem_rows and
+// p.mem_ok: for each query head the remembered turn whose mean is the most
+// similar (cosine, double) to its query token 0, the newest on equal
+// cosines, as ikv_query_memory::recall does on the host.
+cudaError_t launch_score_topk(const TopkParams &p, const MemoryRecall *mem, cudaStream_t stream);
+constexpr uint32_t kMaxHybridGroup = 256;  // score rows per kv-head (query heads, with a memory twice) the hybrid shift handles
 
 // ------------------------------------------------------ quantize-on-write --
 // Quantize one layer of a page from fp32 rows in device memory: k, v are

@@ -115,6 +115,53 @@ __device__ __forceinline__ void load_slice(const TopkParams &p, const DevPage &p
     }
 }
 
+// A query memory's recall, one block per (kv-head, sequence), a warp per
+// query head of the group: the remembered turn (newest first, an older one
+// only when strictly more similar) whose mean has the largest cosine with
+// the head's query token 0, in double as on the host
+// (query_memory/query_memory.cpp); a zero vector has cosine 0. Writes the
+// recalled rows and mem_ok (0: a null block or nothing kept at this layer;
+// the rows are then zeros).
+constexpr int kRecallWarps = 4;
+__global__ void __launch_bounds__(kRecallWarps * 32) memory_recall_kernel(const TopkParams p, const MemoryRecall m) {
+    const uint32_t head = blockIdx.x, seq = blockIdx.y, Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
+    const uint32_t D = p.shape.head_dim, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint64_t bh = uint64_t(seq) * Hkv + head;
+    pdl_wait();  // q comes from earlier work; mem_rows may still be read by the last step's score kernel
+    pdl_launch_dependents();
+    const uint8_t *block = m.blocks[seq];
+    const uint32_t *hdr = reinterpret_cast<const uint32_t *>(block);
+    const uint32_t filled = block ? hdr[2 * p.layer] : 0, next = block ? hdr[2 * p.layer + 1] : 0;
+    if (threadIdx.x == 0) p.mem_ok[bh] = filled > 0 ? 1u : 0u;
+    const uint64_t row = uint64_t(p.n_q_heads) * D;
+    const float *slots = block ? reinterpret_cast<const float *>(block + mem_block_header_bytes(m.n_layers)) +
+                                     uint64_t(p.layer) * m.slots * row
+                               : nullptr;
+    for (uint32_t g = warp; g < G; g += kRecallWarps) {
+        const uint32_t hq = head * G + g;
+        const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + hq) * D;
+        float *out = p.mem_rows + (bh * G + g) * D;
+        const float *best = nullptr;
+        double best_cos = 0.0;
+        for (uint32_t age = 0; age < filled; ++age) {
+            const float *mm = slots + uint64_t((next + m.slots - 1 - age) % m.slots) * row + uint64_t(hq) * D;
+            double ab = 0.0, aa = 0.0, bb = 0.0;
+            for (uint32_t d = lane; d < D; d += 32) {
+                const double a = load_q(p.q, p.q_dtype, q0 + d), b = mm[d];
+                ab += a * b, aa += a * a, bb += b * b;
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                ab += __shfl_xor_sync(0xFFFFFFFFu, ab, o);
+                aa += __shfl_xor_sync(0xFFFFFFFFu, aa, o);
+                bb += __shfl_xor_sync(0xFFFFFFFFu, bb, o);
+            }
+            const double c = aa > 0.0 && bb > 0.0 ? ab / sqrt(aa * bb) : 0.0;
+            if (best == nullptr || c > best_cos) best = mm, best_cos = c;
+        }
+        for (uint32_t d = lane; d < D; d += 32) out[d] = best ? best[d] : 0.0f;
+    }
+}
+
 // Each block walks page groups blockIdx.x, + gridDim.x, ... of its (kv-head,
 // sequence) and keeps the NEXT group's record loads in flight while it
 // computes the current one (the candidate entry two groups ahead). Why: with
@@ -129,11 +176,13 @@ template <int D, bool kHybrid>
 __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkParams p) {
     using Geo = ScoreGeom<D>;
     constexpr uint32_t kParts = kHybrid ? 3 : 2;
-    extern __shared__ __align__(16) float qs[];  // [G][kParts][D]: q+ then q- (then q) of query token 0 of the group
+    extern __shared__ __align__(16) float qs[];  // [R][kParts][D]: q+ then q- (then q) of each scored row
     const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const uint32_t j = lane % Geo::kLanes;  // the lane's part of its page
     const uint32_t head = blockIdx.y, seq = blockIdx.z;
     const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
+    // Rows: the group's query token 0, then with a query memory each head's recalled query.
+    const uint32_t R = p.mem_rows ? 2 * G : G;
     const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
     const uint32_t in_group = warp * Geo::kPagesPerWarp + lane / Geo::kLanes;  // the lane's page in a group
     pdl_wait();  // q and the candidate lists come from earlier work (kernels/launch_pdl.cuh)
@@ -151,8 +200,11 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
     load_slice<D, kHybrid>(p, entry(grp), cand(grp) < count, head, j, cur);
     DevPage next = entry(grp + gridDim.x);
     const float half = kHybrid ? 0.5f : 1.0f;
-    for (uint32_t e = threadIdx.x; e < G * D; e += blockDim.x) {
-        const float x = load_q(p.q, p.q_dtype, q0 + e) * half;
+    const uint64_t bh = uint64_t(seq) * Hkv + head;
+    // The recalled rows' offset: -inf where the memory has nothing (they never win).
+    const float mem_off = p.mem_rows == nullptr ? 0.0f : p.mem_ok[bh] ? p.mem_offset : -INFINITY;
+    for (uint32_t e = threadIdx.x; e < R * D; e += blockDim.x) {
+        const float x = (e < G * D ? load_q(p.q, p.q_dtype, q0 + e) : p.mem_rows[bh * G * D + (e - G * D)]) * half;
         const uint32_t g = e / D, d = e % D;
         qs[g * kParts * D + d] = fmaxf(x, 0.0f);
         qs[g * kParts * D + D + d] = fminf(x, 0.0f);
@@ -172,7 +224,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
             if (kHybrid) bf16x8_to_f32(cur.md[i], mid + 8 * i);
         }
         float best = -INFINITY;
-        for (uint32_t g = 0; g < G; ++g) {
+        for (uint32_t g = 0; g < R; ++g) {
             const float *qp = qs + g * kParts * D, *qn = qp + D;
             float acc[Geo::kVec];
 #pragma unroll
@@ -198,9 +250,8 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
             float s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
 #pragma unroll
             for (int o = Geo::kLanes / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-            if (kHybrid && c < count && j == 0)
-                p.rows[((uint64_t(seq) * Hkv + head) * G + g) * p.max_candidates + c] = s;
-            best = fmaxf(best, s);
+            if (kHybrid && c < count && j == 0) p.rows[(bh * R + g) * p.max_candidates + c] = s;
+            best = fmaxf(best, g < G ? s : s + mem_off);
         }
         if (!kHybrid && c < count && j == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
         cur = nxt;
@@ -208,20 +259,24 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
 }
 
 // IKV_TOPK_SCORE_HYBRID's shift, one block per (kv-head, sequence): each
-// query head's largest sum over the non-mandatory candidates (a NaN never
-// wins: fmaxf), then score = max_g (rows_g - top_g), as
-// decode/selection.cpp's hybrid_combine computes it on the CPU.
+// row's largest sum over the non-mandatory candidates (a NaN never wins:
+// fmaxf), then score = max_r (rows_r - top_r + offset_r), as
+// decode/selection.cpp's combine_rows computes it on the CPU (offset: 0 for
+// the current queries, mem_offset or -inf for a query memory's rows).
 constexpr int kCombineThreads = 256;
 __global__ void __launch_bounds__(kCombineThreads) hybrid_combine_kernel(const TopkParams p) {
     __shared__ float part[kCombineThreads / 32];
     __shared__ float top[kMaxHybridGroup];
     const uint32_t head = blockIdx.x, seq = blockIdx.y, Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
+    const uint32_t R = p.mem_rows ? 2 * G : G;
     pdl_wait();
     pdl_launch_dependents();
     const uint32_t count = p.candidates.counts[seq];
     const DevPage *cands = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
-    const float *rows = p.rows + (uint64_t(seq) * Hkv + head) * G * p.max_candidates;
-    for (uint32_t g = 0; g < G; ++g) {
+    const uint64_t bh = uint64_t(seq) * Hkv + head;
+    const float *rows = p.rows + bh * R * p.max_candidates;
+    const float mem_off = p.mem_rows == nullptr ? 0.0f : p.mem_ok[bh] ? p.mem_offset : -INFINITY;
+    for (uint32_t g = 0; g < R; ++g) {
         float m = -INFINITY;
         for (uint32_t c = threadIdx.x; c < count; c += blockDim.x)
             if (!(cands[c].flags & IKV_PAGE_MANDATORY)) m = fmaxf(m, rows[uint64_t(g) * p.max_candidates + c]);
@@ -239,8 +294,8 @@ __global__ void __launch_bounds__(kCombineThreads) hybrid_combine_kernel(const T
     for (uint32_t c = threadIdx.x; c < count; c += blockDim.x) {
         float best = -INFINITY;
         if (!(cands[c].flags & IKV_PAGE_MANDATORY))
-            for (uint32_t g = 0; g < G; ++g) {
-                const float s = rows[uint64_t(g) * p.max_candidates + c] - top[g];
+            for (uint32_t g = 0; g < R; ++g) {
+                const float s = rows[uint64_t(g) * p.max_candidates + c] - top[g] + (g < G ? 0.0f : mem_off);
                 if (s > best) best = s;
             }
         scores[c] = best;
@@ -712,7 +767,7 @@ bool select_on_clusters(const TopkParams &p) {
 }
 
 template <int D, bool kHybrid>
-cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
+cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, cudaStream_t stream) {
     // Blocks per (kv-head, sequence): about kScoreBlocks in all, so that a
     // block walks several groups with the next one's loads in flight (B >= 8),
     // but never fewer than one group each (B = 1 keeps every SM busy).
@@ -721,13 +776,19 @@ cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
     const uint32_t heads = p.shape.n_kv_heads * p.n_seqs;
     const uint32_t bx = std::max(1u, std::min(groups, (kScoreBlocks + heads - 1) / heads));
     const dim3 grid(bx, p.shape.n_kv_heads, p.n_seqs);
-    const int qbytes = int(p.n_q_heads / p.shape.n_kv_heads * D * 4 * (kHybrid ? 3 : 2));  // q+, q- (q) of the group
+    const uint32_t rows = p.n_q_heads / p.shape.n_kv_heads * (mem ? 2 : 1);  // the group's queries (+ recalled)
+    const int qbytes = int(rows * D * 4 * (kHybrid ? 3 : 2));  // q+, q- (q) of each row
     if (qbytes > 48 * 1024) {  // very wide groups only
         const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(score_kernel<D, kHybrid>),
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, qbytes);
         if (err != cudaSuccess) return err;
     }
-    cudaError_t err = launch_pdl(score_kernel<D, kHybrid>, grid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
+    cudaError_t err = cudaSuccess;
+    if (mem)
+        err = launch_pdl(memory_recall_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kRecallWarps * 32), size_t(0),
+                         stream, p, *mem);
+    if (err == cudaSuccess)
+        err = launch_pdl(score_kernel<D, kHybrid>, grid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
     if (err == cudaSuccess && kHybrid)
         err = launch_pdl(hybrid_combine_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kCombineThreads), size_t(0),
                          stream, p);
@@ -738,24 +799,26 @@ cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
 }
 
 template <int D>
-cudaError_t launch_score(const TopkParams &p, cudaStream_t stream) {
-    return p.hybrid ? launch_score<D, true>(p, stream) : launch_score<D, false>(p, stream);
+cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, cudaStream_t stream) {
+    return p.hybrid ? launch_score<D, true>(p, mem, stream) : launch_score<D, false>(p, mem, stream);
 }
 
 }  // namespace
 
-cudaError_t launch_score_topk(const TopkParams &p, cudaStream_t stream) {
+cudaError_t launch_score_topk(const TopkParams &p, const MemoryRecall *mem, cudaStream_t stream) {
+    const uint32_t rows = p.n_q_heads / p.shape.n_kv_heads * (mem ? 2 : 1);
     if (p.max_candidates == 0 || p.max_candidates > kMaxTopkCandidates || p.candidates.list_heads != 1 ||
-        (p.hybrid && (p.rows == nullptr || p.n_q_heads / p.shape.n_kv_heads > kMaxHybridGroup)) ||
-        (p.budgets != nullptr && p.weights == nullptr))
+        (p.hybrid && (p.rows == nullptr || rows > kMaxHybridGroup)) ||
+        (p.budgets != nullptr && p.weights == nullptr) ||
+        ((mem != nullptr) != (p.mem_rows != nullptr)) || (mem && (p.mem_ok == nullptr || p.n_seqs > kMaxMemorySeqs)))
         return cudaErrorInvalidValue;
     uint32_t npad = 1;
     while (npad < p.max_candidates) npad <<= 1;
     const uint32_t D = p.shape.head_dim;
-    cudaError_t err = D == 32    ? launch_score<32>(p, stream)
-                      : D == 64  ? launch_score<64>(p, stream)
-                      : D == 128 ? launch_score<128>(p, stream)
-                      : D == 256 ? launch_score<256>(p, stream)
+    cudaError_t err = D == 32    ? launch_score<32>(p, mem, stream)
+                      : D == 64  ? launch_score<64>(p, mem, stream)
+                      : D == 128 ? launch_score<128>(p, mem, stream)
+                      : D == 256 ? launch_score<256>(p, mem, stream)
                                  : cudaErrorInvalidValue;
     if (err != cudaSuccess) return err;
     if (select_on_clusters(p)) {

@@ -163,6 +163,8 @@ typedef struct {
     ikv_dtype q_dtype; /* F32 or F16 (q must then hold f16-representable values) */
     int hybrid;        /* top-k ranks by IKV_TOPK_SCORE_HYBRID */
     int mass;          /* IKV_TOPK_MASS at share 0.8 (topk: the cap; 0 = none) */
+    const ikv_query_memory *mem_cpu, *mem_gpu; /* query memories of the two pools (optional) */
+    ikv_page_feedback *fb_cpu, *fb_gpu;        /* attention feedback of the two pools (optional) */
 } step_cfg;
 
 /* Tolerance (rel. L2 of out vs the CPU decode and vs float64) of a step of T
@@ -228,6 +230,8 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     a.q = qin;
     a.out = out_cpu;
     a.lse = lse_cpu;
+    a.query_memory = cfg.mem_cpu;
+    a.feedback = cfg.fb_cpu;
     IKVT_OK(ikv_decode(dec, cpu, &a));
     /* What each (sequence, kv-head) read on the CPU; the CUDA step must read the same. */
     enum { kMaxRuns = 4096 };
@@ -241,6 +245,8 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     a.q = dq;
     a.out = dout;
     a.lse = dlse;
+    a.query_memory = cfg.mem_gpu;
+    a.feedback = cfg.fb_gpu;
     IKVT_OK(ikv_decode(dec, gpu, &a));
     for (uint32_t i = 0; i < B * HKV; ++i) {
         size_t n = 0;
@@ -291,7 +297,7 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
         for (int variant = 0; variant < 12; ++variant) {
             step_cfg cfg = {variant % 4 == 1 && variant < 8 ? 3u : 1u, NULL, 0,
                             variant < 4 || variant == 8 || variant == 10 ? IKV_DTYPE_F32 : IKV_DTYPE_F16,
-                            variant == 8 || variant == 9 || variant == 11, variant >= 10};
+                            variant == 8 || variant == 9 || variant == 11, variant >= 10, NULL, NULL, NULL, NULL};
             ikv_plan *plan = NULL;
             ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
             if (variant % 4 == 2 || variant == 9 || variant == 11) {
@@ -323,6 +329,272 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
     ikv_decoder_destroy(dec);
 }
 
+/* FNV-1a over every (sequence, kv-head)'s runs of the decoder's last selection. */
+static uint64_t selection_digest(ikv_decoder *dec, uint32_t B) {
+    uint64_t h = 1469598103934665603ull;
+    for (uint32_t i = 0; i < B * HKV; ++i) {
+        ikv_token_range runs[512];
+        size_t n = 0;
+        IKVT_OK(ikv_decoder_last_selection(dec, i / HKV, i % HKV, runs, 512, &n));
+        const unsigned char *b = (const unsigned char *)runs;
+        for (size_t j = 0; j < n * sizeof runs[0]; ++j) h = (h ^ b[j]) * 1099511628211ull;
+        h = (h ^ 0xFF) * 1099511628211ull;
+    }
+    return h;
+}
+
+/* Remembers n_tokens random queries (x amp) of seq at layer in both memories. */
+static void remember_both(ikv_query_memory *mc, ikv_seq_id sc, ikv_query_memory *mg, ikv_seq_id sg, uint32_t layer,
+                          uint32_t n_tokens, float amp, ikvt_rng *rng) {
+    const size_t n = (size_t)n_tokens * HQ * D;
+    float *q = malloc(4 * n);
+    ikvt_fill_normal(rng, q, n, amp);
+    IKVT_OK(ikv_query_memory_remember(mc, sc, layer, q, IKV_DTYPE_F32, n_tokens));
+    IKVT_OK(ikv_query_memory_remember(mg, sg, layer, q, IKV_DTYPE_F32, n_tokens));
+    free(q);
+}
+
+/* A query memory on a CUDA pool: the device recall and scores select exactly
+ * what the CPU pool's decode selects (Quest, hybrid, IKV_TOPK_MASS; both
+ * memory forms; a sequence with an ended turn beside one with only a turn in
+ * progress), across ended turns that wrap the ring and after forget; and the
+ * memory does change the selection. A graph captured with the memory replays
+ * turns ended after the capture as an eager call does. */
+static void test_query_memory_matches_cpu(void **state) {
+    (void)state;
+    const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
+    ikvt_rng rng = {0x3E3};
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    dc.n_threads = 2;
+    ikv_decoder *dec = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    enum { B = 2 };
+    const uint32_t lens[B] = {397, 250};
+    for (size_t fi = 0; fi < 2; ++fi)
+        for (uint32_t turns = 0; turns <= 4; turns += 4) {
+            ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, fmts[fi]), *gpu = make_pool(IKV_BACKEND_CUDA, fmts[fi]);
+            ikv_seq_id sc[B], sg[B];
+            for (int b = 0; b < B; ++b) fill_both(cpu, gpu, &sc[b], &sg[b], lens[b], &rng);
+            ikv_query_memory_config mc = ikv_query_memory_default_config();
+            mc.n_q_heads = HQ;
+            mc.turns = turns;
+            ikv_query_memory *mem_cpu = NULL, *mem_gpu = NULL;
+            IKVT_OK(ikv_query_memory_create(cpu, &mc, &mem_cpu));
+            IKVT_OK(ikv_query_memory_create(gpu, &mc, &mem_gpu));
+            remember_both(mem_cpu, sc[1], mem_gpu, sg[1], 1, 2, 1.0f, &rng); /* a turn in progress only */
+            const size_t n_out = (size_t)B * HQ * D;
+            float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * HQ);
+            int changed = 0;
+            for (int turn = 0; turn < 6; ++turn) { /* six ended turns wrap a ring of four */
+                /* Earlier turns ask louder than the step's query, so their pages win places. */
+                remember_both(mem_cpu, sc[0], mem_gpu, sg[0], 1, 3, 3.0f, &rng);
+                if (turn % 2 == 0) remember_both(mem_cpu, sc[0], mem_gpu, sg[0], 0, 1, 1.0f, &rng);
+                IKVT_OK(ikv_query_memory_end_turn(mem_cpu, sc[0]));
+                IKVT_OK(ikv_query_memory_end_turn(mem_gpu, sg[0]));
+                ikvt_fill_normal(&rng, q, n_out, 1.0f);
+                for (int kind = 0; kind < 3; ++kind) { /* Quest top-k, hybrid top-k, IKV_TOPK_MASS (hybrid) */
+                    step_cfg cfg = {1, NULL, kind == 2 ? 0u : 64u, IKV_DTYPE_F32, kind >= 1, kind == 2, NULL, NULL, NULL, NULL};
+                    const double tol = step_tol(1, IKV_DTYPE_F32);
+                    double e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
+                    if (!(e <= tol)) fail_msg("memory off, kind %d: rel L2 %.3g vs CPU", kind, e);
+                    const uint64_t without = selection_digest(dec, B);
+                    cfg.mem_cpu = mem_cpu;
+                    cfg.mem_gpu = mem_gpu;
+                    e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
+                    if (!(e <= tol))
+                        fail_msg("format %d turns %u turn %d kind %d: rel L2 %.3g vs CPU", (int)fmts[fi], turns, turn,
+                                 kind, e);
+                    changed += selection_digest(dec, B) != without;
+                }
+            }
+            assert_true(changed > 0);
+            /* Forgotten: selected as without a memory. */
+            IKVT_OK(ikv_query_memory_forget(mem_cpu, sc[0]));
+            IKVT_OK(ikv_query_memory_forget(mem_gpu, sg[0]));
+            step_cfg cfg = {1, NULL, 64u, IKV_DTYPE_F32, 1, 0, NULL, NULL, NULL, NULL};
+            (void)decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
+            const uint64_t without = selection_digest(dec, B);
+            cfg.mem_cpu = mem_cpu;
+            cfg.mem_gpu = mem_gpu;
+            (void)decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
+            assert_true(selection_digest(dec, B) == without);
+            free(q), free(out), free(lse);
+            ikv_query_memory_destroy(mem_cpu);
+            ikv_query_memory_destroy(mem_gpu);
+            ikv_pool_destroy(cpu);
+            ikv_pool_destroy(gpu);
+        }
+    ikv_decoder_destroy(dec);
+}
+
+/* Attention feedback on a CUDA pool: after dense, planned, top-k and causal
+ * multi-token steps the averages equal the CPU pool's (every format; within
+ * the step's tolerance: the device sums in fp32 from the lse its path
+ * computed); a capturing stream and the top-k prior are refused and change
+ * nothing. */
+static void test_feedback_matches_cpu(void **state) {
+    (void)state;
+    const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_FP8_E4M3, IKV_FMT_INT8, IKV_FMT_INT4};
+    ikvt_rng rng = {0xFEED};
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    dc.n_threads = 2;
+    ikv_decoder *dec = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    enum { B = 2, T_MAX = 3 };
+    const uint32_t lens[B] = {301, 97};
+    float *q = malloc(4 * (size_t)B * T_MAX * HQ * D), *out = malloc(4 * (size_t)B * T_MAX * HQ * D);
+    float *lse = malloc(4 * (size_t)B * T_MAX * HQ), *mc = malloc(4 * 64), *mg = malloc(4 * 64);
+    for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; ++fi) {
+        ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, fmts[fi]), *gpu = make_pool(IKV_BACKEND_CUDA, fmts[fi]);
+        ikv_seq_id sc[B], sg[B];
+        for (int b = 0; b < B; ++b) fill_both(cpu, gpu, &sc[b], &sg[b], lens[b], &rng);
+        ikv_page_feedback_config fc = ikv_page_feedback_default_config();
+        ikv_page_feedback *fb_cpu = NULL, *fb_gpu = NULL;
+        IKVT_OK(ikv_page_feedback_create(cpu, &fc, &fb_cpu));
+        IKVT_OK(ikv_page_feedback_create(gpu, &fc, &fb_gpu));
+        ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
+        ikv_plan *plan = NULL;
+        IKVT_OK(ikv_plan_from_ranges(ranges, 3, 97, P, fmts[fi], &plan));
+        double tol = 0.0;
+        for (int step = 0; step < 5; ++step) { /* dense, plan, Quest top-k, hybrid top-k, T = 3 dense */
+            const uint32_t T = step == 4 ? 3u : 1u;
+            step_cfg cfg = {T, step == 1 ? plan : NULL, step == 2 || step == 3 ? 64u : 0u, IKV_DTYPE_F32, step == 3,
+                            0, NULL, NULL, fb_cpu, fb_gpu};
+            ikvt_fill_normal(&rng, q, (size_t)B * T * HQ * D, 1.0f);
+            const double e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
+            if (!(e <= step_tol(T, IKV_DTYPE_F32))) fail_msg("format %d step %d: rel L2 %.3g vs CPU", (int)fmts[fi], step, e);
+            if (step_tol(T, IKV_DTYPE_F32) > tol) tol = step_tol(T, IKV_DTYPE_F32);
+        }
+        /* The averages, page by page (a share is exp(logit - lse): its error is the lse's). */
+        for (int b = 0; b < B; ++b)
+            for (uint32_t h = 0; h < HKV; ++h) {
+                uint32_t nc = 0, ng = 0;
+                IKVT_OK(ikv_page_feedback_get(fb_cpu, sc[b], 1, h, mc, 64, &nc));
+                IKVT_OK(ikv_page_feedback_get(fb_gpu, sg[b], 1, h, mg, 64, &ng));
+                assert_int_equal(nc, ng);
+                assert_true(nc > 0 && nc <= 64);
+                for (uint32_t i = 0; i < nc; ++i)
+                    if (!(fabs((double)mg[i] - mc[i]) <= 1e-6 + 10 * tol * fabs((double)mc[i])))
+                        fail_msg("format %d seq %d head %u page %u: feedback %.7g on CUDA, %.7g on the CPU",
+                                 (int)fmts[fi], b, h, i, (double)mg[i], (double)mc[i]);
+            }
+        /* Refused on CUDA: a capturing stream, and the prior of top-k; the averages stay. */
+        uint32_t n0 = 0;
+        IKVT_OK(ikv_page_feedback_get(fb_gpu, sg[0], 1, 0, mg, 64, &n0));
+        void *dq = ikvt_dev_upload(q, 4 * (size_t)B * HQ * D), *dout = ikvt_dev_upload(NULL, 4 * (size_t)B * HQ * D);
+        ikv_decode_args a = ikv_decode_args_default();
+        a.layer = 1;
+        a.n_seqs = B;
+        a.seqs = sg;
+        a.n_q_heads = HQ;
+        a.q = dq;
+        a.out = dout;
+        a.feedback = fb_gpu;
+        a.topk_token_budget = 64;
+        a.topk_feedback_weight = 0.5f;
+        IKVT_EXPECT_STATUS(ikv_decode(dec, gpu, &a), IKV_E_UNSUPPORTED, "topk_feedback_weight");
+        a.topk_feedback_weight = 0.0f;
+        void *stream = NULL, *graph = NULL;
+        assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
+        a.stream = stream;
+        assert_int_equal(ikvt_rt.begin_capture_(stream, IKVT_CAPTURE_RELAXED), 0);
+        const ikv_status st = ikv_decode(dec, gpu, &a);
+        assert_int_equal(ikvt_rt.end_capture_(stream, &graph), 0);
+        IKVT_EXPECT_STATUS(st, IKV_E_INVALID, "capturing");
+        if (graph) ikvt_rt.graph_destroy_(graph);
+        ikvt_rt.stream_destroy_(stream);
+        uint32_t n1 = 0;
+        IKVT_OK(ikv_page_feedback_get(fb_gpu, sg[0], 1, 0, mc, 64, &n1));
+        assert_int_equal(n0, n1);
+        assert_memory_equal(mg, mc, 4 * (size_t)n0);
+        ikvt_rt.free_(dq), ikvt_rt.free_(dout);
+        ikv_plan_destroy(plan);
+        ikv_page_feedback_destroy(fb_cpu);
+        ikv_page_feedback_destroy(fb_gpu);
+        ikv_pool_destroy(cpu);
+        ikv_pool_destroy(gpu);
+    }
+    free(q), free(out), free(lse), free(mc), free(mg);
+    ikv_decoder_destroy(dec);
+}
+
+/* A decode with a query memory captured in a CUDA graph (global mode):
+ * after a turn ends, a replay equals an eager call that sees the new turn. */
+static void test_query_memory_in_graph(void **state) {
+    (void)state;
+    ikvt_rng rng = {0x9A7};
+    ikv_pool *gpu = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16);
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(gpu, &s));
+    {
+        const size_t n = (size_t)397 * HKV * D * L;
+        float *k = malloc(4 * n), *v = malloc(4 * n);
+        ikvt_fill_normal(&rng, k, n, 1.0f);
+        ikvt_fill_normal(&rng, v, n, 1.0f);
+        ikv_append ap = ikv_append_default(gpu, 397);
+        ap.layer = IKV_ALL_LAYERS;
+        ap.k = k;
+        ap.v = v;
+        ap.layer_stride = (int64_t)n / L;
+        IKVT_OK(ikv_pool_append(gpu, s, &ap));
+        free(k), free(v);
+    }
+    ikv_query_memory_config mc = ikv_query_memory_default_config();
+    mc.n_q_heads = HQ;
+    ikv_query_memory *mem = NULL;
+    IKVT_OK(ikv_query_memory_create(gpu, &mc, &mem));
+    float *mq = malloc(4 * (size_t)HQ * D);
+    ikvt_fill_normal(&rng, mq, (size_t)HQ * D, 3.0f);
+    IKVT_OK(ikv_query_memory_remember(mem, s, 1, mq, IKV_DTYPE_F32, 1));
+    IKVT_OK(ikv_query_memory_end_turn(mem, s));
+    const size_t n_out = (size_t)HQ * D;
+    float *q = malloc(4 * n_out), *eager = malloc(4 * n_out), *replay = malloc(4 * n_out);
+    ikvt_fill_normal(&rng, q, n_out, 1.0f);
+    void *dq = ikvt_dev_upload(q, 4 * n_out), *dout = ikvt_dev_upload(NULL, 4 * n_out);
+    void *stream = NULL;
+    assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    ikv_decoder *dec = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    ikv_decode_args a = ikv_decode_args_default();
+    a.layer = 1;
+    a.seqs = &s;
+    a.n_q_heads = HQ;
+    a.q = dq;
+    a.out = dout;
+    a.stream = stream;
+    a.topk_token_budget = 64;
+    a.topk_score = IKV_TOPK_SCORE_HYBRID;
+    a.query_memory = mem;
+    IKVT_OK(ikv_decode(dec, gpu, &a)); /* sizes everything the capture needs */
+    void *graph = NULL, *exec = NULL;
+    assert_int_equal(ikvt_rt.begin_capture_(stream, IKVT_CAPTURE_GLOBAL), 0);
+    const ikv_status st = ikv_decode(dec, gpu, &a);
+    assert_int_equal(ikvt_rt.end_capture_(stream, &graph), 0);
+    IKVT_OK(st);
+    assert_int_equal(ikvt_rt.graph_instantiate_(&exec, graph, 0), 0);
+    /* A new turn that asks something else, then a replay and an eager call. */
+    ikvt_fill_normal(&rng, mq, (size_t)HQ * D, 3.0f);
+    IKVT_OK(ikv_query_memory_remember(mem, s, 1, mq, IKV_DTYPE_F32, 1));
+    IKVT_OK(ikv_query_memory_end_turn(mem, s));
+    assert_int_equal(ikvt_rt.memset_(dout, 0xFF, 4 * n_out), 0);
+    assert_int_equal(ikvt_rt.graph_launch_(exec, stream), 0);
+    assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+    assert_int_equal(ikvt_rt.memcpy_(replay, dout, 4 * n_out, IKVT_D2H), 0);
+    IKVT_OK(ikv_decode(dec, gpu, &a));
+    assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+    assert_int_equal(ikvt_rt.memcpy_(eager, dout, 4 * n_out, IKVT_D2H), 0);
+    assert_memory_equal(eager, replay, 4 * n_out);
+    ikvt_rt.graph_exec_destroy_(exec);
+    ikvt_rt.graph_destroy_(graph);
+    ikv_decoder_destroy(dec);
+    ikv_query_memory_destroy(mem);
+    ikvt_rt.stream_destroy_(stream);
+    ikvt_rt.free_(dq), ikvt_rt.free_(dout);
+    free(q), free(eager), free(replay), free(mq);
+    ikv_pool_destroy(gpu);
+}
+
 /* Chunked prefill: T = 130 query tokens at the end of sequences of 700 and 400
  * tokens, dense and with a plan of partial pages, F16 and INT8 pages: CUDA vs
  * CPU decode and vs float64, on whichever path IKV_CUDA_MULTI_TOKEN selects. */
@@ -345,7 +617,7 @@ static void test_long_multi_token_step(void **state) {
         for (int planned = 0; planned < 2; ++planned) {
             ikv_plan *plan = NULL;
             if (planned) IKVT_OK(ikv_plan_from_ranges(ranges, 3, 400, P, fmts[fi], &plan));
-            step_cfg cfg = {T, plan, 0, IKV_DTYPE_F32, 0, 0};
+            step_cfg cfg = {T, plan, 0, IKV_DTYPE_F32, 0, 0, NULL, NULL, NULL, NULL};
             const size_t per = (size_t)T * HQ * D, n_out = B * per;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * T * HQ);
             ikvt_fill_normal(&rng, q, n_out, 1.0f);
@@ -775,6 +1047,8 @@ int main(void) {
         run_decode_bench();
         return 0;
     }
+    /* IKVT_TEST_FILTER=<pattern>: only the matching tests (e.g. under compute-sanitizer). */
+    if (getenv("IKVT_TEST_FILTER")) cmocka_set_test_filter(getenv("IKVT_TEST_FILTER"));
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_cuda_pool_and_decode_match_cpu),
         cmocka_unit_test(test_long_multi_token_step),
@@ -784,6 +1058,9 @@ int main(void) {
         cmocka_unit_test(test_decode_step_captured_in_cuda_graph),
         cmocka_unit_test(test_capture_modes),
         cmocka_unit_test(test_page_lists_reused_across_layers),
+        cmocka_unit_test(test_query_memory_matches_cpu),
+        cmocka_unit_test(test_query_memory_in_graph),
+        cmocka_unit_test(test_feedback_matches_cpu),
     };
     const int rc = cmocka_run_group_tests_name("cuda_gpu", gpu, NULL, NULL);
     if (rc == 0 && bench && strcmp(bench, "1") == 0) run_decode_bench();

@@ -357,7 +357,7 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                             const uint32_t r = uint32_t(k) % nrot;
                             u.candidates = DevLists{cand.first + size_t(r) * B * n_pages, cand.second + size_t(r) * B,
                                                     n_pages, 1};
-                            CK(ikv::cuda::launch_score_topk(u, 0));
+                            CK(ikv::cuda::launch_score_topk(u, nullptr, 0));
                         };
                         // Split count sized on the budget's pages, as the library does after top-k.
                         ikv::cuda::DecodeParams tp = p;

@@ -442,7 +442,7 @@ void check_topk_case(bool quick, int n_sms, uint32_t D, uint32_t G, uint32_t Hkv
     p.out_pages = to_device(out_init, &allocs);
     std::vector<uint32_t> oc(size_t(B) * s.n_kv_heads);
     p.out_counts = to_device(oc, &allocs);
-    CK(ikv::cuda::launch_score_topk(p, 0));
+    CK(ikv::cuda::launch_score_topk(p, nullptr, 0));
     CK(cudaDeviceSynchronize());
     std::vector<float> dscores(zero_scores.size());
     std::vector<DevPage> dout(out_init.size());
@@ -585,7 +585,7 @@ void check_graph(int n_sms) {
     p.workspace = ws;
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    CK(ikv::cuda::launch_score_topk(t, st));
+    CK(ikv::cuda::launch_score_topk(t, nullptr, st));
     CK(ikv::cuda::launch_decode(p, st));
     CK(cudaStreamSynchronize(st));
     std::vector<float> eager(zeros.size()), replay(zeros.size());
@@ -595,7 +595,7 @@ void check_graph(int n_sms) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    const cudaError_t e1 = ikv::cuda::launch_score_topk(t, st);
+    const cudaError_t e1 = ikv::cuda::launch_score_topk(t, nullptr, st);
     const cudaError_t e2 = ikv::cuda::launch_decode(p, st);
     CK(cudaStreamEndCapture(st, &graph));
     CK(e1);

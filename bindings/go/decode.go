@@ -307,8 +307,10 @@ func (d *Decoder) Close() {
 
 // QueryMemory is an ikv_query_memory: what earlier turns of each sequence
 // asked, so that query-aware selection (DecodeRequest.QueryMemory) keeps
-// what mattered a turn ago. CPU pools only. Changing calls need exclusive
-// access, also against decodes that use the memory. Close it before its pool.
+// what mattered a turn ago. On CUDA pools the recall runs on the device
+// (EndTurn writes a device copy and waits for the device). Changing calls need
+// exclusive access, also against decodes that use the memory. Close it before
+// its pool.
 type QueryMemory struct {
 	raw    *C.ikv_query_memory
 	pool   *Pool // kept reachable: the pool must outlive the memory
@@ -445,9 +447,11 @@ func (m *QueryMemory) Close() {
 
 // PageFeedback is an ikv_page_feedback: the attention mass each page a
 // decode read received (DecodeRequest.Feedback), as an exponential moving
-// average per sequence, layer, kv-head and page. CPU pools only. Calls on
-// one feedback object, decodes that pass it included, need the caller's
-// ordering. Close it before its pool.
+// average per sequence, layer, kv-head and page. On CUDA pools a decode
+// with feedback waits for its stream (the shares come back to the host), and
+// the top-k prior serves CPU pools only. Calls on one feedback object,
+// decodes that pass it included, need the caller's ordering. Close it before
+// its pool.
 type PageFeedback struct {
 	raw  *C.ikv_page_feedback
 	pool *Pool // kept reachable: the pool must outlive the feedback

@@ -31,8 +31,6 @@ IKV_API ikv_status ikv_page_feedback_create(const ikv_pool *pool, const ikv_page
     const ikv_page_feedback_config c = ikv::read_config(*config, ikv_page_feedback_default_config());
     if (!(c.rate > 0.0f && c.rate <= 1.0f))
         return ikv::fail(IKV_E_INVALID, "%s: config->rate %g is outside (0, 1]", fn, (double)c.rate);
-    if (ikv::pool_backend(pool) == IKV_BACKEND_CUDA)
-        return ikv::fail(IKV_E_UNSUPPORTED, "%s: attention feedback serves CPU pools only for now", fn);
     ikv_page_feedback *f = ikv::new_handle<ikv_page_feedback>();
     if (f == nullptr) return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     f->pool = pool;

@@ -67,8 +67,6 @@ IKV_API ikv_status ikv_query_memory_create(const ikv_pool *pool, const ikv_query
     if (c.turns > kMaxTurns)
         return ikv::fail(IKV_E_INVALID, "%s: config->turns %u is above %u (0 = one decayed mean)", fn, c.turns,
                          kMaxTurns);
-    if (ikv::pool_backend(pool) == IKV_BACKEND_CUDA)
-        return ikv::fail(IKV_E_UNSUPPORTED, "%s: query memories serve CPU pools only for now", fn);
     ikv_query_memory *m = ikv::new_handle<ikv_query_memory>();
     if (m == nullptr) return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     m->pool = pool;
@@ -77,6 +75,7 @@ IKV_API ikv_status ikv_query_memory_create(const ikv_pool *pool, const ikv_query
     m->head_dim = shape.head_dim;
     m->decay = c.decay;
     m->turns = c.turns;
+    m->device = ikv::pool_backend(pool) == IKV_BACKEND_CUDA ? ikv::pool_device(pool) : -1;
     *out = m;
     return IKV_OK;
 }
@@ -104,20 +103,20 @@ IKV_API ikv_status ikv_query_memory_remember(ikv_query_memory *memory, ikv_seq_i
 }
 
 IKV_API ikv_status ikv_query_memory_end_turn(ikv_query_memory *memory, ikv_seq_id seq) {
-    IKV_CHECK_NULL(memory, "ikv_query_memory_end_turn");
-    memory->end_turn(seq);
-    return IKV_OK;
+    const char *fn = "ikv_query_memory_end_turn";
+    IKV_CHECK_NULL(memory, fn);
+    return ikv::guarded(fn, [&] { return memory->end_turn_everywhere(seq, fn); });
 }
 
 IKV_API ikv_status ikv_query_memory_forget(ikv_query_memory *memory, ikv_seq_id seq) {
     IKV_CHECK_NULL(memory, "ikv_query_memory_forget");
-    memory->seqs.erase(seq);
+    memory->forget(&seq);
     return IKV_OK;
 }
 
 IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory) {
     IKV_CHECK_NULL(memory, "ikv_query_memory_reset");
-    memory->seqs.clear();
+    memory->forget(nullptr);
     return IKV_OK;
 }
 

@@ -33,4 +33,15 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
 ikv_status cuda_last_selection(const CudaDecoderState *state, uint32_t b, uint32_t h,
                                std::vector<ikv_token_range> &runs);
 
+// Query memories of CUDA pools (ikv_query_memory, src/cuda/cuda_query_memory.cpp):
+// the device copy of one sequence's ended turns that decodes read.
+struct SeqQueryMemory;
+// Allocates seq's device copy when it has none (IKV_E_NOMEM: nothing changed).
+ikv_status cuda_query_memory_reserve(const ikv_query_memory &m, SeqQueryMemory &seq, const char *fn);
+// Writes seq's device copy from its host state, after the device finished
+// the work already enqueued (decodes that may read the copy).
+ikv_status cuda_query_memory_upload(const ikv_query_memory &m, SeqQueryMemory &seq, const char *fn);
+// Frees seq's device copy (cudaFree waits for the device first).
+void cuda_query_memory_free(const ikv_query_memory &m, SeqQueryMemory &seq);
+
 }  // namespace ikv

@@ -40,6 +40,8 @@
 #include "decode/selection.hpp"
 #include "ikv_kernels.h"
 #include "pool/pool_view.hpp"
+#include "feedback/page_feedback.hpp"
+#include "query_memory/query_memory.hpp"
 
 namespace ikv {
 
@@ -85,6 +87,9 @@ struct CudaDecoderState {
     uint32_t sel_stride = 0, sel_heads = 0;
     cudaStream_t sel_stream = nullptr;
     cuda::MultiTokenGemm *gemm = nullptr;  // cuBLASLt state of the multi-token path, created on first use
+    // Attention feedback copied back: per (sequence, kv-head) entry counts, shares and pages.
+    dvec<uint32_t> fb_counts, fb_pages, fb_run_pages;
+    dvec<float> fb_shares, fb_run_shares;
 };
 
 void cuda_decoder_state_destroy(CudaDecoderState *s) {
@@ -318,6 +323,40 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     return IKV_OK;
 }
 
+// Attention feedback (ikv_page_feedback) of the decode just enqueued: the
+// device measures each read entry's share (kernels/attention_feedback.cu),
+// the host waits for the stream, copies the shares back and adds them per
+// (sequence, kv-head) page to the feedback's averages, a page's entries
+// summed as on the CPU (decode/cpu_decode.cpp feed_back).
+ikv_status feed_back(CudaDecoderState &s, const ikv_decode_args &a, const cuda::DecodeParams &p, uint8_t *dev,
+                     cudaStream_t stream) {
+    const uint32_t Hkv = p.shape.n_kv_heads, BH = a.n_seqs * Hkv, stride = p.lists.stride;
+    const uint64_t n = uint64_t(BH) * stride;  // the workspace's shares | pages | counts (cuda_decode sizes it)
+    cuda::FeedbackOut o{reinterpret_cast<float *>(dev), reinterpret_cast<uint32_t *>(dev + align256(4 * n)),
+                        reinterpret_cast<uint32_t *>(dev + 2 * align256(4 * n)), stride};
+    cudaError_t err = cuda::launch_attention_feedback(p, o, stream);
+    if (err != cudaSuccess) return cuda_fail(err, kFn, "the attention feedback kernel");
+    err = cudaMemcpyAsync(s.fb_counts.data(), o.counts, 4ull * BH, cudaMemcpyDeviceToHost, stream);
+    if (err == cudaSuccess) err = cudaMemcpyAsync(s.fb_shares.data(), o.shares, 4 * n, cudaMemcpyDeviceToHost, stream);
+    if (err == cudaSuccess) err = cudaMemcpyAsync(s.fb_pages.data(), o.pages, 4 * n, cudaMemcpyDeviceToHost, stream);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess) return cuda_fail(err, kFn, "copying the attention feedback back");
+    for (uint32_t bh = 0; bh < BH; ++bh) {
+        uint32_t runs = 0;
+        for (uint32_t i = 0; i < s.fb_counts[bh]; ++i) {
+            const uint32_t page = s.fb_pages[uint64_t(bh) * stride + i];
+            const float share = s.fb_shares[uint64_t(bh) * stride + i];
+            if (runs > 0 && s.fb_run_pages[runs - 1] == page)
+                s.fb_run_shares[runs - 1] += share;
+            else
+                s.fb_run_pages[runs] = page, s.fb_run_shares[runs++] = share;
+        }
+        a.feedback->add_step(a.seqs[bh / Hkv], a.layer, bh % Hkv, s.fb_run_pages.data(), s.fb_run_shares.data(),
+                             runs);
+    }
+    return IKV_OK;
+}
+
 }  // namespace
 
 ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, StepLists &lists,
@@ -335,22 +374,38 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     ikv_status st = ensure_state(state, device);
     if (st != IKV_OK) return st;
     CudaDecoderState &s = **state;
+    // A query memory joins query-aware selection only (as on the CPU).
+    const ikv_query_memory *memory = topk_enabled(a) ? a.query_memory : nullptr;
     if (topk_enabled(a)) {  // what the scoring kernels can take (checked before any device work)
         const uint32_t G = a.n_q_heads / Hkv, parts = a.topk_score == IKV_TOPK_SCORE_HYBRID ? 3 : 2;
-        const uint64_t qbytes = uint64_t(G) * D * 4 * parts;
-        if (parts == 3 && G > cuda::kMaxHybridGroup)
-            return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_HYBRID on a CUDA pool handles at most %u query heads "
-                        "per kv-head, the call has %u", kFn, cuda::kMaxHybridGroup, G);
+        const uint32_t rows = memory ? 2 * G : G;  // a memory's recalled queries are scored as more rows
+        const uint64_t qbytes = uint64_t(rows) * D * 4 * parts;
+        if (parts == 3 && rows > cuda::kMaxHybridGroup)
+            return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_HYBRID on a CUDA pool handles at most %u scored rows "
+                        "per kv-head (query heads, twice with a query memory), the call has %u", kFn,
+                        cuda::kMaxHybridGroup, rows);
         if (qbytes > uint64_t(s.max_smem_optin))
             return fail(IKV_E_UNSUPPORTED, "%s: query-aware selection on a CUDA pool stages the kv-group's queries in "
-                        "shared memory: %u query heads per kv-head at head_dim %u need %llu bytes, the device has %d",
-                        kFn, G, D, (unsigned long long)qbytes, s.max_smem_optin);
+                        "shared memory: %u rows per kv-head at head_dim %u need %llu bytes, the device has %d",
+                        kFn, rows, D, (unsigned long long)qbytes, s.max_smem_optin);
+        if (memory && B > cuda::kMaxMemorySeqs)
+            return fail(IKV_E_UNSUPPORTED, "%s: a query memory on a CUDA pool serves at most %u sequences per call, "
+                        "the call has %u", kFn, cuda::kMaxMemorySeqs, B);
     }
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     cudaError_t err = cudaStreamIsCapturing(stream, &cap);
     if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaStreamIsCapturing");
     const bool capturing = cap != cudaStreamCaptureStatusNone;
+    if (a.feedback != nullptr) {
+        if (topk_enabled(a) && a.topk_feedback_weight > 0.0f)
+            return fail(IKV_E_UNSUPPORTED, "%s: the feedback prior of query-aware selection (topk_feedback_weight) "
+                        "serves CPU pools only for now", kFn);
+        if (capturing)
+            return fail(IKV_E_INVALID, "%s: the stream is capturing a CUDA graph, and a decode with attention "
+                        "feedback copies the pages' shares back to the host and waits for them; decode with "
+                        "feedback eagerly", kFn);
+    }
 
     // 1-2. The page lists on the device: the last call's when they are still
     // exact, else built now. A capture reuses them too when they came from an
@@ -423,9 +478,17 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const bool hybrid = topk && a.topk_score == IKV_TOPK_SCORE_HYBRID;
     const uint32_t group = a.n_q_heads / Hkv;
     const uint64_t off_rows = off_selc + (topk ? align256(4ull * B * Hkv) : 0);
-    const uint64_t off_budgets = off_rows + (hybrid ? align256(4ull * B * Hkv * group * stride) : 0);
+    const uint32_t score_rows = memory ? 2 * group : group;
+    const uint64_t off_budgets = off_rows + (hybrid ? align256(4ull * B * Hkv * score_rows * stride) : 0);
     const uint64_t off_weights = off_budgets + (mass ? align256(4ull * B * Hkv) : 0);
-    const uint64_t off_ws = off_weights + (mass ? align256(8ull * B * Hkv * stride) : 0);
+    const uint64_t off_mem_rows = off_weights + (mass ? align256(8ull * B * Hkv * stride) : 0);
+    const uint64_t off_mem_ok = off_mem_rows + (memory ? align256(4ull * B * Hkv * group * D) : 0);
+    // Attention feedback: the rows' lse (when the caller passed none), each entry's share and page, counts.
+    const bool feedback = a.feedback != nullptr;
+    const uint64_t fb_entries = feedback ? uint64_t(B) * Hkv * stride : 0;
+    const uint64_t off_lse = off_mem_ok + (memory ? align256(4ull * B * Hkv) : 0);
+    const uint64_t off_fb = off_lse + (feedback && a.lse == nullptr ? align256(4ull * B * a.n_query_tokens * a.n_q_heads) : 0);
+    const uint64_t off_ws = off_fb + (feedback ? 2 * align256(4 * fb_entries) + align256(4ull * B * Hkv) : 0);
     const uint64_t total = off_ws + align256(gemm ? cuda::multi_token_workspace_bytes(p, max_tokens)
                                                   : cuda::decode_workspace_bytes(p, p.n_splits));
     if (capturing && s.dev_bytes < total) return refuse_growth_in_capture("device workspace", total);
@@ -437,6 +500,24 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const cuda::DevPage *d_pages = reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_pages);
     p.workspace = s.dev + off_ws;
     p.lists = cuda::DevLists{d_pages, d_counts, stride, 1};
+    if (feedback) {
+        if (p.lse == nullptr) p.lse = reinterpret_cast<float *>(s.dev + off_lse);
+        // Everything feedback writes after the kernels is sized now (as on the CPU):
+        // an allocation failure leaves nothing enqueued.
+        try {
+            s.fb_counts.resize(uint64_t(B) * Hkv);
+            s.fb_pages.resize(fb_entries);
+            s.fb_shares.resize(fb_entries);
+            s.fb_run_pages.resize(stride);
+            s.fb_run_shares.resize(stride);
+            for (uint32_t b = 0; b < B; ++b) {
+                const uint32_t pages = ((*lists.snaps)[b].length + P - 1) / P;
+                for (uint32_t h = 0; h < Hkv; ++h) a.feedback->reserve(a.seqs[b], a.layer, h, pages);
+            }
+        } catch (const std::bad_alloc &) {
+            return fail(IKV_E_NOMEM, "%s: out of host memory for the attention feedback", kFn);
+        }
+    }
     uint64_t bytes = sum.bytes;
 
     s.sel_pages = nullptr;  // set below with top-k
@@ -468,7 +549,19 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         t.mass_share = a.topk_mass;
         t.min_tokens = a.topk_min_tokens;
         t.scale = p.scale;
-        err = cuda::launch_score_topk(t, stream);
+        cuda::MemoryRecall recall;  // ~2 KB: filled only with a memory
+        if (memory) {
+            t.mem_rows = reinterpret_cast<float *>(s.dev + off_mem_rows);
+            t.mem_ok = reinterpret_cast<uint32_t *>(s.dev + off_mem_ok);
+            t.mem_offset = std::log(memory->decay) / p.scale;  // scores are of the unscaled query
+            recall.n_layers = memory->n_layers;
+            recall.slots = memory->slots();
+            for (uint32_t b = 0; b < B; ++b) {
+                const auto it = memory->seqs.find(a.seqs[b]);
+                recall.blocks[b] = static_cast<const uint8_t *>(it == memory->seqs.end() ? nullptr : it->second.device);
+            }
+        }
+        err = cuda::launch_score_topk(t, memory ? &recall : nullptr, stream);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the page scoring / top-k kernels");
         p.lists = cuda::DevLists{t.out_pages, t.out_counts, stride, Hkv};
         s.sel_pages = t.out_pages;
@@ -491,6 +584,10 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     } else {
         err = cuda::launch_decode(p, stream);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the decode kernels");
+    }
+    if (feedback) {
+        st = feed_back(s, a, p, s.dev + off_fb, stream);
+        if (st != IKV_OK) return st;
     }
     if (sum.host_pages > 0) pool_count_host_reads(pool, sum.host_pages);
     *bytes_read = bytes;

@@ -1,12 +1,12 @@
 #include "query_memory/query_memory.hpp"
 
+#include "cuda/cuda_backend.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
 namespace {
-
-uint32_t slots_of(const ikv_query_memory &m) { return m.turns > 0 ? m.turns : 1; }
 
 // cos(a, b) in double; 0 when either is zero.
 double cosine(const float *a, const float *b, uint32_t n) {
@@ -26,7 +26,7 @@ void ikv_query_memory::remember(ikv_seq_id seq, uint32_t layer, const float *q, 
     auto it = seqs.find(seq);
     if (it == seqs.end()) {  // first use: built whole aside, then moved in (a bad_alloc leaves nothing behind)
         ikv::SeqQueryMemory fresh;
-        fresh.m.assign(all * slots_of(*this), 0.0f);
+        fresh.m.assign(all * slots(), 0.0f);
         fresh.weight.assign(n_layers, 0.0f);
         fresh.filled.assign(n_layers, 0);
         fresh.next.assign(n_layers, 0);
@@ -94,4 +94,28 @@ bool ikv_query_memory::recall(ikv_seq_id seq, uint32_t layer, uint32_t head0, ui
         std::copy(best, best + D, out + g * D);
     }
     return true;
+}
+
+ikv_query_memory::~ikv_query_memory() { forget(nullptr); }
+
+ikv_status ikv_query_memory::end_turn_everywhere(ikv_seq_id seq, const char *fn) {
+    auto it = seqs.find(seq);
+    if (it == seqs.end()) return IKV_OK;
+    if (device < 0) {
+        end_turn(seq);
+        return IKV_OK;
+    }
+    ikv_status st = ikv::cuda_query_memory_reserve(*this, it->second, fn);
+    if (st != IKV_OK) return st;
+    end_turn(seq);
+    return ikv::cuda_query_memory_upload(*this, it->second, fn);
+}
+
+void ikv_query_memory::forget(const ikv_seq_id *seq) {
+    for (auto &kv : seqs)
+        if (kv.second.device && (seq == nullptr || kv.first == *seq)) ikv::cuda_query_memory_free(*this, kv.second);
+    if (seq)
+        seqs.erase(*seq);
+    else
+        seqs.clear();
 }

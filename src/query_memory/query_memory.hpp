@@ -25,6 +25,11 @@ struct SeqQueryMemory {
     std::vector<uint32_t> next;   // [layers]: the ring slot the next ended turn takes (turns >= 1)
     std::vector<double> turn_sum; // [layers][q_heads][head_dim]: this turn's queries summed
     std::vector<uint32_t> turn_n; // [layers]: query tokens summed this turn
+    // A CUDA pool's memory: the device copy of the ended turns (m and, per
+    // layer, how many are kept and where the next goes) that decodes read,
+    // written at each end_turn (src/cuda/cuda_query_memory.cpp); nullptr
+    // until the sequence's first ended turn.
+    void *device = nullptr;
 };
 
 }  // namespace ikv
@@ -34,7 +39,17 @@ struct ikv_query_memory {
     uint32_t n_layers, n_q_heads, head_dim;
     float decay;
     uint32_t turns;  // 0: the decayed mean; else the turns kept apart
+    int device = -1; // the CUDA pool's device (its sequences have device copies), or -1
     std::unordered_map<ikv_seq_id, ikv::SeqQueryMemory> seqs;
+
+    ~ikv_query_memory();
+    // The ring slots kept per layer: max(turns, 1).
+    uint32_t slots() const { return turns > 0 ? turns : 1; }
+    // Ends seq's turn (end_turn) and, on a CUDA pool, writes its device copy
+    // (allocated first: on IKV_E_NOMEM nothing changed).
+    ikv_status end_turn_everywhere(ikv_seq_id seq, const char *fn);
+    // Forgets seq (all of them: seq == nullptr) with their device copies.
+    void forget(const ikv_seq_id *seq);
 
     // Adds n query tokens (fp32, [t][q_head][head_dim]) to seq's current turn at layer.
     void remember(ikv_seq_id seq, uint32_t layer, const float *q, uint32_t n);

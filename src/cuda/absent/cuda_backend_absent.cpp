@@ -14,4 +14,13 @@ ikv_status cuda_last_selection(const CudaDecoderState *, uint32_t, uint32_t, std
     return fail(IKV_E_NO_DEVICE, "ikv_decoder_last_selection: this build of intentkv has no CUDA backend");
 }
 
+// Without CUDA no pool has a device, so no memory has device copies.
+ikv_status cuda_query_memory_reserve(const ikv_query_memory &, SeqQueryMemory &, const char *fn) {
+    return fail(IKV_E_NO_DEVICE, "%s: this build of intentkv has no CUDA backend", fn);
+}
+ikv_status cuda_query_memory_upload(const ikv_query_memory &, SeqQueryMemory &, const char *fn) {
+    return fail(IKV_E_NO_DEVICE, "%s: this build of intentkv has no CUDA backend", fn);
+}
+void cuda_query_memory_free(const ikv_query_memory &, SeqQueryMemory &) {}
+
 }  // namespace ikv
