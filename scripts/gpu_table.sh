@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# On the GPU machine: the opening table of bench/RESULTS.md (issue 18) in one
+# run. Builds the library with its tests (build-dev, sm_90) unless built,
+# runs tests/bench_gpu_api (intentkv through ikv_decode) and then
+# bench/gpu/peer_table.py (SDPA cuDNN and flash, FlashInfer from build-peer/
+# when scripts/fetch_peer_flashinfer.sh put it there; carry build-peer and
+# build-deps). Writes $OUT/ikv_api.txt, $OUT/peers.log and $OUT/gpu_table.md.
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/device-out}"
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/build-deps/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+if [ ! -x build-dev/tests/bench_gpu_api ]; then
+  cmake -S . -B build-dev -DIKV_ENABLE_CUDA=ON -DIKV_CUDA_ARCHS=90 -DCMAKE_BUILD_TYPE=Release -DIKV_BUILD_BENCH=OFF \
+    -DIKV_BUILD_TESTS=ON -DCMAKE_PREFIX_PATH="$PWD/build-deps" >"$OUT/table_build.log" 2>&1 &&
+    cmake --build build-dev -j"$(nproc)" >>"$OUT/table_build.log" 2>&1 || { tail -20 "$OUT/table_build.log"; exit 1; }
+fi
+./build-dev/tests/bench_gpu_api >"$OUT/ikv_api.txt" 2>&1 || { tail -20 "$OUT/ikv_api.txt"; exit 1; }
+if [ -f build-peer/fi_trim.tar.xz ]; then
+  site="$PWD/build-peer/site"
+  if [ ! -d "$site/flashinfer" ]; then
+    mkdir -p "$site"
+    python3 -m pip install --no-index --no-deps --target "$site" build-peer/*.whl >"$OUT/peer_install.log" 2>&1
+    tar -C "$site" -xJf build-peer/fi_trim.tar.xz
+  fi
+  export PYTHONPATH="$site:${PYTHONPATH:-}" PATH="$site/bin:$PATH"
+  export FLASHINFER_WORKSPACE_BASE="$PWD/build-peer/jit" MAX_JOBS="$(nproc)"
+fi
+python3 bench/gpu/peer_table.py --ours "$OUT/ikv_api.txt" --out "$OUT" >"$OUT/peers.log" 2>&1
+tail -40 "$OUT/peers.log"
