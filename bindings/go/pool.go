@@ -136,6 +136,9 @@ type PoolStats struct {
 	// listed, one per page and call (read over the bus: the stalls the tier
 	// policy avoids; with query-aware top-k, host-tier candidates).
 	HostPageReads uint64
+	// HostReservedBytes is the pinned host slab memory the host tier holds
+	// (>= HostUsedBytes; kept while the pool lives).
+	HostReservedBytes uint64
 }
 
 // Stats is ikv_pool_get_stats.
@@ -152,7 +155,7 @@ func (p *Pool) Stats() (PoolStats, error) {
 		Sequences: uint32(s.n_sequences), TokensTotal: uint64(s.tokens_total),
 		HostUsedBytes: uint64(s.host_used_bytes), HostPages: uint64(s.host_pages),
 		BytesOffloaded: uint64(s.bytes_offloaded), BytesFetched: uint64(s.bytes_fetched),
-		HostPageReads: uint64(s.host_page_reads),
+		HostPageReads: uint64(s.host_page_reads), HostReservedBytes: uint64(s.host_reserved_bytes),
 	}
 	for i := range out.PagesByFormat {
 		out.PagesByFormat[i] = uint64(s.pages_by_format[i])

@@ -420,8 +420,9 @@ func TestTierPolicyOnCPUPool(t *testing.T) {
 	seq := appendTwentyTokens(t, pool)
 	before, err := pool.Stats()
 	must(t, err)
-	if before.HostPageReads != 0 {
-		t.Fatalf("host page reads of a CPU pool: %d", before.HostPageReads)
+	if before.HostPageReads != 0 || before.HostReservedBytes != 0 {
+		t.Fatalf("host page reads / host reserved bytes of a CPU pool: %d / %d", before.HostPageReads,
+			before.HostReservedBytes)
 	}
 	storedK, storedV, err := pool.Read(seq, 1, 0, 20)
 	must(t, err)

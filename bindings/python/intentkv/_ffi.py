@@ -119,7 +119,7 @@ class PoolStats(Structure):
                 ("bytes_by_format", c_uint64 * IKV_FMT_COUNT), ("reserved_bytes", c_uint64),
                 ("staging_bytes", c_uint64), ("n_sequences", c_uint32), ("tokens_total", c_uint64),
                 ("host_used_bytes", c_uint64), ("host_pages", c_uint64), ("bytes_offloaded", c_uint64),
-                ("bytes_fetched", c_uint64), ("host_page_reads", c_uint64)]
+                ("bytes_fetched", c_uint64), ("host_page_reads", c_uint64), ("host_reserved_bytes", c_uint64)]
 
 
 class TierPolicy(Structure):

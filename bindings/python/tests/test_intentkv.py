@@ -375,7 +375,7 @@ class HostTierTest(unittest.TestCase):
             data = array.array("f", [0.01 * i for i in range(2 * 20 * 64)])
             pool.append(seq, data, data)
             before, stored = pool.stats(), [bytes(a) for a in pool.read(seq, 1, 0, 20)]
-            self.assertEqual(before["host_page_reads"], 0)
+            self.assertEqual((before["host_page_reads"], before["host_reserved_bytes"]), (0, 0))
             for kwargs, field in (({"device_high": 1.5}, "device_high"), ({"device_high": -0.25}, "device_high"),
                                   ({"device_high": float("nan")}, "device_high"),
                                   ({"device_high": 0.5, "device_low": 0.75}, "device_low"),
@@ -532,10 +532,12 @@ class StructTest(unittest.TestCase):
             _fields_ = _ffi.QueryMemoryConfig._fields_[:-1]
         qm1 = ctypes.CFUNCTYPE(QueryMemoryConfigV1)(("ikv_query_memory_default_config", _ffi.lib()))()
         self.assertEqual((qm1.struct_size, qm1.n_q_heads, qm1.decay), (12, 0, 0.5))
-        # PoolStats: 144 bytes through tokens_total, then the four host-tier counters (176), then host_page_reads.
+        # PoolStats: 144 bytes through tokens_total, then the four host-tier counters (176), then host_page_reads
+        # and host_reserved_bytes.
         self.assertEqual(_ffi.PoolStats.host_used_bytes.offset, 144)
         self.assertEqual(_ffi.PoolStats.host_page_reads.offset, 176)
-        self.assertEqual(ctypes.sizeof(_ffi.PoolStats), 184)
+        self.assertEqual(_ffi.PoolStats.host_reserved_bytes.offset, 184)
+        self.assertEqual(ctypes.sizeof(_ffi.PoolStats), 192)
         # The tier policy structs have no *_default(): sizes from the header's field lists.
         self.assertEqual(ctypes.sizeof(_ffi.TierPolicy), 4 * 5)
         self.assertEqual(ctypes.sizeof(_ffi.TierStepReport), 4 * 4 + 8)

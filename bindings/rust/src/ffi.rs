@@ -318,6 +318,8 @@ pub struct ikv_pool_stats {
     /// Pages in host memory that decode calls listed, one per page and call (read over the bus: the stalls
     /// the tier policy avoids; with query-aware top-k, host-tier candidates, which it may read).
     pub host_page_reads: u64,
+    /// Pinned host slab memory the host tier holds, >= host_used_bytes (kept while the pool lives).
+    pub host_reserved_bytes: u64,
 }
 
 /// `ikv_pool_tier_step` fetches nothing: the step's pages stay where they are and decodes read host-tier

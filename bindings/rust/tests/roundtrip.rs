@@ -256,7 +256,7 @@ fn tier_policy_and_tier_step_unsupported_on_cpu() {
     let data: Vec<f32> = (0..2 * 20 * 64).map(|i| 0.01 * i as f32).collect();
     pool.append(seq, &data, &data, None, None).unwrap(); // 20 tokens: pages 0, 1 full, page 2 partial
     let before = pool.stats().unwrap();
-    assert_eq!(before.host_page_reads, 0);
+    assert_eq!((before.host_page_reads, before.host_reserved_bytes), (0, 0));
     let stored = pool.seq_read(seq, 1, 0, 20).unwrap();
 
     // The policy's fields are checked before the pool: IKV_E_INVALID naming the field.
@@ -382,7 +382,8 @@ fn struct_sizes_match_the_library() {
     assert_eq!(size_of::<ffi::ikv_pool_config>(), 56);
     assert_eq!(offset(std::ptr::addr_of!(stats).cast(), std::ptr::addr_of!(stats.host_used_bytes)), 144);
     assert_eq!(offset(std::ptr::addr_of!(stats).cast(), std::ptr::addr_of!(stats.host_page_reads)), 176);
-    assert_eq!(size_of::<ffi::ikv_pool_stats>(), 184);
+    assert_eq!(offset(std::ptr::addr_of!(stats).cast(), std::ptr::addr_of!(stats.host_reserved_bytes)), 184);
+    assert_eq!(size_of::<ffi::ikv_pool_stats>(), 192);
     // ikv_query_memory_config: the first layout ends at decay (12), then turns.
     let qm = QueryMemory::default_config();
     assert_eq!(std::ptr::addr_of!(qm.turns) as usize - std::ptr::addr_of!(qm) as usize, 12);
