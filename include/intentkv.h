@@ -939,11 +939,15 @@ typedef struct ikv_decoder ikv_decoder;
  * in between most); the turns form raised it.
  * CUDA pools: from its first ended turn a sequence also has a device copy of
  * its ended turns (n_layers * n_q_heads * head_dim * 4 * max(turns, 1) bytes
- * plus 8 per layer, on the pool's device) that the decode's recall kernel
- * reads: the recall and the scores run on the device, with no host round
- * trip. end_turn rewrites that copy after waiting for the device (every
- * stream) to finish the work already enqueued; forget, reset and destroy
- * free it (cudaFree waits for the device too). A call may pass a memory for
+ * plus 8 per layer rounded up to 16, on the pool's device) that the decode's
+ * recall kernel reads: the recall and the scores run on the device, with no
+ * host round trip. end_turn rewrites that copy after waiting for the device
+ * (every stream) to finish the work already enqueued, and returns once the
+ * copy is on the device; forget, reset and destroy free it (cudaFree waits
+ * for the device too). So none of these may run while any stream of the
+ * device is capturing a graph in global or thread-local mode (the wait would
+ * invalidate that capture), and each is a full device wait: end the turns
+ * of a batch between steps, not inside one. A call may pass a memory for
  * at most 256 sequences (IKV_E_UNSUPPORTED beyond). A decode captured into a
  * CUDA graph reads the device copies of the sequences that had one at the
  * capture, at their fixed addresses: replays see the turns ended since, but
@@ -1003,7 +1007,9 @@ IKV_API ikv_status ikv_query_memory_remember(ikv_query_memory *memory, ikv_seq_i
  * writes the sequence's device copy (see ikv_query_memory). Errors:
  * IKV_E_NULL; CUDA pools: IKV_E_NOMEM (the device copy could not be
  * allocated: nothing changed), IKV_E_DEVICE (a device error while waiting
- * or copying).
+ * or copying: the turn has ended on the host, and a later end_turn of the
+ * sequence writes the device copy again; until then decodes recall what the
+ * copy held before).
  */
 IKV_API ikv_status ikv_query_memory_end_turn(ikv_query_memory *memory, ikv_seq_id seq);
 
@@ -1179,7 +1185,8 @@ typedef enum ikv_topk_score {
  * attentions merge exactly. A query with no key to read (empty selection)
  * gets out = 0 and lse = -INFINITY.
  * CUDA pools: q, out, lse are device pointers; the call enqueues on stream and
- * returns without synchronizing. CPU pools: host pointers, done on return.
+ * returns without synchronizing (except with a feedback: see
+ * ikv_page_feedback). CPU pools: host pointers, done on return.
  * CUDA graphs: a call on a capturing stream is captured whole, in any
  * capture mode (global, thread-local, relaxed). When the decoder's page lists
  * from its last eager call on the same stream are still exact for the call
@@ -1286,7 +1293,8 @@ IKV_API ikv_decode_args ikv_decode_args_default_v2(void);
  * scored rows per kv-head with IKV_TOPK_SCORE_HYBRID (query heads, twice
  * with a query memory), a kv-group's queries larger than the device's
  * shared memory per block, more candidate pages than its top-k handles, a
- * query memory with more than 256 sequences, or topk_feedback_weight > 0),
+ * query memory with more than 256 sequences, or a feedback with
+ * topk_feedback_weight > 0),
  * IKV_E_STATE (a captured call that would have to grow the decoder's
  * buffers: see CUDA graphs above), IKV_E_DEVICE.
  */

@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kRecallWarps * 32) memory_recall_kernel(const 
     pdl_launch_dependents();
     const uint8_t *block = m.blocks[seq];
     const uint32_t *hdr = reinterpret_cast<const uint32_t *>(block);
-    const uint32_t filled = block ? hdr[2 * p.layer] : 0, next = block ? hdr[2 * p.layer + 1] : 0;
+    const uint32_t filled = block ? min(hdr[2 * p.layer], m.slots) : 0, next = block ? hdr[2 * p.layer + 1] % m.slots : 0;
     if (threadIdx.x == 0) p.mem_ok[bh] = filled > 0 ? 1u : 0u;
     const uint64_t row = uint64_t(p.n_q_heads) * D;
     const float *slots = block ? reinterpret_cast<const float *>(block + mem_block_header_bytes(m.n_layers)) +
@@ -147,7 +147,8 @@ __global__ void __launch_bounds__(kRecallWarps * 32) memory_recall_kernel(const 
             const float *mm = slots + uint64_t((next + m.slots - 1 - age) % m.slots) * row + uint64_t(hq) * D;
             double ab = 0.0, aa = 0.0, bb = 0.0;
             for (uint32_t d = lane; d < D; d += 32) {
-                const double a = load_q(p.q, p.q_dtype, q0 + d), b = mm[d];
+                // The query as the CPU path holds it (scaled, in float): the same cosines.
+                const double a = load_q(p.q, p.q_dtype, q0 + d) * p.scale, b = mm[d];
                 ab += a * b, aa += a * a, bb += b * b;
             }
             for (int o = 16; o > 0; o >>= 1) {

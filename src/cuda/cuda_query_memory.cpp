@@ -12,7 +12,6 @@
 #include <cuda_runtime_api.h>
 
 #include <new>
-#include <vector>
 
 #include "cuda/cuda_backend.hpp"
 #include "cuda/cuda_util.hpp"
@@ -31,26 +30,34 @@ uint64_t block_bytes(const ikv_query_memory &m) {
 
 ikv_status cuda_query_memory_reserve(const ikv_query_memory &m, SeqQueryMemory &seq, const char *fn) {
     if (seq.device != nullptr) return IKV_OK;
+    try {
+        seq.device_header.assign(cuda::mem_block_header_bytes(m.n_layers) / sizeof(uint32_t), 0);
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    }
     DeviceGuard g(m.device);
     if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
     void *p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, block_bytes(m));
+    cudaError_t err = cudaMalloc(&p, block_bytes(m));
     if (err != cudaSuccess) {
         cudaGetLastError();
         return fail(IKV_E_NOMEM, "%s: cudaMalloc of the sequence's %llu-byte device query memory failed: %s", fn,
                     (unsigned long long)block_bytes(m), cudaGetErrorString(err));
+    }
+    // Zeros (nothing kept) until the first upload, so that a block whose
+    // upload failed reads as empty, never as garbage counts.
+    err = cudaMemset(p, 0, block_bytes(m));
+    if (err == cudaSuccess) err = cudaDeviceSynchronize();
+    if (err != cudaSuccess) {
+        cudaFree(p);
+        return cuda_fail(err, fn, "clearing the sequence's device query memory");
     }
     seq.device = p;
     return IKV_OK;
 }
 
 ikv_status cuda_query_memory_upload(const ikv_query_memory &m, SeqQueryMemory &seq, const char *fn) {
-    std::vector<uint32_t> header;
-    try {
-        header.assign(cuda::mem_block_header_bytes(m.n_layers) / sizeof(uint32_t), 0);
-    } catch (const std::bad_alloc &) {
-        return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-    }
+    std::vector<uint32_t> &header = seq.device_header;  // sized by cuda_query_memory_reserve
     for (uint32_t l = 0; l < m.n_layers; ++l) {
         // The mean form is one slot, kept once any turn ended (weight > 0).
         header[2 * l] = m.turns > 0 ? seq.filled[l] : (seq.weight[l] > 0.0f ? 1u : 0u);
@@ -67,6 +74,10 @@ ikv_status cuda_query_memory_upload(const ikv_query_memory &m, SeqQueryMemory &s
     if (err == cudaSuccess)
         err = cudaMemcpy(dst + cuda::mem_block_header_bytes(m.n_layers), seq.m.data(), seq.m.size() * sizeof(float),
                          cudaMemcpyHostToDevice);
+    // A copy from pageable memory may return before its data reached the
+    // device, on the legacy stream, which non-blocking streams do not follow:
+    // done only when the device is idle again.
+    if (err == cudaSuccess) err = cudaDeviceSynchronize();
     return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "writing the sequence's device query memory");
 }
 

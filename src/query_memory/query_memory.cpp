@@ -105,6 +105,7 @@ ikv_status ikv_query_memory::end_turn_everywhere(ikv_seq_id seq, const char *fn)
         end_turn(seq);
         return IKV_OK;
     }
+    // Everything that can fail for want of memory comes first: then nothing changed.
     ikv_status st = ikv::cuda_query_memory_reserve(*this, it->second, fn);
     if (st != IKV_OK) return st;
     end_turn(seq);
@@ -112,10 +113,13 @@ ikv_status ikv_query_memory::end_turn_everywhere(ikv_seq_id seq, const char *fn)
 }
 
 void ikv_query_memory::forget(const ikv_seq_id *seq) {
-    for (auto &kv : seqs)
-        if (kv.second.device && (seq == nullptr || kv.first == *seq)) ikv::cuda_query_memory_free(*this, kv.second);
-    if (seq)
-        seqs.erase(*seq);
-    else
-        seqs.clear();
+    if (seq != nullptr) {
+        auto it = seqs.find(*seq);
+        if (it == seqs.end()) return;
+        ikv::cuda_query_memory_free(*this, it->second);
+        seqs.erase(it);
+        return;
+    }
+    for (auto &kv : seqs) ikv::cuda_query_memory_free(*this, kv.second);
+    seqs.clear();
 }

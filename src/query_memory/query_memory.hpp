@@ -30,6 +30,7 @@ struct SeqQueryMemory {
     // written at each end_turn (src/cuda/cuda_query_memory.cpp); nullptr
     // until the sequence's first ended turn.
     void *device = nullptr;
+    std::vector<uint32_t> device_header;  // host scratch of its {filled, next} per layer, sized with it
 };
 
 }  // namespace ikv
