@@ -167,6 +167,15 @@ typedef struct {
     ikv_page_feedback *fb_cpu, *fb_gpu;        /* attention feedback of the two pools (optional) */
 } step_cfg;
 
+/* A decoder with two worker threads (the CPU side of the comparisons). */
+static ikv_decoder *two_thread_decoder(void) {
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    dc.n_threads = 2;
+    ikv_decoder *dec = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    return dec;
+}
+
 /* Tolerance (rel. L2 of out vs the CPU decode and vs float64) of a step of T
  * query tokens on the path IKV_CUDA_MULTI_TOKEN selects: the fused kernel
  * works in fp32 on fp32 queries (1e-4); F16 queries get 2e-3, the bound of
@@ -281,10 +290,7 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
     (void)state;
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_BF16, IKV_FMT_FP8_E4M3, IKV_FMT_INT8, IKV_FMT_INT4};
     ikvt_rng rng = {0xC0DA};
-    ikv_decoder_config dc = ikv_decoder_default_config();
-    dc.n_threads = 2;
-    ikv_decoder *dec = NULL;
-    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    ikv_decoder *dec = two_thread_decoder();
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; ++fi) {
         ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, fmts[fi]), *gpu = make_pool(IKV_BACKEND_CUDA, fmts[fi]);
         enum { B = 2 };
@@ -369,10 +375,7 @@ static void test_query_memory_matches_cpu(void **state) {
     (void)state;
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
     ikvt_rng rng = {0x3E3};
-    ikv_decoder_config dc = ikv_decoder_default_config();
-    dc.n_threads = 2;
-    ikv_decoder *dec = NULL;
-    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    ikv_decoder *dec = two_thread_decoder();
     enum { B = 2 };
     const uint32_t lens[B] = {397, 250};
     for (size_t fi = 0; fi < 2; ++fi)
@@ -441,10 +444,7 @@ static void test_feedback_matches_cpu(void **state) {
     (void)state;
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_FP8_E4M3, IKV_FMT_INT8, IKV_FMT_INT4};
     ikvt_rng rng = {0xFEED};
-    ikv_decoder_config dc = ikv_decoder_default_config();
-    dc.n_threads = 2;
-    ikv_decoder *dec = NULL;
-    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    ikv_decoder *dec = two_thread_decoder();
     enum { B = 2, T_MAX = 3 };
     const uint32_t lens[B] = {301, 97};
     float *q = malloc(4 * (size_t)B * T_MAX * HQ * D), *out = malloc(4 * (size_t)B * T_MAX * HQ * D);
@@ -617,10 +617,7 @@ static void test_long_multi_token_step(void **state) {
     (void)state;
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
     ikvt_rng rng = {0x5EED};
-    ikv_decoder_config dc = ikv_decoder_default_config();
-    dc.n_threads = 2;
-    ikv_decoder *dec = NULL;
-    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    ikv_decoder *dec = two_thread_decoder();
     enum { B = 2, T = 130 };
     const uint32_t lens[B] = {700, 400};
     for (size_t fi = 0; fi < 2; ++fi) {

@@ -52,6 +52,17 @@ typedef struct decode_bufs {
     float *lse;
 } decode_bufs;
 
+/* Device buffers of a step over B sequences with queries q ([B][NQ][D]). */
+static decode_bufs upload_bufs(const float *q) {
+    const size_t n = sizeof(float) * B * NQ * D;
+    return (decode_bufs){ikvt_dev_upload(q, n), ikvt_dev_upload(NULL, n), ikvt_dev_upload(NULL, sizeof(float) * B * NQ)};
+}
+static void free_bufs(decode_bufs *d) {
+    ikvt_rt.free_(d->q);
+    ikvt_rt.free_(d->out);
+    ikvt_rt.free_(d->lse);
+}
+
 /* One step over both sequences at layer 1; returns the output and lse on the host. */
 static void decode_host(ikv_decoder *dec, ikv_pool *pool, const ikv_seq_id *seqs, const ikv_plan *const *plans,
                         int variant, const decode_bufs *d, void *stream, float *out, float *lse) {
@@ -127,8 +138,7 @@ static void test_tiered_pool_equals_all_resident(void **state) {
     IKVT_OK(ikv_decoder_create(&dc, &dec));
     float q[B * NQ * D];
     ikvt_fill_normal(&rng, q, B * NQ * D, 1.5f);
-    decode_bufs d = {ikvt_dev_upload(q, sizeof q), ikvt_dev_upload(NULL, sizeof q),
-                     ikvt_dev_upload(NULL, sizeof(float) * B * NQ)};
+    decode_bufs d = upload_bufs(q);
     void *stream = NULL;
     assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
     static const ikv_token_range r0[] = {{0, 40}, {130, 300}, {480, 520}}, r1[] = {{16, 64}, {150, 200}};
@@ -205,9 +215,7 @@ static void test_tiered_pool_equals_all_resident(void **state) {
     }
     for (uint32_t b = 0; b < B; ++b) ikv_plan_destroy(plans[b]);
     assert_int_equal(ikvt_rt.stream_destroy_(stream), 0);
-    ikvt_rt.free_(d.q);
-    ikvt_rt.free_(d.out);
-    ikvt_rt.free_(d.lse);
+    free_bufs(&d);
     ikv_decoder_destroy(dec);
 }
 
@@ -306,13 +314,10 @@ static void test_moves_in_flight_reuse_memory(void **state) {
     IKVT_OK(ikv_decoder_create(&dc, &dec));
     float q[B * NQ * D];
     ikvt_fill_normal(&rng, q, B * NQ * D, 1.5f);
-    decode_bufs d = {ikvt_dev_upload(q, sizeof q), ikvt_dev_upload(NULL, sizeof q),
-                     ikvt_dev_upload(NULL, sizeof(float) * B * NQ)};
+    decode_bufs d = upload_bufs(q);
     const ikv_seq_id sa[B] = {s, s}, sb[B] = {r, r};
     expect_same(dec, ref, sb, pool, sa, NULL, &d, NULL, "after moving back and forth");
-    ikvt_rt.free_(d.q);
-    ikvt_rt.free_(d.out);
-    ikvt_rt.free_(d.lse);
+    free_bufs(&d);
     ikv_decoder_destroy(dec);
     ikv_pool_destroy(pool);
     ikv_pool_destroy(ref);
@@ -360,8 +365,7 @@ static void test_tier_policy_session(void **state) {
     IKVT_OK(ikv_decoder_create(&dc, &dec));
     float q[B * NQ * D], out[B * NQ * D], lse[B * NQ];
     ikvt_fill_normal(&rng, q, B * NQ * D, 1.5f);
-    decode_bufs d = {ikvt_dev_upload(q, sizeof q), ikvt_dev_upload(NULL, sizeof q),
-                     ikvt_dev_upload(NULL, sizeof(float) * B * NQ)};
+    decode_bufs d = upload_bufs(q);
     void *stream = NULL;
     assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
     /* turn plans: documents A, B, then A again (sequence 1 reads its own) */
@@ -490,9 +494,7 @@ static void test_tier_policy_session(void **state) {
         ikv_pool_destroy(pb);
     }
     assert_int_equal(ikvt_rt.stream_destroy_(stream), 0);
-    ikvt_rt.free_(d.q);
-    ikvt_rt.free_(d.out);
-    ikvt_rt.free_(d.lse);
+    free_bufs(&d);
     ikv_decoder_destroy(dec);
 }
 
