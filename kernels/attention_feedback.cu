@@ -23,6 +23,7 @@
 
 #include "dequant_rows.cuh"
 #include "ikv_kernels.h"
+#include "load_elem.cuh"
 #include "launch_pdl.cuh"
 
 namespace ikv {
@@ -31,12 +32,6 @@ namespace {
 
 constexpr int kFeedbackWarps = 4;
 
-__device__ __forceinline__ float load_query(const void *q, ikv_dtype dt, uint64_t i) {
-    if (dt == IKV_DTYPE_F32) return static_cast<const float *>(q)[i];
-    const uint16_t b = static_cast<const uint16_t *>(q)[i];
-    return dt == IKV_DTYPE_F16 ? __half2float(__ushort_as_half(b)) : __uint_as_float(uint32_t(b) << 16);
-}
-
 // Query element (row r, channel d) of (b, h), scaled: from the staged copy or global memory.
 struct Queries {
     const float *staged;  // [R][D] or nullptr
@@ -44,7 +39,7 @@ struct Queries {
         if (staged) return staged[r * p.shape.head_dim + d];
         const uint32_t G = p.n_q_heads / p.shape.n_kv_heads;
         const uint64_t qi = (uint64_t(b) * p.n_query_tokens + r / G) * p.n_q_heads + h * G + r % G;
-        return load_query(p.q, p.q_dtype, qi * p.shape.head_dim + d) * p.scale;
+        return load_elem(p.q, p.q_dtype, qi * p.shape.head_dim + d) * p.scale;
     }
 };
 

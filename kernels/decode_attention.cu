@@ -53,6 +53,7 @@
 #include "decode_formats.cuh"
 #include "decode_mma.cuh"
 #include "ikv_kernels.h"
+#include "load_elem.cuh"
 #include "launch_pdl.cuh"
 
 namespace ikv {
@@ -128,12 +129,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
-}
-
-__device__ __forceinline__ float load_elem(const void *p, ikv_dtype dt, uint64_t i) {
-    if (dt == IKV_DTYPE_F32) return static_cast<const float *>(p)[i];
-    const uint16_t b = static_cast<const uint16_t *>(p)[i];
-    return dt == IKV_DTYPE_F16 ? __half2float(__ushort_as_half(b)) : bf16_to_f32(b);
 }
 
 // fn(std::integral_constant<int, F>{}) for the page format f: one switch,

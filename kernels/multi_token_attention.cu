@@ -28,6 +28,7 @@
 #include "decode_formats.cuh"
 #include "dequant_rows.cuh"
 #include "ikv_kernels.h"
+#include "load_elem.cuh"
 #include "launch_pdl.cuh"
 
 namespace ikv {
@@ -42,10 +43,6 @@ __device__ __forceinline__ uint16_t to_operand(float x, bool bf16) {
 }
 __device__ __forceinline__ float from_operand(uint16_t b, bool bf16) {
     return bf16 ? __uint_as_float(uint32_t(b) << 16) : __half2float(__ushort_as_half(b));
-}
-__device__ __forceinline__ float load_elem(const void *base, ikv_dtype dt, uint64_t i) {
-    if (dt == IKV_DTYPE_F32) return static_cast<const float *>(base)[i];
-    return from_operand(static_cast<const uint16_t *>(base)[i], dt == IKV_DTYPE_BF16);
 }
 __device__ __forceinline__ void store_elem(void *base, ikv_dtype dt, uint64_t i, float x) {
     if (dt == IKV_DTYPE_F32)

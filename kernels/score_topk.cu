@@ -30,6 +30,7 @@
 
 #include "common/quant.hpp"
 #include "ikv_kernels.h"
+#include "load_elem.cuh"
 #include "launch_pdl.cuh"
 
 namespace ikv {
@@ -42,12 +43,6 @@ constexpr int kSelectThreads = 1024;
 constexpr uint32_t kSelectCluster = 8;          // blocks per (sequence, kv-head) when clustered
 constexpr uint32_t kSelectClusterMaxHeads = 16;  // clustered up to this many (sequence, kv-head) pairs: one block per SM each
 constexpr uint32_t kSelectClusterMinCandidates = 4097;  // ... with more candidates than this (> 64K tokens at page 16)
-
-__device__ __forceinline__ float load_q(const void *p, ikv_dtype dt, uint64_t i) {
-    if (dt == IKV_DTYPE_F32) return static_cast<const float *>(p)[i];
-    const uint16_t b = static_cast<const uint16_t *>(p)[i];
-    return dt == IKV_DTYPE_F16 ? __half2float(__ushort_as_half(b)) : bf16_to_f32(b);
-}
 
 // Eight bf16 (little-endian pairs in four words) to fp32: a shift or a mask each.
 __device__ __forceinline__ void bf16x8_to_f32(uint4 w, float *out) {
@@ -148,7 +143,7 @@ __global__ void __launch_bounds__(kRecallWarps * 32) memory_recall_kernel(const 
             double ab = 0.0, aa = 0.0, bb = 0.0;
             for (uint32_t d = lane; d < D; d += 32) {
                 // The query as the CPU path holds it (scaled, in float): the same cosines.
-                const double a = load_q(p.q, p.q_dtype, q0 + d) * p.scale, b = mm[d];
+                const double a = load_elem(p.q, p.q_dtype, q0 + d) * p.scale, b = mm[d];
                 ab += a * b, aa += a * a, bb += b * b;
             }
             for (int o = 16; o > 0; o >>= 1) {
@@ -205,7 +200,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
     // The recalled rows' offset: -inf where the memory has nothing (they never win).
     const float mem_off = p.mem_rows == nullptr ? 0.0f : p.mem_ok[bh] ? p.mem_offset : -INFINITY;
     for (uint32_t e = threadIdx.x; e < R * D; e += blockDim.x) {
-        const float x = (e < G * D ? load_q(p.q, p.q_dtype, q0 + e) : p.mem_rows[bh * G * D + (e - G * D)]) * half;
+        const float x = (e < G * D ? load_elem(p.q, p.q_dtype, q0 + e) : p.mem_rows[bh * G * D + (e - G * D)]) * half;
         const uint32_t g = e / D, d = e % D;
         qs[g * kParts * D + d] = fmaxf(x, 0.0f);
         qs[g * kParts * D + D + d] = fminf(x, 0.0f);

@@ -369,8 +369,7 @@ static void remember_both(ikv_query_memory *mc, ikv_seq_id sc, ikv_query_memory 
  * what the CPU pool's decode selects (Quest, hybrid, IKV_TOPK_MASS; both
  * memory forms; a sequence with an ended turn beside one with only a turn in
  * progress), across ended turns that wrap the ring and after forget; and the
- * memory does change the selection. A graph captured with the memory replays
- * turns ended after the capture as an eager call does. */
+ * memory does change the selection. */
 static void test_query_memory_matches_cpu(void **state) {
     (void)state;
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};

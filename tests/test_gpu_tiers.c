@@ -31,6 +31,14 @@ static ikv_pool *make_pool(ikv_format f, uint64_t host_capacity, uint64_t capaci
     return pool;
 }
 
+/* Bytes of one page of these pools in format f (asked of a small pool). */
+static uint64_t page_bytes_of(ikv_format f) {
+    ikv_pool *probe = make_pool(f, 0, 1u << 20);
+    const uint64_t page = ikv_pool_page_bytes(probe, f);
+    ikv_pool_destroy(probe);
+    return page;
+}
+
 /* Both pools get the same n tokens (all layers) for sequence a / b. */
 static void append_both(ikv_pool *pa, ikv_seq_id a, ikv_pool *pb, ikv_seq_id b, uint32_t n, ikvt_rng *rng) {
     const size_t elems = (size_t)L * n * H * D;
@@ -223,9 +231,7 @@ static void test_tiered_pool_equals_all_resident(void **state) {
 static void test_moves_without_room_change_nothing(void **state) {
     (void)state;
     ikvt_rng rng = {2300};
-    ikv_pool *probe = make_pool(IKV_FMT_F16, 0, 1u << 20);
-    const uint64_t page = ikv_pool_page_bytes(probe, IKV_FMT_F16);
-    ikv_pool_destroy(probe);
+    const uint64_t page = page_bytes_of(IKV_FMT_F16);
     ikv_pool *pb = make_pool(IKV_FMT_F16, 2 * page, 6 * page), *pa = make_pool(IKV_FMT_F16, 0, 16 * page);
     ikv_seq_id a, b;
     IKVT_OK(ikv_seq_create(pa, &a));
@@ -278,9 +284,7 @@ static void test_moves_without_room_change_nothing(void **state) {
 static void test_moves_in_flight_reuse_memory(void **state) {
     (void)state;
     ikvt_rng rng = {4711};
-    ikv_pool *probe = make_pool(IKV_FMT_F16, 0, 1u << 20);
-    const uint64_t page = ikv_pool_page_bytes(probe, IKV_FMT_F16);
-    ikv_pool_destroy(probe);
+    const uint64_t page = page_bytes_of(IKV_FMT_F16);
     enum { N = 100 };
     ikv_pool *pool = make_pool(IKV_FMT_F16, 128 * page, 128 * page), *ref = make_pool(IKV_FMT_F16, 0, 128 * page);
     ikv_seq_id s, r;
@@ -374,9 +378,7 @@ static void test_tier_policy_session(void **state) {
     static const ikv_token_range turns1[3][2] = {{{0, 48}, {176, 200}}, {{64, 128}, {176, 200}},
                                                  {{0, 48}, {176, 200}}};
     for (int f = 0; f < IKV_FMT_COUNT; ++f) {
-        ikv_pool *probe = make_pool((ikv_format)f, 0, 1u << 20);
-        const uint64_t page = ikv_pool_page_bytes(probe, (ikv_format)f);
-        ikv_pool_destroy(probe);
+        const uint64_t page = page_bytes_of((ikv_format)f);
         ikv_pool *pa = make_pool((ikv_format)f, 0, 64u << 20), *pb = make_pool((ikv_format)f, 64 * page, 36 * page);
         ikv_seq_id sa[B], sb[B];
         for (uint32_t b = 0; b < B; ++b) {
