@@ -653,7 +653,8 @@ IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
  * Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (layer), IKV_E_INVALID
  * (n_tokens, strides, non-finite values, a plan of another page_size,
  * unknown flags, IKV_APPEND_ASYNC with host input on a CUDA pool, a stream
- * that is capturing a CUDA graph), IKV_E_NOMEM (capacity), IKV_E_EVICTED
+ * that is capturing a CUDA graph unless the sequences have room reserved:
+ * ikv_pool_reserve), IKV_E_NOMEM (capacity), IKV_E_EVICTED
  * (the page the tokens land in was evicted), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append *args);
@@ -687,10 +688,69 @@ IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs,
  * V, layer, token, head and channel (the element was stored as 0). The
  * report is then cleared. Engines call it where they synchronize anyway (end
  * of a step) or when debugging. Thread-safe with the pool's other calls.
- * Errors: IKV_E_NULL, IKV_E_INVALID (as above), IKV_E_DEVICE. A CPU pool
- * has nothing pending: IKV_OK.
+ * On a CUDA pool it also brings the host's view of the sequences with
+ * reserved room (ikv_pool_reserve) up to their device lengths: after graph
+ * replays, ikv_seq_length and the other host-side readers count the tokens
+ * the replays appended once this call returned. An append to such a
+ * sequence that would have passed its room wrote nothing (and did not
+ * advance the length): reported here as IKV_E_RANGE naming the sequence and
+ * layer, and a decode (a replay captured before the room was extended) that
+ * found more tokens than its page lists covered as IKV_E_STATE (the
+ * non-finite report takes precedence; each is cleared once reported).
+ * Errors: IKV_E_NULL, IKV_E_INVALID, IKV_E_RANGE, IKV_E_STATE (as above),
+ * IKV_E_DEVICE. A CPU pool has nothing pending: IKV_OK.
  */
 IKV_API ikv_status ikv_pool_sync(ikv_pool *pool);
+
+/**
+ * Room reserved ahead, for an engine that captures its whole decode step,
+ * every layer's append and decode, in one CUDA graph and replays it while
+ * the sequences grow (as serving engines run decode).
+ *
+ * Makes the next n_tokens tokens of every layer of each sequence land in
+ * pages allocated now: pages for positions up to (the longest layer's
+ * length) + n_tokens are allocated in the pool's default format (an
+ * append's args->formats does not apply to them), a shared tail page is
+ * copied now (copy-on-write), and the memory is charged to the pool at once
+ * (ikv_pool_stats counts the pages). Calling it again replaces the room,
+ * measured from the lengths then (pages no token reaches are released);
+ * n_tokens = 0 ends the reservation. Atomic: on error no sequence changed.
+ *
+ * CPU pools: that is all (appends into the room allocate nothing).
+ * CUDA pools: while a sequence has room, the device keeps its stored length
+ * per layer, and its appends (IKV_APPEND_ASYNC with device input, as for any
+ * append from the device) and decodes read it there: the append writes at
+ * the device's length and advances it, and ikv_decode reads each sequence up
+ * to the length its layer has when the kernels run. So such appends and
+ * decodes may run on a stream that is capturing a CUDA graph (any capture
+ * mode), and each replay of the graph appends the next tokens and decodes
+ * over them; eager calls may be mixed with replays. Byte for byte, a replay
+ * stores and outputs what the same calls made eagerly do. The rules while a
+ * CUDA sequence has room:
+ *  - an append carries at most page_size tokens per sequence, lists only
+ *    sequences with room and at most 1024 of them (IKV_E_INVALID otherwise);
+ *    one that would pass the room writes nothing and is reported by
+ *    ikv_pool_sync (IKV_E_RANGE);
+ *  - the host learns the lengths replays reached in ikv_pool_sync (and in
+ *    ikv_pool_reserve, which first takes them); until then ikv_seq_length
+ *    and the reading calls count only eager appends;
+ *  - ikv_seq_fork (of it), ikv_seq_truncate and format changes are refused
+ *    with IKV_E_STATE: end the reservation first (n_tokens = 0);
+ *    ikv_seq_destroy ends it;
+ *  - a decode's list of pages covers the room, so ikv_decoder_last_bytes_read
+ *    and the page-list statistics count the room's pages as listed.
+ * A graph captured before ikv_pool_reserve extended a sequence's room reads
+ * no further than the old room's end: capture the step again after it (a
+ * decode that finds more tokens than its lists cover is reported by
+ * ikv_pool_sync, IKV_E_STATE).
+ * Thread-safety: as ikv_pool_append on each of the sequences; on a CUDA pool
+ * the call waits for the device (the pool's asynchronous work and the
+ * replays already enqueued), so call it outside a capture, for example every
+ * few hundred steps. Errors: IKV_E_NULL (pool, seqs), IKV_E_NOT_FOUND,
+ * IKV_E_INVALID (n_seqs 0, a sequence listed twice), IKV_E_RANGE (a length
+ * beyond 2^32-1), IKV_E_NOMEM (capacity), IKV_E_DEVICE.
+ */
+IKV_API ikv_status ikv_pool_reserve(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs, uint32_t n_tokens);
 
 /**
  * Fork: a new sequence sharing all of parent's pages by reference. Full pages

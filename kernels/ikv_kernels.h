@@ -232,6 +232,28 @@ struct AppendRows {
     int64_t token_stride, head_stride, layer_stride, seq_stride;
 };
 
+// A CUDA store's staging buffer (one per sequence and layer with a partial
+// tail page): K [H][P][D] then V [H][P][D] fp32 rows, then the running folds
+// of the tail page's key summaries, as quantize-on-write computes them
+// (quantize_pages.cu): min [H][D] f32, max [H][D] f32, sum [H][D] f64, and
+// per head the rows they cover [H] u32. An append of F16/BF16 rows continues
+// the folds instead of re-reading every stored key.
+struct StageFold {
+    float *mn, *mx;
+    double *sum;
+    uint32_t *rows;
+};
+IKV_HD uint64_t stage_rows_floats(const PageShape &s) { return 2ull * s.n_kv_heads * s.page_size * s.head_dim; }
+IKV_HD uint64_t stage_buffer_bytes(const PageShape &s) {
+    return stage_rows_floats(s) * 4 + uint64_t(s.n_kv_heads) * s.head_dim * 16 + 4ull * s.n_kv_heads;
+}
+IKV_HD StageFold stage_fold(const PageShape &s, float *stage) {
+    const uint64_t HD = uint64_t(s.n_kv_heads) * s.head_dim;
+    float *base = stage + stage_rows_floats(s);  // 8-byte aligned: head_dim is even
+    double *sum = reinterpret_cast<double *>(base + 2 * HD);
+    return StageFold{base, base + HD, sum, reinterpret_cast<uint32_t *>(sum + HD)};
+}
+
 // One page write of an append: input tokens [token0, token0+rows) of `layer`
 // go to rows [row0, row0+rows) of every head of `stage` (K [H][P][D] then V),
 // then the layer of `page` is quantized from stage rows [0, row0+rows).
@@ -278,6 +300,58 @@ cudaError_t launch_append_jobs(const PageShape &shape, const AppendRows &in, con
 // Jobs without input: each page layer written empty (fresh pages; stage null).
 cudaError_t launch_quantize_jobs(const PageShape &shape, const AppendJob *jobs, JobsIn where, uint32_t n_jobs,
                                  cudaStream_t stream);
+
+// ---------------------------------------------- room reserved ahead ------
+// A sequence's room (ikv_pool_reserve) in device memory, written by the host
+// (src/cuda/cuda_page_store.cpp) while the device is idle and at a fixed
+// address for the room's life, so a graph captured once keeps reading it.
+// Appends (launch_room_append) write at lengths[layer] and advance it;
+// decodes read it (launch_room_clip).
+struct RoomRecord {
+    uint32_t page_first;  // page index of pages[0]
+    uint32_t n_pages;     // pages [page_first, page_first + n_pages) hold positions up to end
+    uint32_t end;         // positions < end have a page
+    uint32_t overrun;     // 0, or 1 + the first layer an append would have passed end at
+    uint32_t stale_read;  // 1: a decode found more tokens than its lists covered
+    uint32_t seq;         // the sequence (ikv_seq_id), for AppendError
+    uint32_t *lengths;        // [n_layers] tokens stored per layer
+    uint8_t *const *pages;    // [n_pages]
+    const uint32_t *formats;  // [n_pages] ikv_format
+    float *const *stages;     // [n_layers] fp32 staging of the layer's tail page
+    uint32_t *tickets;        // [n_layers] zero between appends: an append's blocks count in (quantize_pages.cu)
+};
+
+// One append to sequences with room: n_tokens (<= page_size) tokens per
+// sequence to layers [l0, l0 + n_layers), sequence i's rows numbered from
+// i * n_tokens in `in` (batch numbering). n_seqs <= kMaxRoomSeqs.
+constexpr uint32_t kMaxRoomSeqs = 1024;
+struct RoomAppend {
+    uint32_t n_seqs, l0, n_layers, n_tokens;
+    RoomRecord *const *records;  // host array [n_seqs]: copied into the launches' parameters
+};
+// Stage + quantize at each (sequence, layer)'s device length (the tokens that
+// fit in its page, then, in a second launch when n_tokens > 1, those that
+// spill into the next page); the last launch's blocks advance the lengths. An
+// append that would pass a room's end writes nothing there and sets its overrun.
+cudaError_t launch_room_append(const PageShape &shape, const AppendRows &in, const RoomAppend &a, int only_format,
+                               AppendError *error, cudaStream_t stream);
+
+// A decode's lists for sequences with room: the host listed each room to its
+// end; before every decode (eager or captured) the entries from `first` on are
+// rewritten from their full copies, clipped to the layer's device length, and
+// the sequence's count and length set. One per sequence with room.
+struct RoomTail {
+    RoomRecord *record;
+    uint32_t seq;       // index of the sequence in the call
+    uint32_t first;     // list index of the first entry that may be clipped
+    uint32_t n;         // full entries from `first` (at full + offset)
+    uint32_t offset;
+    uint32_t list_end;  // positions the full list covers (a longer device length: stale_read)
+    uint32_t pad;
+};
+cudaError_t launch_room_clip(const RoomTail *tails, uint32_t n_tails, const DevPage *full, DevPage *pages,
+                             uint32_t stride, uint32_t *counts, uint32_t *seq_len, uint32_t layer,
+                             cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace ikv

@@ -197,7 +197,12 @@ __device__ void quantize_subpage(const PageShape &shape, ikv_format f_any, uint8
         }
         if (n_valid == 0) mn = mx = 0.0f;
         encode_summary(rec, D, d, mn, mx, n_valid == 0 ? 0.0f : float(sum / double(n_valid)));
+        if (k != nullptr && n_valid > 0) {  // k is a staging buffer: keep its folds for the next append
+            const StageFold fold = stage_fold(shape, const_cast<float *>(k));
+            fold.mn[h * D + d] = mn, fold.mx[h * D + d] = mx, fold.sum[h * D + d] = sum;
+        }
     }
+    if (k != nullptr && n_valid > 0 && tid == 0) stage_fold(shape, const_cast<float *>(k)).rows[h] = n_valid;
 }
 
 __global__ void quantize_layer_kernel(PageShape shape, ikv_format f, uint8_t *page, uint32_t layer, const float *k,
@@ -214,11 +219,60 @@ bool flat_grid_ok(uint64_t items, uint32_t H) { return items * H <= 0x7FFFFFFFul
 struct DeviceJobs {
     const AppendJob *p;
     __device__ AppendJob at(uint32_t i) const { return p[i]; }
+    __device__ void done(uint32_t) const {}  // nothing when a block is done (RoomJobs::done)
 };
 struct InlineJobs {
     AppendJob job[kInlineJobs];
     __device__ AppendJob at(uint32_t i) const { return job[i]; }
+    __device__ void done(uint32_t) const {}
 };
+
+// The jobs of an append to sequences with room (RoomAppend), made on the
+// device: job i is (sequence i / n_layers, layer l0 + i % n_layers), written
+// at the length the device holds for it. Phase 0 writes the tokens that fit
+// in the length's page, phase 1 those that spill into the next page. A job
+// with nothing to write (no spill; past the room) has page == nullptr.
+template <uint32_t N>
+struct RoomJobs {
+    uint32_t n_layers, l0, n_tokens, phase, P, H;
+    RoomRecord *rec[N];
+    __device__ AppendJob at(uint32_t i) const {
+        const uint32_t s = i / n_layers, layer = l0 + i % n_layers;
+        const RoomRecord &r = *rec[s];
+        const uint32_t pos = r.lengths[layer];
+        AppendJob j{nullptr, r.stages[layer], layer, s * n_tokens, 0, 0, 0, r.seq};
+        if (uint64_t(pos) + n_tokens > r.end) return j;  // past the room: the advance kernel reports it
+        const uint32_t page = pos / P, off = pos % P, fit = min(P - off, n_tokens);
+        const uint32_t k = page + phase - r.page_first;
+        if (phase == 1 && fit == n_tokens) return j;
+        j.page = r.pages[k];
+        j.format = r.formats[k];
+        j.row0 = phase == 0 ? off : 0;
+        j.rows = phase == 0 ? fit : n_tokens - fit;
+        j.token0 += phase == 0 ? 0 : fit;
+        return j;
+    }
+    // Called by one thread of each of job i's H blocks once every thread of
+    // its block has read the job (the length): in the last phase, the last
+    // block to arrive advances the length (no block of this grid reads it
+    // again), or records that the append would have passed the room. One
+    // launch fewer than an advance kernel, which cost a kernel boundary of
+    // every layer of a captured step.
+    __device__ void done(uint32_t i) const {
+        if (phase != (n_tokens > 1 ? 1u : 0u)) return;
+        const uint32_t s = i / n_layers, layer = l0 + i % n_layers;
+        RoomRecord &r = *rec[s];
+        __threadfence();  // this block's reads of the length come first
+        if (atomicAdd(&r.tickets[layer], 1u) != H - 1) return;
+        r.tickets[layer] = 0;
+        const uint32_t pos = *static_cast<volatile uint32_t *>(&r.lengths[layer]);
+        if (uint64_t(pos) + n_tokens <= r.end)
+            r.lengths[layer] = pos + n_tokens;
+        else
+            atomicCAS(&r.overrun, 0u, layer + 1);
+    }
+};
+
 
 // Fresh pages (item = job without staging): each page layer written empty.
 // (Bounds: 3 blocks per SM = 80 registers, no spills; it used 96, 2 blocks.)
@@ -236,14 +290,75 @@ __global__ void __launch_bounds__(kThreads, 3) quantize_jobs_kernel(PageShape sh
 // launch where there were two (a staging kernel over (job, head, K|V) blocks,
 // then this quantizer) plus their dependency: at B = 1 an asynchronous
 // one-token append cost 15-27 us of a layer (bench/RESULTS.md 1j).
+// An append's rows [row0, row0 + rows) of an F16/BF16 sub-page (one block),
+// from its staging, when the staging's folds (StageFold) cover rows [0, row0)
+// or row0 is 0: the new rows are encoded and the key summaries' folds
+// continued in token order, which is the full rewrite's arithmetic step for
+// step, so the bytes equal quantize_subpage's (the rows past the valid ones
+// are zero already: every write leaves them so). A one-token append then
+// touches one row instead of re-encoding the page and re-reading its keys.
+template <int kFmt>
+__device__ void append_rows_f16(const PageShape &shape, const AppendJob &j, uint32_t h, const StageFold &fold) {
+    const ikv_format f = kFmt >= 0 ? ikv_format(kFmt) : ikv_format(j.format);
+    const bool f16 = f == IKV_FMT_F16;
+    const uint32_t P = shape.page_size, D = shape.head_dim, H = shape.n_kv_heads;
+    const SubpageLayout L = subpage_layout(f, P, D);
+    uint8_t *sub = j.page + subpage_offset(shape, f, j.layer, h);
+    uint16_t *rec = reinterpret_cast<uint16_t *>(j.page + summary_offset(shape, f, j.layer, h));
+    const uint64_t half = uint64_t(H) * P * D;
+    for (uint32_t e = threadIdx.x; e < 2 * D; e += blockDim.x) {
+        const uint32_t which = e / D, d = e % D;
+        const float *src = j.stage + which * half + uint64_t(h) * P * D;
+        uint16_t *out = reinterpret_cast<uint16_t *>(sub + (which == 0 ? L.k : L.v));
+        const uint32_t fi = h * D + d;
+        float mn = INFINITY, mx = -INFINITY;
+        double sum = 0.0;
+        if (which == 0 && j.row0 > 0) mn = fold.mn[fi], mx = fold.mx[fi], sum = fold.sum[fi];
+        for (uint32_t t = j.row0; t < j.row0 + j.rows; ++t) {
+            const uint16_t b = f16 ? f32_to_f16(src[t * D + d]) : f32_to_bf16(src[t * D + d]);
+            out[t * D + d] = b;
+            if (which == 0) {
+                const float x = f16 ? f16_to_f32(b) : bf16_to_f32(b);
+                mn = fminf(mn, x);
+                mx = fmaxf(mx, x);
+                sum += double(x);
+            }
+        }
+        if (which == 0) {
+            fold.mn[fi] = mn, fold.mx[fi] = mx, fold.sum[fi] = sum;
+            encode_summary(rec, D, d, mn, mx, float(sum / double(j.row0 + j.rows)));
+        }
+    }
+    if (threadIdx.x == 0) fold.rows[h] = j.row0 + j.rows;
+}
+
 template <int kVec, class Jobs, int kFmt>
 __global__ void __launch_bounds__(kThreads, 3)
     append_jobs_kernel(PageShape shape, AppendRows in, const __grid_constant__ Jobs jobs, AppendError *error) {
     const uint32_t H = shape.n_kv_heads, h = blockIdx.x % H;
+    pdl_wait();  // the jobs, the input and the pages come from earlier work (kernels/launch_pdl.cuh)
+    pdl_launch_dependents();
     const AppendJob j = jobs.at(blockIdx.x / H);
+    if (j.page == nullptr) {  // a room job with nothing to write (RoomJobs)
+        __syncthreads();
+        if (threadIdx.x == 0) jobs.done(blockIdx.x / H);
+        return;
+    }
+    // F16/BF16 pages continue the staging's folds where they cover the rows before this write.
+    constexpr bool kMay16 = kFmt < 0 || kFmt == IKV_FMT_F16 || kFmt == IKV_FMT_BF16;
+    const StageFold fold = stage_fold(shape, j.stage);
+    const bool fast = kMay16 && (j.format == IKV_FMT_F16 || j.format == IKV_FMT_BF16) &&
+                      (j.row0 == 0 || fold.rows[h] == j.row0);
     stage_head<kVec>(shape, in, j, h, 0, error);
     stage_head<kVec>(shape, in, j, h, 1, error);
-    __syncthreads();  // the rows this block staged are visible to all its threads
+    __syncthreads();  // staged rows visible to the block; every thread has read the job and the folds' rows
+    if (threadIdx.x == 0) jobs.done(blockIdx.x / H);
+    if constexpr (kMay16) {
+        if (fast) {
+            append_rows_f16<kFmt>(shape, j, h, fold);
+            return;
+        }
+    }
     const uint64_t half = uint64_t(H) * shape.page_size * shape.head_dim;
     quantize_subpage<kFmt>(shape, ikv_format(j.format), j.page, j.layer, h, j.stage, j.stage + half, j.row0 + j.rows);
 }
@@ -254,8 +369,8 @@ cudaError_t launch_append(const PageShape &shape, const AppendRows &in, const Jo
                           AppendError *error, cudaStream_t stream) {
     const dim3 grid(n_jobs * shape.n_kv_heads), block(kThreads);
     return vector_aligned(shape, in)
-               ? launch(append_jobs_kernel<4, Jobs, kFmt>, grid, block, 0, stream, shape, in, jobs, error)
-               : launch(append_jobs_kernel<1, Jobs, kFmt>, grid, block, 0, stream, shape, in, jobs, error);
+               ? launch_pdl(append_jobs_kernel<4, Jobs, kFmt>, grid, block, 0, stream, shape, in, jobs, error)
+               : launch_pdl(append_jobs_kernel<1, Jobs, kFmt>, grid, block, 0, stream, shape, in, jobs, error);
 }
 
 // The kernel for the jobs' one format where they share one, else the
@@ -304,6 +419,42 @@ cudaError_t launch_append_jobs(const PageShape &shape, const AppendRows &in, con
         return launch_append_for(only_format, shape, in, device_jobs(jobs), n_jobs, error, stream);
     if (n_jobs > kInlineJobs) return cudaErrorInvalidValue;
     return launch_append_for(only_format, shape, in, inline_jobs(jobs, n_jobs), n_jobs, error, stream);
+}
+
+namespace {
+
+// Both phases (the second only when tokens can spill into a next page; its
+// blocks advance the lengths, RoomJobs::done).
+template <uint32_t N>
+cudaError_t launch_room(const PageShape &shape, const AppendRows &in, const RoomAppend &a, int only_format,
+                        AppendError *error, cudaStream_t stream) {
+    RoomJobs<N> jobs{};
+    jobs.n_layers = a.n_layers;
+    jobs.l0 = a.l0;
+    jobs.n_tokens = a.n_tokens;
+    jobs.P = shape.page_size;
+    jobs.H = shape.n_kv_heads;
+    for (uint32_t i = 0; i < a.n_seqs; ++i) jobs.rec[i] = a.records[i];
+    const uint32_t n_jobs = a.n_seqs * a.n_layers;
+    cudaError_t err = cudaSuccess;
+    for (uint32_t phase = 0; phase < (a.n_tokens > 1 ? 2u : 1u) && err == cudaSuccess; ++phase) {
+        jobs.phase = phase;
+        err = launch_append_for(only_format, shape, in, jobs, n_jobs, error, stream);
+    }
+    return err;
+}
+
+}  // namespace
+
+cudaError_t launch_room_append(const PageShape &shape, const AppendRows &in, const RoomAppend &a, int only_format,
+                               AppendError *error, cudaStream_t stream) {
+    const uint64_t n_jobs = uint64_t(a.n_seqs) * a.n_layers;
+    if (!shape_ok(shape) || !flat_grid_ok(n_jobs, shape.n_kv_heads) || a.n_seqs == 0 || a.n_seqs > kMaxRoomSeqs ||
+        a.n_tokens == 0 || a.n_tokens > shape.page_size)
+        return cudaErrorInvalidValue;
+    // Small batches take a small parameter block (launch cost grows with it).
+    return a.n_seqs <= 32 ? launch_room<32>(shape, in, a, only_format, error, stream)
+                          : launch_room<kMaxRoomSeqs>(shape, in, a, only_format, error, stream);
 }
 
 cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer,

@@ -354,6 +354,23 @@ func (p *Pool) Sync() error {
 	return call(func() C.ikv_status { return C.ikv_pool_sync(p.raw) })
 }
 
+// Reserve allocates room now for the next nTokens tokens of every layer of
+// each of seqs (ikv_pool_reserve); 0 ends it. On a CUDA pool the device then
+// keeps their lengths, so their appends and decodes can be captured in one
+// CUDA graph and replayed; Sync brings the host's lengths up to the replays'.
+func (p *Pool) Reserve(seqs []uint32, nTokens uint32) error {
+	defer runtime.KeepAlive(p)
+	if len(seqs) == 0 {
+		return bindErr(ErrInvalid, "Pool.Reserve: seqs is empty; it needs at least one sequence")
+	}
+	cs := (*C.ikv_seq_id)(cAlloc(len(seqs), 4))
+	defer C.free(unsafe.Pointer(cs))
+	for i, s := range seqs {
+		unsafe.Slice(cs, len(seqs))[i] = C.ikv_seq_id(s)
+	}
+	return call(func() C.ikv_status { return C.ikv_pool_reserve(p.raw, cs, C.uint32_t(len(seqs)), C.uint32_t(nTokens)) })
+}
+
 // Fork creates a sequence sharing all of parent's pages by reference (copy-on-write).
 func (p *Pool) Fork(parent uint32) (uint32, error) {
 	defer runtime.KeepAlive(p)

@@ -171,6 +171,26 @@ func TestAppendBatchStridesAndFormatsEqualPlainAppends(t *testing.T) {
 	}
 }
 
+func TestReserve(t *testing.T) {
+	const dim, page = 64, 8
+	pool := newTestPool(t, PoolConfig{Layers: 1, KVHeads: 1, HeadDim: dim, PageSize: page, CapacityBytes: 8 << 20})
+	seq, err := pool.SeqCreate()
+	must(t, err)
+	data := make([]float32, 5*dim)
+	must(t, pool.Append(seq, 0, data, data))
+	must(t, pool.Reserve([]uint32{seq}, 20)) // up to 25 tokens: 4 pages, allocated now
+	if s, _ := pool.Stats(); s.PagesUsed != 4 {
+		t.Fatalf("pages used %d with room, want 4", s.PagesUsed)
+	}
+	must(t, pool.Reserve([]uint32{seq}, 0))
+	if s, _ := pool.Stats(); s.PagesUsed != 1 {
+		t.Fatalf("pages used %d after the room ended, want 1", s.PagesUsed)
+	}
+	if err := pool.Reserve([]uint32{seq, seq}, 4); err == nil {
+		t.Fatal("a sequence listed twice was accepted")
+	}
+}
+
 func TestForkTruncateEvictFormatsStats(t *testing.T) {
 	const dim, page = 64, 8
 	pool := newTestPool(t, PoolConfig{Layers: 1, KVHeads: 1, HeadDim: dim, PageSize: page, CapacityBytes: 8 << 20})

@@ -251,6 +251,18 @@ IKV_API ikv_status ikv_pool_sync(ikv_pool *pool) {
     return ikv::pool_sync(pool);
 }
 
+IKV_API ikv_status ikv_pool_reserve(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs, uint32_t n_tokens) {
+    constexpr const char *fn = "ikv_pool_reserve";
+    IKV_CHECK_NULL(pool, fn);
+    IKV_CHECK_NULL(seqs, fn);
+    if (n_seqs == 0) return ikv::fail(IKV_E_INVALID, "%s: n_seqs is 0; it must be >= 1", fn);
+    try {
+        return ikv::seqs_reserve(pool, seqs, n_seqs, n_tokens);
+    } catch (const std::bad_alloc &) {
+        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    }
+}
+
 IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out) {
     IKV_CHECK_NULL(pool, "ikv_seq_fork");
     IKV_CHECK_NULL(child_out, "ikv_seq_fork");

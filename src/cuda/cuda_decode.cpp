@@ -57,6 +57,10 @@ struct ListSummary {
     uint32_t formats = 0;    // bit per page format listed
     uint64_t host_pages = 0; // distinct (sequence, page) pairs listed that are in the host tier
     uint64_t off_lens = 0, off_pages = 0, staged = 0;  // layout of the staged lists (bytes)
+    // Sequences with room (ikv_pool_reserve): their RoomTail records and the
+    // full copies of the entries the clip kernel rewrites (kernels/room_clip.cu).
+    uint32_t n_room = 0;
+    uint64_t off_tails = 0, off_full = 0;
 };
 
 struct CudaDecoderState {
@@ -80,6 +84,7 @@ struct CudaDecoderState {
     uint64_t dev_bytes = 0;
     dvec<Entry> entries;  // every sequence's entries of the current call, one after another
     dvec<uint64_t> entry_first;  // sequence b's entries: [entry_first[b], entry_first[b + 1])
+    dvec<uint32_t> room_first;   // sequences with room: the first entry the device clips
     // Where the last call's selection lives (ikv_decoder_last_selection):
     // with top-k the per-(sequence, kv-head) lists in `dev`, else `entries`.
     const cuda::DevPage *sel_pages = nullptr;
@@ -240,6 +245,21 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     }
     sum.n_entries = s.entries.size();
     sum.stride = std::max<uint32_t>(sum.max_count, 1);
+    // Sequences with room: the entries from the first one past the host's
+    // length on are clipped on the device at every call (room_clip.cu).
+    dvec<uint32_t> &room_first = s.room_first;  // per sequence: list index of that entry (count: no room)
+    room_first.assign(B, 0);
+    sum.n_room = 0;
+    uint64_t n_full = 0;
+    for (uint32_t b = 0; b < B; ++b) {
+        room_first[b] = counts[b];
+        if (snaps[b].room == nullptr) continue;
+        uint32_t i = 0;
+        while (i < counts[b] && s.entries[first[b] + i].end <= snaps[b].host_length) ++i;
+        room_first[b] = i;
+        n_full += counts[b] - i;
+        ++sum.n_room;
+    }
 
     // The pinned staging half: counts[B] | lens[B] | pages[B][stride], the
     // same layout as on the device. The DevPage records are written straight
@@ -247,7 +267,9 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     // ikv_decode call, ~25 ns per page with a host vector and a second copy).
     sum.off_lens = align256(4ull * B);
     sum.off_pages = sum.off_lens + align256(4ull * B);
-    sum.staged = sum.off_pages + align256(uint64_t(B) * sum.stride * sizeof(cuda::DevPage));
+    sum.off_tails = sum.off_pages + align256(uint64_t(B) * sum.stride * sizeof(cuda::DevPage));
+    sum.off_full = sum.off_tails + align256(uint64_t(sum.n_room) * sizeof(cuda::RoomTail));
+    sum.staged = sum.off_full + align256(n_full * sizeof(cuda::DevPage));
     const int half = s.next;
     cudaError_t err = cudaSuccess;
     if (s.copied_valid[half] && !capturing) {
@@ -304,6 +326,18 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
             sum.bytes += n == P ? full_bytes[ref.format] : uint64_t(Hkv) * subpage_read_bytes(ref.format, P, D, n);
             sum.all_tokens += n;
         }
+    }
+    cuda::RoomTail *tail = reinterpret_cast<cuda::RoomTail *>(h + sum.off_tails);
+    cuda::DevPage *full = reinterpret_cast<cuda::DevPage *>(h + sum.off_full);
+    uint32_t offset = 0;
+    for (uint32_t b = 0; b < B; ++b) {
+        if (snaps[b].room == nullptr) continue;
+        const uint32_t n = counts[b] - room_first[b];
+        const cuda::DevPage *listed = reinterpret_cast<const cuda::DevPage *>(h + sum.off_pages) + uint64_t(b) * sum.stride;
+        std::memcpy(full + offset, listed + room_first[b], n * sizeof(cuda::DevPage));
+        *tail++ = cuda::RoomTail{static_cast<cuda::RoomRecord *>(snaps[b].room), b, room_first[b], n, offset,
+                                 snaps[b].length, 0};
+        offset += n;
     }
     if (capturing && s.lists_bytes < sum.staged) return refuse_growth_in_capture("device page lists", sum.staged);
     err = grow_device(&s.lists, &s.lists_bytes, sum.staged, stream);
@@ -500,6 +534,14 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const cuda::DevPage *d_pages = reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_pages);
     p.workspace = s.dev + off_ws;
     p.lists = cuda::DevLists{d_pages, d_counts, stride, 1};
+    if (sum.n_room > 0) {  // sequences with room: their lists and lengths at the device's length, now
+        err = cuda::launch_room_clip(reinterpret_cast<const cuda::RoomTail *>(s.lists + sum.off_tails), sum.n_room,
+                                     reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_full),
+                                     reinterpret_cast<cuda::DevPage *>(s.lists + sum.off_pages), stride,
+                                     reinterpret_cast<uint32_t *>(s.lists), reinterpret_cast<uint32_t *>(s.lists + sum.off_lens),
+                                     a.layer, stream);
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "clipping the page lists of sequences with room");
+    }
     if (feedback) {
         if (p.lse == nullptr) p.lse = reinterpret_cast<float *>(s.dev + off_lse);
         // Everything feedback writes after the kernels is sized now (as on the CPU):
@@ -599,20 +641,25 @@ ikv_status cuda_last_selection(const CudaDecoderState *state, uint32_t b, uint32
     const char *fn = "ikv_decoder_last_selection";
     const CudaDecoderState &s = *state;
     runs.clear();
-    if (s.sel_pages == nullptr) {  // no top-k: every kv-head read the sequence's host entries
+    const bool room = s.sum.n_room > 0;  // sequences with room: their lists were clipped on the device
+    if (s.sel_pages == nullptr && !room) {  // no top-k: every kv-head read the sequence's host entries
         for (uint64_t i = s.entry_first[b]; i < s.entry_first[b + 1]; ++i) add_run(runs, s.entries[i].begin, s.entries[i].end);
         return IKV_OK;
     }
     DeviceGuard guard(s.device);
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), fn, "cudaSetDevice");
-    cudaError_t err = cudaStreamSynchronize(s.sel_stream);
-    const uint64_t list = uint64_t(b) * s.sel_heads + h;
+    const bool sel = s.sel_pages != nullptr;
+    cudaError_t err = sel ? cudaStreamSynchronize(s.sel_stream) : cudaDeviceSynchronize();
+    const uint64_t list = sel ? uint64_t(b) * s.sel_heads + h : b;
+    const uint32_t *counts = sel ? s.sel_counts : reinterpret_cast<const uint32_t *>(s.lists);
+    const cuda::DevPage *lists =
+        sel ? s.sel_pages : reinterpret_cast<const cuda::DevPage *>(s.lists + s.sum.off_pages);
+    const uint64_t stride = sel ? s.sel_stride : s.sum.stride;
     uint32_t count = 0;
-    if (err == cudaSuccess) err = cudaMemcpy(&count, s.sel_counts + list, sizeof count, cudaMemcpyDeviceToHost);
+    if (err == cudaSuccess) err = cudaMemcpy(&count, counts + list, sizeof count, cudaMemcpyDeviceToHost);
     std::vector<cuda::DevPage> pages(count);
     if (err == cudaSuccess && count > 0)
-        err = cudaMemcpy(pages.data(), s.sel_pages + list * s.sel_stride, count * sizeof(cuda::DevPage),
-                         cudaMemcpyDeviceToHost);
+        err = cudaMemcpy(pages.data(), lists + list * stride, count * sizeof(cuda::DevPage), cudaMemcpyDeviceToHost);
     if (err != cudaSuccess) return cuda_fail(err, fn, "copying the selection from the device");
     for (const cuda::DevPage &d : pages) add_run(runs, d.pos0 + d.begin, d.pos0 + d.end);
     return IKV_OK;

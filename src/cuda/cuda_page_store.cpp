@@ -34,6 +34,7 @@
 
 #include "common/quant.hpp"
 #include "cuda/cuda_util.hpp"
+#include "cuda/device_rooms.hpp"
 #include "cuda/host_tier.hpp"
 #include "cuda/job_ring.hpp"
 #include "ikv_kernels.h"
@@ -90,7 +91,8 @@ public:
           memory_(c.device, c.host_capacity_bytes > 0),
           slabs_(shape_, c.capacity_bytes, kSlabAlign, kSlabTargetBytes, memory_),
           host_memory_(c.device),
-          stage_bytes_(2ull * c.n_kv_heads * c.page_size * c.head_dim * sizeof(float)) {
+          stage_bytes_(cuda::stage_buffer_bytes(shape_)),  // rows and the summaries' folds (ikv_kernels.h)
+          rooms_(c.n_layers) {
         if (c.host_capacity_bytes > 0)  // throws std::bad_alloc only (make_cuda_store catches it)
             host_slabs_.reset(
                 new SlabAllocator(shape_, c.host_capacity_bytes, kSlabAlign, kSlabTargetBytes, host_memory_));
@@ -352,19 +354,88 @@ public:
 
     // ---- appends ----
 
+    ikv_status stream_capturing(void *stream, const char *fn, bool *capturing) override {
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        const cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
+        if (err != cudaSuccess) return cuda_fail(err, fn, "cudaStreamIsCapturing of args->stream");
+        *capturing = capture != cudaStreamCaptureStatusNone;
+        return IKV_OK;
+    }
+
     ikv_status check_source(const AppendSource &src) override {
         if (!src.on_device) return IKV_OK;
-        DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), src.fn, "cudaSetDevice");
-        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-        const cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(src.stream), &capture);
-        if (err != cudaSuccess) return cuda_fail(err, src.fn, "cudaStreamIsCapturing of args->stream");
-        if (capture != cudaStreamCaptureStatusNone)
+        bool capturing = false;
+        const ikv_status st = stream_capturing(src.stream, src.fn, &capturing);
+        if (st != IKV_OK || !capturing) return st;
+        if (!src.room)
             return fail(IKV_E_INVALID,
                         "%s: args->stream is capturing a CUDA graph; an append changes the pool's host state, which "
-                        "a replay would not, so append before or after the capture",
+                        "a replay would not, so append before or after the capture (or reserve room for the "
+                        "sequences first: ikv_pool_reserve)",
+                        src.fn);
+        if (!src.async)
+            return fail(IKV_E_INVALID,
+                        "%s: args->stream is capturing a CUDA graph; a captured append must not wait for the "
+                        "device: set IKV_APPEND_ASYNC in args->flags",
                         src.fn);
         return IKV_OK;
+    }
+
+    // ---- room reserved ahead (device_rooms.hpp) ----
+    bool keeps_room_lengths() const override { return true; }
+    ikv_status room_set(const Room &room, void **record) override {
+        constexpr const char *fn = "ikv_pool_reserve";
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        const cudaError_t err = ensure_append_buffers();  // a captured append cannot allocate them
+        if (err != cudaSuccess) return cuda_fail(err, fn, "allocating the append buffers");
+        return rooms_.set(room, record, fn);
+    }
+    ikv_status room_take(void *record, uint32_t *lengths, RoomReport *report) override {
+        constexpr const char *fn = "ikv_pool_sync";
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        return rooms_.take(record, lengths, report, fn);
+    }
+    void room_free(void *record) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        rooms_.free(record);
+    }
+    void *room_on_device(const void *record) const override { return DeviceRooms::on_device(record); }
+
+    ikv_status write_room_append(const AppendSource &src, void *const *records, uint32_t n_seqs, uint32_t l0,
+                                 uint32_t l1, int only_format) override {
+        const char *fn = src.fn;
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        bool capturing = false;
+        ikv_status st = stream_capturing(src.stream, fn, &capturing);
+        if (st != IKV_OK) return st;
+        cudaStream_t stream = static_cast<cudaStream_t>(src.stream);
+        std::vector<cuda::RoomRecord *> recs;
+        try {
+            recs.resize(n_seqs);
+        } catch (const std::bad_alloc &) {
+            return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+        }
+        for (uint32_t i = 0; i < n_seqs; ++i) recs[i] = static_cast<cuda::RoomRecord *>(DeviceRooms::on_device(records[i]));
+        // Eagerly, after the pool's earlier asynchronous appends (begin); a
+        // capture orders itself: its stream's work is the graph's.
+        Exec ex;
+        ex.stream = src.stream;
+        ex.async = true;
+        cudaError_t err = capturing ? cudaSuccess : begin(ex, &stream);
+        const cuda::RoomAppend ra{n_seqs, l0, l1 - l0, src.seq_tokens, recs.data()};
+        if (err == cudaSuccess) err = cuda::launch_room_append(shape_, rows_of(src), ra, only_format, error_dev_, stream);
+        if (err == cudaSuccess && !capturing) err = finish(ex);
+        if (err == cudaSuccess && !capturing && !src.async) err = cudaStreamSynchronize(stream);
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "the append at the device's lengths");
     }
 
     ikv_status find_nonfinite(const AppendSource &src, uint32_t l0, uint32_t l1, NonFinite *out) override {
@@ -461,6 +532,8 @@ public:
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
         cudaError_t err = wait_async();
+        // Replays of captured appends (sequences with room) ran on streams the store never saw.
+        if (err == cudaSuccess && !rooms_.empty()) err = cudaDeviceSynchronize();
         if (err != cudaSuccess) return cuda_fail(err, fn, "waiting for asynchronous appends");
         if (error_dev_ == nullptr) return IKV_OK;  // no append yet
         cuda::AppendError e{};
@@ -744,6 +817,7 @@ private:
     std::vector<uint32_t> round_start_, round_next_;
     uint8_t *scratch_ = nullptr;  // scratch stages for the whole pages of a bulk append
     size_t scratch_stages_ = 0;
+    DeviceRooms rooms_;  // under mu_
 };
 
 }  // namespace

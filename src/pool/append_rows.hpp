@@ -26,6 +26,7 @@ struct AppendSource {
     bool all_layers = false;
     bool on_device = false;  // k, v are device pointers (CUDA pools)
     bool async = false;      // IKV_APPEND_ASYNC on a CUDA pool: enqueue on `stream`, do not wait
+    bool room = false;       // to sequences with room whose lengths the device keeps (capturable)
     void *stream = nullptr;  // the engine's cudaStream_t that produced them (device input)
     uint32_t n_tokens = 0;    // over the whole batch
     uint32_t seq_tokens = 0;  // per sequence (n_tokens / sequences in the batch)

@@ -38,6 +38,10 @@ struct Exec {
     bool async = false;
 };
 
+// Sequences with room (ikv_pool_reserve) one append may list on a store that
+// keeps their lengths (the kernel takes their records as launch parameters).
+constexpr uint32_t kMaxRoomSeqsPerAppend = 1024;
+
 class PageStore {
 public:
     virtual ~PageStore() = default;
@@ -148,6 +152,75 @@ public:
 
     // Byte copy of a whole page of format f.
     virtual ikv_status copy(ikv_format f, uint8_t *dst, const uint8_t *src) = 0;
+
+    // ---- room reserved ahead (ikv_pool_reserve; pool_reserve.cpp) ----
+    // Whether this store keeps the lengths of sequences with room in its own
+    // memory, where its appends advance them and decodes read them (a CUDA
+    // store: so both can be captured in a graph). The host store does not:
+    // room there is only pages allocated ahead.
+    virtual bool keeps_room_lengths() const { return false; }
+    // One sequence's room: its per-layer lengths now, the pages of positions
+    // [page_first * P, end) with their formats, and its layers' staging.
+    struct Room {
+        ikv_seq_id seq;
+        const uint32_t *lengths;  // [n_layers]
+        uint32_t page_first, n_pages, end;
+        uint8_t *const *pages;      // [n_pages]
+        const ikv_format *formats;  // [n_pages]
+        float *const *stages;       // [n_layers]
+    };
+    // Create (*record null) or rewrite in place (a graph captured earlier
+    // keeps its address) the record of a room. The caller took the device's
+    // lengths first (room_take). Waits for the device. Message set on failure;
+    // on failure an existing record is unchanged.
+    virtual ikv_status room_set(const Room &room, void **record) {
+        (void)room;
+        (void)record;
+        return IKV_E_UNSUPPORTED;
+    }
+    // Wait for the device; the record's lengths (lengths[n_layers]) and what
+    // its appends and decodes met since the last call: *overrun_layer = the
+    // first layer an append would have passed the room at (-1: none),
+    // *stale_read = a decode found more tokens than its lists covered. Both
+    // reports are cleared.
+    struct RoomReport {
+        int64_t overrun_layer = -1;
+        bool stale_read = false;
+    };
+    virtual ikv_status room_take(void *record, uint32_t *lengths, RoomReport *report) {
+        (void)record;
+        (void)lengths;
+        (void)report;
+        return IKV_E_UNSUPPORTED;
+    }
+    virtual void room_free(void *record) { (void)record; }
+    // Whether stream is capturing a CUDA graph (a host store: never).
+    virtual ikv_status stream_capturing(void *stream, const char *fn, bool *capturing) {
+        (void)stream;
+        (void)fn;
+        *capturing = false;
+        return IKV_OK;
+    }
+    // The record in device memory (a cuda::RoomRecord: decode reads its lengths).
+    virtual void *room_on_device(const void *record) const {
+        (void)record;
+        return nullptr;
+    }
+    // An append of src.seq_tokens (<= page_size) tokens per sequence to
+    // layers [l0, l1) of n_seqs sequences with room (records[i]: the batch's
+    // sequence i), written at the lengths the device holds when it runs and
+    // advancing them; enqueued on src.stream without waiting (capturable).
+    // only_format: the format of every page the room holds, or -1.
+    virtual ikv_status write_room_append(const AppendSource &src, void *const *records, uint32_t n_seqs, uint32_t l0,
+                                         uint32_t l1, int only_format) {
+        (void)src;
+        (void)records;
+        (void)n_seqs;
+        (void)l0;
+        (void)l1;
+        (void)only_format;
+        return IKV_E_UNSUPPORTED;
+    }
 
     // ---- the host tier (CUDA stores with host capacity; pool_tier.cpp) ----
     // Whether this store has one. The others refuse the calls below.

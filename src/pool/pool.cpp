@@ -1,5 +1,6 @@
 // Pool lifetime, sequence lifetime, fork, statistics, and the page
 // accounting helpers every other pool file uses.
+#include <algorithm>
 #include <new>
 
 #include "pool/pool_internal.hpp"
@@ -136,6 +137,8 @@ ikv_status seq_destroy(ikv_pool *pool, ikv_seq_id id) {
         seq = std::move(it->second);
         pool->seqs.erase(it);
     }
+    if (seq->reservation != nullptr) pool->store->room_free(seq->reservation);  // waits for the device
+    seq->reservation = nullptr;
     std::lock_guard<std::mutex> lock(pool->state_mu);
     for (PageRec *rec : seq->pages) unref_page_locked(pool, rec);
     pool->staging_bytes -= free_stages(pool, *seq) * stage_bytes(pool->shape);
@@ -165,10 +168,17 @@ ikv_status seq_fork(ikv_pool *pool, ikv_seq_id parent_id, ikv_seq_id *child_out)
     constexpr const char *fn = "ikv_seq_fork";
     auto parent = find_seq(pool, parent_id);
     if (!parent) return seq_not_found(fn, parent_id);
+    ikv_status room = refuse_with_room(*parent, parent_id, fn);
+    if (room != IKV_OK) return room;
     std::shared_ptr<Seq> child;
     try {
         child = std::make_shared<Seq>();
-        child->pages = parent->pages;  // block table (refs taken below)
+        // Block table (refs taken below): the pages that hold tokens, not a
+        // room reserved ahead on a CPU pool (the child reserves its own).
+        uint32_t longest = 0;
+        for (const LayerState &ls : parent->layers) longest = std::max(longest, ls.length);
+        const size_t held = (uint64_t(longest) + pool->shape.page_size - 1) / pool->shape.page_size;
+        child->pages.assign(parent->pages.begin(), parent->pages.begin() + std::min(held, parent->pages.size()));
         child->layers.resize(parent->layers.size());
     } catch (const std::bad_alloc &) {
         return fail(IKV_E_NOMEM, "%s: out of host memory copying sequence %u", fn, (unsigned)parent_id);

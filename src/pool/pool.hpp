@@ -57,10 +57,27 @@ struct Seq {
     std::vector<PageRec *> pages;  // block table: page i covers tokens [i*P, (i+1)*P); nullptr = evicted
     std::vector<LayerState> layers;
     uint32_t length = 0;  // min over layers
+    // Room reserved ahead (ikv_pool_reserve): pages exist for positions
+    // [0, reserved_end) of every layer; 0 = none. On a store with device
+    // lengths (CUDA) `reservation` is the store's record of the room, whose
+    // per-layer lengths the device advances: the host's `layers[l].length`
+    // then counts only eager appends until ikv_pool_sync / ikv_pool_reserve
+    // take the device's lengths.
+    uint32_t reserved_end = 0;
+    void *reservation = nullptr;
     // Changes (to a value never used before) whenever `pages` or the storage
     // of a page in it (bytes, format) changes: decoders reuse the page lists
     // of an earlier call while it and the layer's length are unchanged.
     uint64_t table_gen = next_unique_id();
+};
+
+// What the device found while appending to or decoding sequences with room
+// (ikv_pool_reserve), reported by ikv_pool_sync.
+struct RoomIncident {
+    bool found = false;
+    bool stale_read = false;  // a decode met more tokens than its lists covered; else an append overran
+    ikv_seq_id seq = 0;
+    uint32_t layer = 0;
 };
 
 // Every change to a sequence's block table or its pages' storage calls this.
@@ -96,6 +113,9 @@ struct ikv_pool {
     // Host-tier pages decode calls listed (ikv_pool_stats.host_page_reads);
     // decoders add to it without the pool's locks.
     mutable std::atomic<uint64_t> host_page_reads{0};
+    // The first incident of sequences with room (ikv_pool_reserve) that
+    // ikv_pool_sync has not reported yet.
+    ikv::RoomIncident room_report;
 };
 
 namespace ikv {
@@ -116,6 +136,21 @@ ikv_status seq_layer_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer
 // ikv_pool_append), atomically over all of them; fn names the entry point.
 ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n, const ikv_append &args, const char *fn);
 ikv_status seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out);
+// ikv_pool_reserve (pool_reserve.cpp), over n distinct sequences.
+ikv_status seqs_reserve(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n, uint32_t n_tokens);
+// A sequence with room on the device: its host lengths take the device's;
+// an incident found is kept for ikv_pool_sync.
+ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id);
+// Every sequence's take_room_lengths; with report, the pool's first incident
+// as ikv_pool_sync reports it (then cleared).
+ikv_status take_room_reports(ikv_pool *pool, bool report);
+// An append to sequences of which at least one has room on the device
+// (seqs_append hands it over after checking the arguments it checks for
+// every append); src is the append's source as seqs_append built it.
+ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
+                       const AppendSource &src, uint32_t l0, uint32_t l1);
+// IKV_E_STATE naming fn when seq has room on the device (fork, truncate, format changes).
+ikv_status refuse_with_room(const Seq &seq, ikv_seq_id id, const char *fn);
 ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_tokens);
 ikv_status seq_evict(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end);
 ikv_status seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint32_t token, int *evicted_out);

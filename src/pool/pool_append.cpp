@@ -68,19 +68,13 @@ void unwind(ikv_pool *pool, std::vector<Part> &parts) {
 // The sequences, each found and listed once.
 ikv_status find_parts(const ikv_pool *pool, const ikv_seq_id *ids, uint32_t n, const char *fn,
                       std::vector<Part> *parts) {
+    std::vector<std::shared_ptr<Seq>> seqs;
+    const ikv_status st = find_seqs_once(pool, ids, n, fn, &seqs);
+    if (st != IKV_OK) return st;
     parts->resize(n);
     for (uint32_t i = 0; i < n; ++i) {
         (*parts)[i].id = ids[i];
-        (*parts)[i].seq = find_seq(pool, ids[i]);
-        if (!(*parts)[i].seq) return seq_not_found(fn, ids[i]);
-    }
-    if (n > 1) {
-        std::vector<ikv_seq_id> sorted(ids, ids + n);
-        std::sort(sorted.begin(), sorted.end());
-        const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-        if (dup != sorted.end())
-            return fail(IKV_E_INVALID, "%s: sequence %u is listed twice in seqs; list each sequence once", fn,
-                        (unsigned)*dup);
+        (*parts)[i].seq = std::move(seqs[i]);
     }
     return IKV_OK;
 }
@@ -241,6 +235,28 @@ void commit_lengths_locked(ikv_pool *pool, Part &pt, const Span &sp) {
 
 }  // namespace
 
+ikv_status find_seqs_once(const ikv_pool *pool, const ikv_seq_id *ids, uint32_t n, const char *fn,
+                          std::vector<std::shared_ptr<Seq>> *out) {
+    try {
+        out->resize(n);
+        for (uint32_t i = 0; i < n; ++i) {
+            (*out)[i] = find_seq(pool, ids[i]);
+            if (!(*out)[i]) return seq_not_found(fn, ids[i]);
+        }
+        if (n > 1) {
+            std::vector<ikv_seq_id> sorted(ids, ids + n);
+            std::sort(sorted.begin(), sorted.end());
+            const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+            if (dup != sorted.end())
+                return fail(IKV_E_INVALID, "%s: sequence %u is listed twice in seqs; list each sequence once", fn,
+                            (unsigned)*dup);
+        }
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    }
+    return IKV_OK;
+}
+
 ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, const ikv_append &a, const char *fn) {
     const PageShape &s = pool->shape;
     const uint32_t P = s.page_size, n = a.n_tokens;
@@ -284,6 +300,17 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
     // layer) must not wait for the device, so its input is not checked here:
     // the store's staging keeps non-finite values out and records them.
     src.async = (a.flags & IKV_APPEND_ASYNC) != 0 && pool->config.backend == IKV_BACKEND_CUDA;
+    if (pool->store->keeps_room_lengths()) {
+        std::vector<Seq *> seqs;
+        try {
+            for (const Part &pt : parts) seqs.push_back(pt.seq.get());
+        } catch (const std::bad_alloc &) {
+            return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+        }
+        bool room = false;
+        for (const Seq *q : seqs) room = room || q->reservation != nullptr;
+        if (room) return room_append(pool, seqs.data(), ids, n_seqs, src, l0, l1);
+    }
     Exec ex;
     ex.stream = a.stream;
     ex.async = src.async;
@@ -363,7 +390,11 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
 ikv_status pool_sync(ikv_pool *pool) {
     NonFinite bad;
     ikv_seq_id seq = 0;
-    const ikv_status st = pool->store->take_async_error(&bad, &seq);
+    ikv_status st = pool->store->take_async_error(&bad, &seq);
+    if (st != IKV_OK) return st;
+    // Lengths the device reached (sequences with room), taken in every case;
+    // their incidents are reported unless a non-finite input comes first.
+    st = take_room_reports(pool, !bad.found);
     if (st != IKV_OK || !bad.found) return st;
     return fail(IKV_E_INVALID,
                 "ikv_pool_sync: an asynchronous append met %s[sequence %u, layer %u, token %u, head %u, channel %u] "

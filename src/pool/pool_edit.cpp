@@ -42,6 +42,8 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
     auto seqp = find_seq(pool, id);
     if (!seqp) return seq_not_found(fn, id);
     Seq &seq = *seqp;
+    const ikv_status room = refuse_with_room(seq, id, fn);
+    if (room != IKV_OK) return room;
     const PageShape &s = pool->shape;
     const uint32_t P = s.page_size;
     for (const LayerState &ls : seq.layers)
@@ -191,6 +193,8 @@ ikv_status seq_set_page_format(ikv_pool *pool, ikv_seq_id id, uint32_t page, ikv
     auto seqp = find_seq(pool, id);
     if (!seqp) return seq_not_found(fn, id);
     Seq &seq = *seqp;
+    const ikv_status room = refuse_with_room(seq, id, fn);
+    if (room != IKV_OK) return room;
     if (page >= seq.pages.size())
         return fail(IKV_E_RANGE, "%s: page %u is out of range; sequence %u has %zu pages", fn, page, (unsigned)id,
                     seq.pages.size());
@@ -233,8 +237,10 @@ ikv_status seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id id, const ikv_plan 
     if (!seqp) return seq_not_found(fn, id);
     Seq &seq = *seqp;
     const uint32_t P = pool->shape.page_size;
+    ikv_status st = refuse_with_room(seq, id, fn);
+    if (st != IKV_OK) return st;
     ikv_plan_summary sum;
-    ikv_status st = ikv_plan_get_summary(plan, &sum);
+    st = ikv_plan_get_summary(plan, &sum);
     if (st != IKV_OK) return st;
     if (sum.page_size != P)
         return fail(IKV_E_INVALID, "%s: the plan has page_size %u but the pool's page_size is %u", fn, sum.page_size,

@@ -20,6 +20,11 @@ inline ikv_status seq_not_found(const char *fn, ikv_seq_id id) {
     return fail(IKV_E_NOT_FOUND, "%s: sequence %u does not exist in this pool", fn, (unsigned)id);
 }
 
+// The sequences of ids[0, n), each of which must exist and be listed once
+// (IKV_E_NOT_FOUND, IKV_E_INVALID naming fn). Throws nothing: IKV_E_NOMEM.
+ikv_status find_seqs_once(const ikv_pool *pool, const ikv_seq_id *ids, uint32_t n, const char *fn,
+                          std::vector<std::shared_ptr<Seq>> *out);
+
 // ---- under state_mu ----
 // IKV_E_NOMEM with a sentence when `extra` more bytes of pages would exceed capacity.
 // host_tier: the same for the host tier of a CUDA pool (host_capacity_bytes).

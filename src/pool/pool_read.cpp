@@ -115,13 +115,20 @@ std::shared_ptr<Seq> decode_seq(const ikv_pool *pool, ikv_seq_id id, uint32_t la
     return seqp;
 }
 
+// The tokens decode lists at `layer`: the stored length, or for a sequence
+// whose length the device keeps (room reserved on a CUDA pool) the room's
+// end, which the device's length never passes.
+uint32_t decode_length(const Seq &seq, uint32_t layer) {
+    return seq.reservation ? seq.reserved_end : seq.layers[layer].length;
+}
+
 }  // namespace
 
 ikv_status pool_seq_state(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, SeqState *out) {
     ikv_status st = IKV_OK;
     auto seqp = decode_seq(pool, id, layer, &st);
     if (!seqp) return st;
-    out->length = seqp->layers[layer].length;
+    out->length = decode_length(*seqp, layer);
     out->table_gen = seqp->table_gen;
     return IKV_OK;
 }
@@ -131,7 +138,7 @@ ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, Se
     auto seqp = decode_seq(pool, id, layer, &st);
     if (!seqp) return st;
     const Seq &seq = *seqp;
-    const uint32_t len = seq.layers[layer].length, P = pool->shape.page_size;
+    const uint32_t len = decode_length(seq, layer), P = pool->shape.page_size;
     const uint32_t n_pages = (len + P - 1) / P;
     try {
         out->pages.resize(n_pages);
@@ -146,6 +153,8 @@ ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, Se
         r.on_host = rec && rec->on_host;
     }
     out->length = len;
+    out->host_length = seq.layers[layer].length;
+    out->room = seq.reservation ? pool->store->room_on_device(seq.reservation) : nullptr;
     return IKV_OK;
 }
 

@@ -25,8 +25,15 @@ struct PageRef {
 // A consistent copy of one sequence's block table for one layer.
 // pages[i] covers tokens [i*P, (i+1)*P); tokens at or beyond `length` do not
 // exist yet. `length` is the number of tokens stored in this layer.
+// A sequence with room reserved on a CUDA pool (ikv_pool_reserve) has its
+// true length on the device: `length` is then the end of the room (pages
+// exist up to it), `room` the device record (kernels/ikv_kernels.h
+// RoomRecord) whose per-layer lengths the decode reads when its kernels run,
+// and host_length the tokens the host knows stored (never more than the device's).
 struct SeqSnapshot {
     uint32_t length = 0;
+    uint32_t host_length = 0;
+    void *room = nullptr;
     std::vector<PageRef> pages;
 };
 
@@ -35,7 +42,7 @@ struct SeqSnapshot {
 // changes, never to one used before, whenever the table or a page's storage
 // changes; appends that stay inside allocated pages keep it).
 struct SeqState {
-    uint32_t length = 0;
+    uint32_t length = 0;  // as SeqSnapshot::length
     uint64_t table_gen = 0;
 };
 

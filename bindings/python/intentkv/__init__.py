@@ -624,8 +624,20 @@ class Pool(_Handle):
         return n_tokens
 
     def sync(self) -> None:
-        """Wait for asynchronous appends; raises IntentKVError for a non-finite value one of them stored as 0."""
+        """Wait for asynchronous appends; raises IntentKVError for a non-finite value one of them stored as 0
+        (or for an append past a reserved room). Takes the lengths graph replays reached (reserve())."""
         _check(_ffi.lib().ikv_pool_sync(self.handle))
+
+    def reserve(self, seqs: Sequence[int], n_tokens: int) -> None:
+        """Room for the next n_tokens tokens of every layer of each of seqs, allocated now
+        (ikv_pool_reserve); n_tokens=0 ends it. On a CUDA pool the device then keeps their lengths,
+        so their appends and decodes can be captured in one CUDA graph and replayed; sync() brings
+        the host's lengths up to the replays'."""
+        seqs = list(seqs)
+        if not seqs:
+            raise _invalid("seqs is empty; reserve needs at least one sequence")
+        ids = (c_uint32 * len(seqs))(*seqs)
+        _check(_ffi.lib().ikv_pool_reserve(self.handle, ids, len(seqs), n_tokens))
 
     def layer_length(self, seq, layer):
         """Tokens stored in one layer (layers differ while a step appends layer by layer)."""

@@ -227,6 +227,7 @@ _PROTOTYPES = [
     ("ikv_pool_append", _S, [_V, c_uint32, POINTER(Append)]),
     ("ikv_pool_append_batch", _S, [_V, POINTER(c_uint32), c_uint32, POINTER(Append)]),
     ("ikv_pool_sync", _S, [_V]),
+    ("ikv_pool_reserve", _S, [_V, POINTER(c_uint32), c_uint32, c_uint32]),
     ("ikv_seq_fork", _S, [_V, c_uint32, POINTER(c_uint32)]),
     ("ikv_seq_truncate", _S, [_V, c_uint32, c_uint32]),
     ("ikv_seq_evict", _S, [_V, c_uint32, c_uint32, c_uint32]),

@@ -259,6 +259,19 @@ class PlanTest(unittest.TestCase):
 
 
 class PoolTest(unittest.TestCase):
+    def test_reserve(self):
+        with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, page_size=8, capacity_bytes=8 << 20) as pool:
+            seq = pool.seq_create()
+            data = array.array("f", [0.01 * i for i in range(5 * 64)])
+            pool.append(seq, data, data, layer=0)
+            pool.reserve([seq], 20)  # up to 25 tokens: 4 pages, allocated now
+            self.assertEqual(pool.stats()["pages_used"], 4)
+            self.assertEqual(pool.seq_length(seq), 5)
+            pool.reserve([seq], 0)
+            self.assertEqual(pool.stats()["pages_used"], 1)
+            with self.assertRaises(ikv.IntentKVError):
+                pool.reserve([seq, seq], 4)
+
     def test_fork_truncate_evict_formats(self):
         with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, page_size=8, capacity_bytes=8 << 20) as pool:
             seq = pool.seq_create()

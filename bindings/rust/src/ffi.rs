@@ -489,6 +489,7 @@ extern "C" {
     pub fn ikv_pool_append_batch(pool: *mut ikv_pool, seqs: *const ikv_seq_id, n_seqs: u32,
                                  args: *const ikv_append) -> ikv_status;
     pub fn ikv_pool_sync(pool: *mut ikv_pool) -> ikv_status;
+    pub fn ikv_pool_reserve(pool: *mut ikv_pool, seqs: *const ikv_seq_id, n_seqs: u32, n_tokens: u32) -> ikv_status;
     pub fn ikv_seq_fork(pool: *mut ikv_pool, parent: ikv_seq_id, child_out: *mut ikv_seq_id) -> ikv_status;
     pub fn ikv_seq_truncate(pool: *mut ikv_pool, seq: ikv_seq_id, n_tokens: u32) -> ikv_status;
     pub fn ikv_seq_evict(pool: *mut ikv_pool, seq: ikv_seq_id, begin: u32, end: u32) -> ikv_status;

@@ -519,9 +519,18 @@ impl Pool {
         Ok(n_tokens)
     }
 
-    /// Wait for the pool's asynchronous appends; an error names a non-finite value one of them stored as 0.
+    /// Wait for the pool's asynchronous appends; an error names a non-finite value one of them stored as 0
+    /// (or an append past a reserved room). Takes the lengths graph replays reached (`reserve`).
     pub fn sync(&mut self) -> Result<()> {
         check(unsafe { ffi::ikv_pool_sync(self.raw) })
+    }
+
+    /// Room for the next `n_tokens` tokens of every layer of each of `seqs`, allocated now
+    /// (ikv_pool_reserve); 0 ends it. On a CUDA pool the device then keeps their lengths, so their
+    /// appends and decodes can be captured in one CUDA graph and replayed.
+    pub fn reserve(&mut self, seqs: &[SeqId], n_tokens: u32) -> Result<()> {
+        let n_seqs = u32::try_from(seqs.len()).map_err(|_| Error::invalid("more than 2^32-1 sequences".into()))?;
+        check(unsafe { ffi::ikv_pool_reserve(self.raw, seqs.as_ptr(), n_seqs, n_tokens) })
     }
 
     pub fn fork(&mut self, parent: SeqId) -> Result<SeqId> {

@@ -169,6 +169,21 @@ fn small_config(n_layers: u32, page_size: u32) -> ffi::ikv_pool_config {
 }
 
 #[test]
+fn pool_reserve() {
+    let pc = small_config(1, 8);
+    let mut pool = Pool::new(&pc).unwrap();
+    let seq = pool.seq_create().unwrap();
+    let data: Vec<f32> = (0..5 * 64).map(|i| 0.01 * i as f32).collect();
+    pool.append(seq, &data, &data, Some(0), None).unwrap();
+    pool.reserve(&[seq], 20).unwrap(); // up to 25 tokens: 4 pages, allocated now
+    assert_eq!(pool.stats().unwrap().pages_used, 4);
+    assert_eq!(pool.seq_length(seq).unwrap(), 5);
+    pool.reserve(&[seq], 0).unwrap();
+    assert_eq!(pool.stats().unwrap().pages_used, 1);
+    assert_eq!(pool.reserve(&[seq, seq], 4).unwrap_err().status_name(), "IKV_E_INVALID");
+}
+
+#[test]
 fn pool_fork_truncate_evict() {
     let pc = small_config(1, 8);
     let mut pool = Pool::new(&pc).unwrap();

@@ -1,0 +1,446 @@
+// ikv_pool_reserve: room for the next tokens of a set of sequences, allocated
+// ahead, so that an engine can capture its whole decode step (every layer's
+// append and decode) in one CUDA graph and replay it while the sequences grow.
+//
+// The pages of the room are allocated (and a shared tail copied) here, on the
+// host, where allocation may happen. On a store that keeps room lengths (the
+// CUDA store) the sequence then gets a record in device memory: its per-layer
+// lengths, the room's pages and its layers' staging. Appends to it
+// (write_room_append) write at the device's length and advance it; decodes
+// read the device's length (pool_read.cpp: decode_length, the snapshot's
+// device_lengths). The host's lengths count eager appends only, until
+// take_room_lengths brings them up to the device's (ikv_pool_sync,
+// ikv_pool_reserve itself).
+#include <algorithm>
+#include <new>
+#include <vector>
+
+#include "pool/pool_internal.hpp"
+
+namespace ikv {
+namespace {
+
+constexpr const char *kFn = "ikv_pool_reserve";
+
+uint32_t longest_layer(const Seq &seq) {
+    uint32_t len = 0;
+    for (const LayerState &ls : seq.layers) len = std::max(len, ls.length);
+    return len;
+}
+
+// What one sequence of the call needs: pages to create, shared pages to
+// copy, pages past the room to release, staging to allocate.
+struct RoomPart {
+    std::shared_ptr<Seq> seq;
+    ikv_seq_id id = 0;
+    uint32_t end = 0;       // the new room's end (0: none)
+    uint32_t n_pages = 0;   // pages the sequence keeps: ceil(max(end, longest layer) / P)
+    std::vector<std::pair<uint32_t, PageRec *>> fresh, copies;  // (page, new record)
+    std::vector<uint32_t> new_stage;                            // layers whose staging this call allocated
+};
+
+void unwind(ikv_pool *pool, std::vector<RoomPart> &parts) {
+    for (RoomPart &rp : parts) {
+        for (uint32_t l : rp.new_stage) {
+            pool->store->stage_free(rp.seq->layers[l].stage);
+            rp.seq->layers[l].stage = nullptr;
+        }
+        rp.new_stage.clear();
+        for (auto &e : rp.fresh) delete e.second;
+        for (auto &e : rp.copies) delete e.second;
+        rp.fresh.clear();
+        rp.copies.clear();
+    }
+}
+
+// Records for the pages a part creates and copies (host memory only).
+// Throws std::bad_alloc (the caller unwinds).
+void plan_part(const ikv_pool *pool, RoomPart &rp) {
+    const Seq &seq = *rp.seq;
+    const uint32_t P = pool->shape.page_size;
+    uint32_t shortest = UINT32_MAX;
+    for (const LayerState &ls : seq.layers) shortest = std::min(shortest, ls.length);
+    if (rp.end == 0) return;
+    for (uint32_t p = shortest / P; p < rp.n_pages; ++p) {
+        if (p >= seq.pages.size()) {
+            rp.fresh.emplace_back(p, nullptr);
+            rp.fresh.back().second = new PageRec;
+            rp.fresh.back().second->format = default_page_format(pool);
+        } else if (seq.pages[p] != nullptr && seq.pages[p]->refs > 1) {
+            rp.copies.emplace_back(p, nullptr);
+            rp.copies.back().second = new PageRec;
+            rp.copies.back().second->format = seq.pages[p]->format;
+        }
+    }
+}
+
+// Pages part rp keeps, and whether the new ones could fit at all (checked
+// again when they are allocated), before a record is made for any of them.
+ikv_status size_part(ikv_pool *pool, RoomPart &rp) {
+    const uint32_t P = pool->shape.page_size;
+    const uint64_t reach = std::max<uint64_t>(rp.end, longest_layer(*rp.seq));
+    rp.n_pages = uint32_t((reach + P - 1) / P);
+    const uint64_t fresh = rp.n_pages > rp.seq->pages.size() ? rp.n_pages - rp.seq->pages.size() : 0;
+    std::lock_guard<std::mutex> lock(pool->state_mu);
+    return check_capacity_locked(pool, fresh * pool->page_bytes[default_page_format(pool)], 0, kFn);
+}
+
+// Under state_mu: capacity for every part's new pages (less what released
+// pages free), then their allocation; all or nothing.
+ikv_status allocate_locked(ikv_pool *pool, std::vector<RoomPart> &parts) {
+    uint64_t extra = 0, freed = 0;
+    for (const RoomPart &rp : parts) {
+        const Seq &seq = *rp.seq;
+        const uint32_t P = pool->shape.page_size;
+        uint32_t shortest = UINT32_MAX;
+        for (const LayerState &ls : seq.layers) shortest = std::min(shortest, ls.length);
+        for (uint32_t p = shortest / P; p < std::min<size_t>(rp.n_pages, seq.pages.size()); ++p)
+            if (seq.pages[p] == nullptr)
+                return fail(IKV_E_EVICTED, "%s: page %u of sequence %u, where its next tokens land, was evicted", kFn,
+                            p, (unsigned)rp.id);
+        for (const auto &e : rp.fresh) extra += pool->page_bytes[e.second->format];
+        for (const auto &e : rp.copies) extra += pool->page_bytes[e.second->format];
+        for (size_t p = rp.n_pages; p < seq.pages.size(); ++p) {
+            const PageRec *rec = seq.pages[p];
+            if (rec != nullptr && rec->refs == 1 && !rec->on_host) freed += pool->page_bytes[rec->format];
+        }
+    }
+    ikv_status st = check_capacity_locked(pool, extra, freed, kFn);
+    if (st != IKV_OK) return st;
+    for (size_t i = 0; i < parts.size(); ++i)
+        for (auto *list : {&parts[i].fresh, &parts[i].copies})
+            for (size_t j = 0; j < list->size(); ++j) {
+                st = alloc_page_locked(pool, (*list)[j].second->format, (*list)[j].second);
+                if (st == IKV_OK) continue;
+                // Release what this loop allocated before (i, list, j), in the same order.
+                for (size_t i2 = 0; i2 <= i; ++i2)
+                    for (auto *l2 : {&parts[i2].fresh, &parts[i2].copies})
+                        for (size_t j2 = 0; j2 < l2->size(); ++j2) {
+                            if (i2 == i && l2 == list && j2 == j) return st;
+                            free_page_bytes_locked(pool, (*l2)[j2].second);
+                        }
+                return st;
+            }
+    return IKV_OK;
+}
+
+// Under state_mu: the block table takes the new pages and drops those past
+// the room (refs released). Nothing here fails (capacity reserved by plan_part).
+void commit_locked(ikv_pool *pool, RoomPart &rp) {
+    Seq &seq = *rp.seq;
+    for (auto &e : rp.copies) {
+        unref_page_locked(pool, seq.pages[e.first]);
+        seq.pages[e.first] = e.second;
+    }
+    for (size_t p = rp.n_pages; p < seq.pages.size(); ++p)
+        if (seq.pages[p] != nullptr) unref_page_locked(pool, seq.pages[p]);
+    if (seq.pages.size() > rp.n_pages) seq.pages.resize(rp.n_pages);
+    for (auto &e : rp.fresh) seq.pages.push_back(e.second);  // consecutive from pages.size()
+    table_changed(seq);  // also when no page changed: the decode's lists follow the room (pool_read.cpp)
+    rp.fresh.clear();
+    rp.copies.clear();
+}
+
+// The store's record of rp's room (or its end when the room ends).
+ikv_status write_record(ikv_pool *pool, RoomPart &rp) {
+    Seq &seq = *rp.seq;
+    if (rp.end == 0) {
+        if (seq.reservation != nullptr) pool->store->room_free(seq.reservation);
+        seq.reservation = nullptr;
+        return IKV_OK;
+    }
+    const uint32_t P = pool->shape.page_size, L = pool->shape.n_layers;
+    uint32_t shortest = UINT32_MAX;
+    for (const LayerState &ls : seq.layers) shortest = std::min(shortest, ls.length);
+    const uint32_t first = shortest / P, last = (rp.end + P - 1) / P;  // pages [first, last)
+    std::vector<uint32_t> lengths;
+    std::vector<uint8_t *> pages;
+    std::vector<ikv_format> formats;
+    std::vector<float *> stages;
+    try {
+        lengths.resize(L);
+        stages.resize(L);
+        for (uint32_t l = 0; l < L; ++l) {
+            lengths[l] = seq.layers[l].length;
+            stages[l] = seq.layers[l].stage;
+        }
+        for (uint32_t p = first; p < last; ++p) {
+            pages.push_back(seq.pages[p]->bytes);
+            formats.push_back(seq.pages[p]->format);
+        }
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "%s: out of host memory", kFn);
+    }
+    const PageStore::Room room{rp.id, lengths.data(), first, last - first, rp.end, pages.data(), formats.data(),
+                               stages.data()};
+    return pool->store->room_set(room, &seq.reservation);
+}
+
+}  // namespace
+
+ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id) {
+    if (seq.reservation == nullptr) return IKV_OK;
+    const uint32_t L = pool->shape.n_layers;
+    std::vector<uint32_t> lengths;
+    try {
+        lengths.resize(L);
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "ikv_pool_sync: out of host memory");
+    }
+    PageStore::RoomReport report;
+    const ikv_status st = pool->store->room_take(seq.reservation, lengths.data(), &report);
+    if (st != IKV_OK) return st;
+    std::lock_guard<std::mutex> lock(pool->state_mu);
+    const uint32_t old_length = seq.length;
+    uint32_t len = UINT32_MAX;
+    for (uint32_t l = 0; l < L; ++l) {
+        seq.layers[l].length = std::max(seq.layers[l].length, lengths[l]);  // the device's, never behind the host's
+        len = std::min(len, seq.layers[l].length);
+    }
+    seq.length = len;
+    pool->tokens_total += seq.length - old_length;
+    if (report.overrun_layer >= 0 && !pool->room_report.found)
+        pool->room_report = RoomIncident{true, false, id, uint32_t(report.overrun_layer)};
+    if (report.stale_read && !pool->room_report.found) pool->room_report = RoomIncident{true, true, id, 0};
+    return IKV_OK;
+}
+
+ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
+                       const AppendSource &src_in, uint32_t l0, uint32_t l1) {
+    const char *fn = src_in.fn;
+    const uint32_t P = pool->shape.page_size, n = src_in.seq_tokens;
+    for (uint32_t i = 0; i < n_seqs; ++i)
+        if (seqs[i]->reservation == nullptr)
+            return fail(IKV_E_INVALID,
+                        "%s: sequence %u has no reserved room but others of the call have; append to sequences with "
+                        "room (ikv_pool_reserve) and without it in separate calls",
+                        fn, (unsigned)ids[i]);
+    if (n > P)
+        return fail(IKV_E_INVALID,
+                    "%s: n_tokens %u exceeds page_size %u; an append to a sequence with reserved room carries at most "
+                    "one page of tokens",
+                    fn, n, P);
+    if (n_seqs > kMaxRoomSeqsPerAppend)
+        return fail(IKV_E_INVALID, "%s: %u sequences with reserved room in one append; at most %u", fn, n_seqs,
+                    kMaxRoomSeqsPerAppend);
+    if (!src_in.on_device)
+        return fail(IKV_E_INVALID,
+                    "%s: sequences with reserved room take device input (src_on_device = 1); the device writes "
+                    "them at its own lengths",
+                    fn);
+    for (uint32_t i = 0; i < n_seqs; ++i)
+        for (uint32_t l = l0; l < l1; ++l)
+            if (uint64_t(seqs[i]->layers[l].length) + n > seqs[i]->reserved_end)
+                return fail(IKV_E_RANGE,
+                            "%s: layer %u of sequence %u holds %u tokens; %u more pass its room, which ends at %u "
+                            "(ikv_pool_reserve)",
+                            fn, l, (unsigned)ids[i], seqs[i]->layers[l].length, n, seqs[i]->reserved_end);
+    AppendSource src = src_in;
+    src.room = true;
+    bool capturing = false;
+    ikv_status st = pool->store->check_source(src);
+    if (st == IKV_OK) st = pool->store->stream_capturing(src.stream, fn, &capturing);
+    if (st != IKV_OK) return st;
+    if (!src.async) {  // checked before anything is written, as every synchronous append
+        NonFinite bad;
+        st = pool->store->find_nonfinite(src, l0, l1, &bad);
+        if (st != IKV_OK) return st;
+        if (bad.found)
+            return fail(IKV_E_INVALID,
+                        "%s: %s[sequence %u, layer %u, token %u, head %u, channel %u] is %s; the pool stores finite "
+                        "values only",
+                        fn, bad.which == 0 ? "k" : "v", (unsigned)ids[bad.token / n], bad.layer, bad.token % n,
+                        bad.head, bad.channel, bad.is_nan ? "NaN" : "inf");
+    }
+    // The kernel for one format when every page of every room has it.
+    int only_format = -2;
+    std::vector<void *> records;
+    try {
+        records.resize(n_seqs);
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    }
+    {
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        for (uint32_t i = 0; i < n_seqs; ++i) {
+            const Seq &seq = *seqs[i];
+            records[i] = seq.reservation;
+            uint32_t shortest = UINT32_MAX;
+            for (const LayerState &ls : seq.layers) shortest = std::min(shortest, ls.length);
+            for (size_t p = shortest / P; p < seq.pages.size(); ++p) {
+                if (seq.pages[p] == nullptr) continue;  // evicted behind the device's length
+                const int f = int(seq.pages[p]->format);
+                only_format = only_format == -2 || only_format == f ? f : -1;
+            }
+        }
+    }
+    st = pool->store->write_room_append(src, records.data(), n_seqs, l0, l1, only_format < 0 ? -1 : only_format);
+    if (st != IKV_OK || capturing) return st;  // a replay advances the device's lengths, not the host's
+    std::lock_guard<std::mutex> lock(pool->state_mu);
+    for (uint32_t i = 0; i < n_seqs; ++i) {
+        Seq &seq = *seqs[i];
+        const uint32_t old_length = seq.length;
+        uint32_t len = UINT32_MAX;
+        for (uint32_t l = 0; l < pool->shape.n_layers; ++l) {
+            if (l >= l0 && l < l1) seq.layers[l].length += n;
+            len = std::min(len, seq.layers[l].length);
+        }
+        seq.length = len;
+        pool->tokens_total += seq.length - old_length;
+    }
+    return IKV_OK;
+}
+
+ikv_status refuse_with_room(const Seq &seq, ikv_seq_id id, const char *fn) {
+    if (seq.reservation == nullptr) return IKV_OK;
+    return fail(IKV_E_STATE,
+                "%s: sequence %u has room reserved on the device (ikv_pool_reserve); end it first with "
+                "ikv_pool_reserve(pool, &seq, 1, 0)",
+                fn, (unsigned)id);
+}
+
+ikv_status seqs_reserve(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, uint32_t n_tokens) {
+    std::vector<std::shared_ptr<Seq>> seqs;
+    ikv_status st = find_seqs_once(pool, ids, n_seqs, kFn, &seqs);
+    if (st != IKV_OK) return st;
+    // The device's lengths first: the room is measured from them.
+    for (uint32_t i = 0; i < n_seqs; ++i) {
+        st = take_room_lengths(pool, *seqs[i], ids[i]);
+        if (st != IKV_OK) return st;
+    }
+    const bool device_lengths = pool->store->keeps_room_lengths();
+    std::vector<RoomPart> parts;
+    try {
+        parts.resize(n_seqs);
+        for (uint32_t i = 0; i < n_seqs; ++i) {
+            RoomPart &rp = parts[i];
+            rp.seq = seqs[i];
+            rp.id = ids[i];
+            const uint64_t end = n_tokens == 0 ? 0 : uint64_t(longest_layer(*rp.seq)) + n_tokens;
+            if (end > UINT32_MAX) {
+                unwind(pool, parts);
+                return fail(IKV_E_RANGE, "%s: sequence %u would reach %llu tokens, beyond 2^32-1", kFn,
+                            (unsigned)rp.id, (unsigned long long)end);
+            }
+            rp.end = uint32_t(end);
+            st = size_part(pool, rp);
+            if (st != IKV_OK) {
+                unwind(pool, parts);
+                return st;
+            }
+            plan_part(pool, rp);
+            if (rp.end != 0 && device_lengths) rp.new_stage.reserve(pool->shape.n_layers);
+        }
+    } catch (const std::bad_alloc &) {
+        unwind(pool, parts);
+        return fail(IKV_E_NOMEM, "%s: out of host memory", kFn);
+    }
+    // Device appends stage every layer's rows in its own buffer: all exist while the room does.
+    if (device_lengths)
+        for (RoomPart &rp : parts)
+            for (uint32_t l = 0; rp.end != 0 && l < pool->shape.n_layers; ++l)
+                if (rp.seq->layers[l].stage == nullptr) {
+                    st = pool->store->stage_alloc(&rp.seq->layers[l].stage);
+                    if (st != IKV_OK) {
+                        unwind(pool, parts);
+                        return st;
+                    }
+                    rp.new_stage.push_back(l);
+                }
+    {
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        st = allocate_locked(pool, parts);
+    }
+    if (st != IKV_OK) {
+        unwind(pool, parts);
+        return st;
+    }
+    // Fill the new pages (empty) and copy the shared ones, outside the lock.
+    std::vector<PageStore::PageInit> inits;
+    std::vector<PageStore::PageCopy> copies;
+    try {
+        for (const RoomPart &rp : parts) {
+            for (const auto &e : rp.fresh) inits.push_back(PageStore::PageInit{e.second->format, e.second->bytes});
+            for (const auto &e : rp.copies)
+                copies.push_back(
+                    PageStore::PageCopy{e.second->format, e.second->bytes, rp.seq->pages[e.first]->bytes});
+        }
+    } catch (const std::bad_alloc &) {
+        st = fail(IKV_E_NOMEM, "%s: out of host memory", kFn);
+    }
+    const Exec ex;
+    if (st == IKV_OK) st = pool->store->init_pages(inits.data(), inits.size(), ex);
+    if (st == IKV_OK) st = pool->store->copy_pages(copies.data(), copies.size(), ex);
+    {
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        if (st != IKV_OK) {
+            for (RoomPart &rp : parts) {
+                for (auto &e : rp.fresh) free_page_bytes_locked(pool, e.second);
+                for (auto &e : rp.copies) free_page_bytes_locked(pool, e.second);
+            }
+            unwind(pool, parts);
+            return st;
+        }
+        for (RoomPart &rp : parts) {
+            pool->staging_bytes += rp.new_stage.size() * stage_bytes(pool->shape);
+            rp.new_stage.clear();
+            commit_locked(pool, rp);
+        }
+    }
+    // The records. A device failure here leaves the pages allocated and the
+    // sequence's room as it was (its record unchanged): the call can be repeated.
+    ikv_status first_error = IKV_OK;
+    for (RoomPart &rp : parts) {
+        Seq &seq = *rp.seq;
+        st = device_lengths ? write_record(pool, rp) : IKV_OK;
+        if (st != IKV_OK) {
+            if (first_error == IKV_OK) first_error = st;
+            continue;
+        }
+        seq.reserved_end = rp.end;
+        if (rp.end == 0) {  // staging again only where a layer's tail page is partial
+            std::lock_guard<std::mutex> lock(pool->state_mu);
+            for (LayerState &ls : seq.layers)
+                if (ls.stage != nullptr && ls.length % pool->shape.page_size == 0) {
+                    pool->store->stage_free(ls.stage);
+                    ls.stage = nullptr;
+                    pool->staging_bytes -= stage_bytes(pool->shape);
+                }
+        }
+    }
+    return first_error;
+}
+
+ikv_status take_room_reports(ikv_pool *pool, bool report) {
+    std::vector<std::pair<ikv_seq_id, std::shared_ptr<Seq>>> with_room;
+    try {
+        std::shared_lock<std::shared_mutex> lock(pool->table_mu);
+        for (const auto &e : pool->seqs)
+            if (e.second->reservation != nullptr) with_room.emplace_back(e.first, e.second);
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "ikv_pool_sync: out of host memory");
+    }
+    for (auto &e : with_room) {
+        const ikv_status st = take_room_lengths(pool, *e.second, e.first);
+        if (st != IKV_OK) return st;
+    }
+    if (!report) return IKV_OK;
+    RoomIncident r;
+    {
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        r = pool->room_report;
+        pool->room_report = RoomIncident{};
+    }
+    if (!r.found) return IKV_OK;
+    if (r.stale_read)
+        return fail(IKV_E_STATE,
+                    "ikv_pool_sync: a decode of sequence %u found more tokens than its page lists covered (a graph "
+                    "captured before ikv_pool_reserve extended the room); capture the step again",
+                    (unsigned)r.seq);
+    return fail(IKV_E_RANGE,
+                "ikv_pool_sync: an append to layer %u of sequence %u would have passed its reserved room and wrote "
+                "nothing; reserve more room (ikv_pool_reserve) before replaying further",
+                r.layer, (unsigned)r.seq);
+}
+
+}  // namespace ikv

@@ -1,0 +1,362 @@
+/* An engine's whole decode step in one CUDA graph, through the public API
+ * (ikv_pool_reserve). Skips (exit 77) without a CUDA device.
+ *
+ * For every page format and three selections (dense, a plan, hybrid top-k),
+ * two sequences of two CUDA pools get the same prefill and room for 40 more
+ * tokens. Pool A's step -- per layer one asynchronous batch append from
+ * device memory and one ikv_decode -- is captured once (global capture mode,
+ * torch.cuda.graph's) and replayed 40 times, crossing page boundaries, with
+ * new K/V and queries written to the same device buffers before each replay;
+ * pool B runs the same calls eagerly. Every step's output of the replay
+ * equals the eager step's byte for byte; after ikv_pool_sync both pools
+ * hold the same lengths, values and key summaries, equal to a CPU pool fed the
+ * same tokens (whose dense and plan outputs agree with the CUDA ones to fp32
+ * rounding). Then: a replay past the room writes nothing and ikv_pool_sync
+ * reports IKV_E_RANGE; a graph replayed after its room was extended is
+ * reported (IKV_E_STATE); the calls a room forbids are refused with a sentence
+ * and allowed again once the room ends. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_rt.h"
+#include "support.h"
+
+enum { L = 2, H = 2, D = 64, P = 16, HQ = 4, B = 2, ROOM = 40 };
+enum { KV_STEP = L * B * H * D, Q_STEP = L * B * HQ * D }; /* elements of one step's input */
+static const uint32_t kPrefill[B] = {37, 50};
+enum kind { DENSE, PLAN, TOPK };
+
+typedef struct bufs {
+    void *dk, *dv, *dq, *dout; /* device: K, V [L][B][H][D] f16; q, out [L][B][HQ][D] f32 */
+} bufs;
+
+static ikv_pool *make_pool(ikv_backend backend, ikv_format f) {
+    return ikvt_make_pool((ikvt_pool_spec){.backend = backend, .n_layers = L, .n_kv_heads = H, .head_dim = D,
+                                           .page_size = P, .default_format = f, .kv_dtype = IKV_DTYPE_F16});
+}
+
+/* The prefill of sequence b (host input, every layer), the same in every pool. */
+static void prefill(ikv_pool *pool, ikv_seq_id *seqs) {
+    for (uint32_t b = 0; b < B; ++b) {
+        IKVT_OK(ikv_seq_create(pool, &seqs[b]));
+        const size_t n = (size_t)L * kPrefill[b] * H * D;
+        float *x = malloc(4 * n);
+        uint16_t *k = malloc(2 * n), *v = malloc(2 * n);
+        ikvt_rng rng = {100 + b};
+        ikvt_fill_normal(&rng, x, n, 1.0f);
+        ikvt_to_f16(x, k, n);
+        ikvt_fill_normal(&rng, x, n, 1.0f);
+        ikvt_to_f16(x, v, n);
+        ikv_append a = ikv_append_default(pool, kPrefill[b]);
+        a.layer = IKV_ALL_LAYERS;
+        a.k = k;
+        a.v = v;
+        IKVT_OK(ikv_pool_append(pool, seqs[b], &a));
+        free(x), free(k), free(v);
+    }
+}
+
+/* Step t's input, on the host: K, V (f16) and q (f32) of every layer and sequence. */
+static void step_input(uint32_t t, uint16_t *k, uint16_t *v, float *q) {
+    ikvt_rng rng = {0x5EED + t};
+    float x[KV_STEP];
+    ikvt_fill_normal(&rng, x, KV_STEP, 1.0f);
+    ikvt_to_f16(x, k, KV_STEP);
+    ikvt_fill_normal(&rng, x, KV_STEP, 1.0f);
+    ikvt_to_f16(x, v, KV_STEP);
+    ikvt_fill_normal(&rng, q, Q_STEP, 1.0f);
+}
+
+static ikv_decode_args decode_args(const ikv_seq_id *seqs, uint32_t l, const void *q, void *out, void *stream,
+                                   const ikv_plan *const *plans, enum kind kind) {
+    ikv_decode_args d = ikv_decode_args_default();
+    d.layer = l;
+    d.n_seqs = B;
+    d.seqs = seqs;
+    d.n_q_heads = HQ;
+    d.q = q;
+    d.out = out;
+    d.stream = stream;
+    d.plans = kind == PLAN ? plans : NULL;
+    d.topk_token_budget = kind == TOPK ? 48 : 0;
+    d.topk_score = IKV_TOPK_SCORE_HYBRID;
+    return d;
+}
+
+/* One engine step on a CUDA pool: per layer, the batch append of one token
+ * per sequence from device memory, then the decode. */
+static ikv_status cuda_step(ikv_pool *pool, ikv_decoder *dec, const ikv_seq_id *seqs, const bufs *bf, void *stream,
+                            const ikv_plan *const *plans, enum kind kind) {
+    for (uint32_t l = 0; l < L; ++l) {
+        ikv_append a = ikv_append_default(pool, 1);
+        a.layer = l;
+        a.k = (const uint16_t *)bf->dk + (size_t)l * B * H * D;
+        a.v = (const uint16_t *)bf->dv + (size_t)l * B * H * D;
+        a.src_on_device = 1;
+        a.stream = stream;
+        a.flags = IKV_APPEND_ASYNC;
+        ikv_status st = ikv_pool_append_batch(pool, seqs, B, &a);
+        if (st != IKV_OK) return st;
+        const ikv_decode_args d = decode_args(seqs, l, (const float *)bf->dq + (size_t)l * B * HQ * D,
+                                              (float *)bf->dout + (size_t)l * B * HQ * D, stream, plans, kind);
+        st = ikv_decode(dec, pool, &d);
+        if (st != IKV_OK) return st;
+    }
+    return IKV_OK;
+}
+
+/* The same step on a CPU pool from host memory. */
+static void cpu_step(ikv_pool *pool, ikv_decoder *dec, const ikv_seq_id *seqs, const uint16_t *k, const uint16_t *v,
+                     const float *q, float *out, const ikv_plan *const *plans, enum kind kind) {
+    for (uint32_t l = 0; l < L; ++l) {
+        ikv_append a = ikv_append_default(pool, 1);
+        a.layer = l;
+        a.k = k + (size_t)l * B * H * D;
+        a.v = v + (size_t)l * B * H * D;
+        IKVT_OK(ikv_pool_append_batch(pool, seqs, B, &a));
+        const ikv_decode_args d =
+            decode_args(seqs, l, q + (size_t)l * B * HQ * D, out + (size_t)l * B * HQ * D, NULL, plans, kind);
+        IKVT_OK(ikv_decode(dec, pool, &d));
+    }
+}
+
+/* Lengths, stored values and key summaries of seqs equal in pools a and b. */
+static void assert_same_pools(ikv_pool *a, const ikv_seq_id *sa, ikv_pool *b, const ikv_seq_id *sb) {
+    for (uint32_t s = 0; s < B; ++s) {
+        uint32_t la = 0, lb = 0;
+        IKVT_OK(ikv_seq_length(a, sa[s], &la));
+        IKVT_OK(ikv_seq_length(b, sb[s], &lb));
+        assert_int_equal(la, lb);
+        const size_t n = (size_t)la * H * D;
+        float *x[4];
+        for (int i = 0; i < 4; ++i) x[i] = malloc(4 * n);
+        for (uint32_t l = 0; l < L; ++l) {
+            IKVT_OK(ikv_seq_read(a, sa[s], l, 0, la, x[0], x[1]));
+            IKVT_OK(ikv_seq_read(b, sb[s], l, 0, lb, x[2], x[3]));
+            assert_memory_equal(x[0], x[2], 4 * n);
+            assert_memory_equal(x[1], x[3], 4 * n);
+            for (uint32_t page = 0; page * P < la; ++page)
+                for (uint32_t h = 0; h < H; ++h) {
+                    float sum[2][3][D];
+                    uint32_t nt[2];
+                    IKVT_OK(ikv_seq_page_summary(a, sa[s], l, h, page, sum[0][0], sum[0][1], sum[0][2], &nt[0]));
+                    IKVT_OK(ikv_seq_page_summary(b, sb[s], l, h, page, sum[1][0], sum[1][1], sum[1][2], &nt[1]));
+                    assert_int_equal(nt[0], nt[1]);
+                    assert_memory_equal(sum[0], sum[1], sizeof sum[0]);
+                }
+        }
+        for (int i = 0; i < 4; ++i) free(x[i]);
+    }
+}
+
+static double rel_l2_f(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; ++i) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void run_case(ikv_format f, enum kind kind) {
+    ikv_pool *ga = make_pool(IKV_BACKEND_CUDA, f), *gb = make_pool(IKV_BACKEND_CUDA, f);
+    ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, f);
+    ikv_seq_id sa[B], sb[B], sc[B];
+    prefill(ga, sa);
+    prefill(gb, sb);
+    prefill(cpu, sc);
+    IKVT_OK(ikv_pool_reserve(ga, sa, B, ROOM));
+    IKVT_OK(ikv_pool_reserve(gb, sb, B, ROOM));
+    static const ikv_token_range ranges[] = {{0, 16}, {33, 50 + ROOM}};
+    ikv_plan *plan = NULL;
+    IKVT_OK(ikv_plan_from_ranges(ranges, 2, 50 + ROOM, P, f, &plan));
+    const ikv_plan *plans[B] = {plan, plan};
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    ikv_decoder *da = NULL, *db = NULL, *dcpu = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &da));
+    IKVT_OK(ikv_decoder_create(&dc, &db));
+    IKVT_OK(ikv_decoder_create(&dc, &dcpu));
+    void *stream_a = NULL, *stream_b = NULL;
+    assert_int_equal(ikvt_rt.stream_create_(&stream_a), 0);
+    assert_int_equal(ikvt_rt.stream_create_(&stream_b), 0);
+    bufs bf = {ikvt_dev_upload(NULL, 2 * KV_STEP), ikvt_dev_upload(NULL, 2 * KV_STEP), ikvt_dev_upload(NULL, 4 * Q_STEP),
+               ikvt_dev_upload(NULL, 4 * Q_STEP)};
+    uint16_t *k = malloc(2 * KV_STEP), *v = malloc(2 * KV_STEP);
+    float *q = malloc(4 * Q_STEP), *out_a = malloc(4 * Q_STEP), *out_b = malloc(4 * Q_STEP), *out_c = malloc(4 * Q_STEP);
+
+    /* One eager decode per layer sizes the decoder's buffers (a capture cannot
+     * allocate); it appends nothing. Then the step is captured once. */
+    step_input(999, k, v, q);
+    assert_int_equal(ikvt_rt.memcpy_(bf.dq, q, 4 * Q_STEP, IKVT_H2D), 0);
+    for (uint32_t l = 0; l < L; ++l) {
+        const ikv_decode_args d = decode_args(sa, l, bf.dq, bf.dout, stream_a, plans, kind);
+        IKVT_OK(ikv_decode(da, ga, &d));
+    }
+    assert_int_equal(ikvt_rt.stream_sync_(stream_a), 0);
+    void *graph = NULL, *exec = NULL;
+    assert_int_equal(ikvt_rt.begin_capture_(stream_a, IKVT_CAPTURE_GLOBAL), 0);
+    const ikv_status captured = cuda_step(ga, da, sa, &bf, stream_a, plans, kind);
+    assert_int_equal(ikvt_rt.end_capture_(stream_a, &graph), 0);
+    if (captured != IKV_OK) fail_msg("capture: %s: %s", ikv_status_name(captured), ikv_last_error());
+    assert_int_equal(ikvt_rt.graph_instantiate_(&exec, graph, 0), 0);
+    uint32_t len = 0;
+    IKVT_OK(ikv_seq_length(ga, sa[0], &len));
+    assert_int_equal(len, kPrefill[0]); /* capturing appended nothing */
+
+    double worst = 0;
+    for (uint32_t t = 0; t < ROOM; ++t) {
+        step_input(t, k, v, q);
+        assert_int_equal(ikvt_rt.memcpy_(bf.dk, k, 2 * KV_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(bf.dv, v, 2 * KV_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(bf.dq, q, 4 * Q_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.sync_(), 0);
+        assert_int_equal(ikvt_rt.graph_launch_(exec, stream_a), 0);
+        assert_int_equal(ikvt_rt.stream_sync_(stream_a), 0);
+        assert_int_equal(ikvt_rt.memcpy_(out_a, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
+        IKVT_OK(cuda_step(gb, db, sb, &bf, stream_b, plans, kind));
+        assert_int_equal(ikvt_rt.stream_sync_(stream_b), 0);
+        assert_int_equal(ikvt_rt.memcpy_(out_b, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
+        if (memcmp(out_a, out_b, 4 * Q_STEP) != 0)
+            fail_msg("format %d kind %d step %u: the replay's output differs from the eager step's", f, kind, t);
+        cpu_step(cpu, dcpu, sc, k, v, q, out_c, plans, kind);
+        if (kind != TOPK) { /* top-k may break near-ties of its bf16 scores differently on the CPU */
+            const double e = rel_l2_f(out_b, out_c, Q_STEP);
+            worst = e > worst ? e : worst;
+        }
+    }
+    if (worst > 1e-5) fail_msg("format %d kind %d: CUDA vs CPU output rel. L2 %.3g", f, kind, worst);
+    IKVT_OK(ikv_pool_sync(ga));
+    IKVT_OK(ikv_pool_sync(gb));
+    IKVT_OK(ikv_seq_length(ga, sa[1], &len));
+    assert_int_equal(len, kPrefill[1] + ROOM);
+    assert_same_pools(ga, sa, gb, sb);
+    assert_same_pools(ga, sa, cpu, sc);
+
+    /* A replay past the room: nothing written, reported once. */
+    assert_int_equal(ikvt_rt.graph_launch_(exec, stream_a), 0);
+    assert_int_equal(ikvt_rt.stream_sync_(stream_a), 0);
+    IKVT_EXPECT_STATUS(ikv_pool_sync(ga), IKV_E_RANGE, "passed its reserved room");
+    IKVT_OK(ikv_pool_sync(ga));
+    assert_same_pools(ga, sa, gb, sb);
+
+    /* What a room forbids, and a graph older than its room. */
+    IKVT_EXPECT_STATUS(ikv_seq_truncate(ga, sa[0], 1), IKV_E_STATE, "ikv_pool_reserve");
+    ikv_seq_id child;
+    IKVT_EXPECT_STATUS(ikv_seq_fork(ga, sa[0], &child), IKV_E_STATE, "ikv_pool_reserve");
+    IKVT_EXPECT_STATUS(ikv_seq_set_page_format(ga, sa[0], 0, IKV_FMT_INT8), IKV_E_STATE, "ikv_pool_reserve");
+    ikv_append host = ikv_append_default(ga, 1);
+    host.k = k;
+    host.v = v;
+    IKVT_EXPECT_STATUS(ikv_pool_append(ga, sa[0], &host), IKV_E_INVALID, "src_on_device");
+    IKVT_OK(ikv_pool_reserve(ga, sa, B, 8));
+    assert_int_equal(ikvt_rt.graph_launch_(exec, stream_a), 0);
+    assert_int_equal(ikvt_rt.stream_sync_(stream_a), 0);
+    IKVT_EXPECT_STATUS(ikv_pool_sync(ga), IKV_E_STATE, "capture the step again");
+    IKVT_OK(ikv_seq_length(ga, sa[0], &len));
+    assert_int_equal(len, kPrefill[0] + ROOM + 1); /* the appends had room */
+    IKVT_OK(ikv_pool_reserve(ga, sa, B, 0));
+    IKVT_OK(ikv_seq_truncate(ga, sa[0], 1));
+
+    ikvt_rt.graph_exec_destroy_(exec);
+    ikvt_rt.graph_destroy_(graph);
+    ikvt_rt.stream_destroy_(stream_a);
+    ikvt_rt.stream_destroy_(stream_b);
+    ikvt_rt.free_(bf.dk), ikvt_rt.free_(bf.dv), ikvt_rt.free_(bf.dq), ikvt_rt.free_(bf.dout);
+    free(k), free(v), free(q), free(out_a), free(out_b), free(out_c);
+    ikv_decoder_destroy(da), ikv_decoder_destroy(db), ikv_decoder_destroy(dcpu);
+    ikv_plan_destroy(plan);
+    ikv_pool_destroy(ga), ikv_pool_destroy(gb), ikv_pool_destroy(cpu);
+}
+
+static const ikv_format kFormats[] = {IKV_FMT_F16, IKV_FMT_BF16, IKV_FMT_FP8_E4M3, IKV_FMT_INT8, IKV_FMT_INT4};
+
+static void test_dense_step_replayed(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof kFormats / sizeof kFormats[0]; ++i) run_case(kFormats[i], DENSE);
+}
+static void test_plan_step_replayed(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof kFormats / sizeof kFormats[0]; ++i) run_case(kFormats[i], PLAN);
+}
+static void test_topk_step_replayed(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof kFormats / sizeof kFormats[0]; ++i) run_case(kFormats[i], TOPK);
+}
+
+/* Appends a room refuses, on a CUDA pool: more than a page of tokens, a batch
+ * mixing sequences with and without room, a capture without room. */
+static void test_room_append_refusals(void **state) {
+    (void)state;
+    ikv_pool *pool = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16);
+    ikv_seq_id s[B];
+    prefill(pool, s);
+    IKVT_OK(ikv_pool_reserve(pool, &s[0], 1, 64));
+    void *dk = ikvt_dev_upload(NULL, 2 * (size_t)B * (P + 1) * H * D), *dv = ikvt_dev_upload(NULL, 2 * (size_t)B * (P + 1) * H * D);
+    assert_int_equal(ikvt_rt.memset_(dk, 0, 2 * (size_t)B * (P + 1) * H * D), 0);
+    assert_int_equal(ikvt_rt.memset_(dv, 0, 2 * (size_t)B * (P + 1) * H * D), 0);
+    ikv_append a = ikv_append_default(pool, P + 1);
+    a.k = dk;
+    a.v = dv;
+    a.src_on_device = 1;
+    a.flags = IKV_APPEND_ASYNC;
+    IKVT_EXPECT_STATUS(ikv_pool_append(pool, s[0], &a), IKV_E_INVALID, "page_size");
+    a = ikv_append_default(pool, 1);
+    a.k = dk;
+    a.v = dv;
+    a.src_on_device = 1;
+    a.flags = IKV_APPEND_ASYNC;
+    IKVT_EXPECT_STATUS(ikv_pool_append_batch(pool, s, B, &a), IKV_E_INVALID, "no reserved room");
+    void *stream = NULL, *graph = NULL;
+    assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
+    a.stream = stream;
+    assert_int_equal(ikvt_rt.begin_capture_(stream, IKVT_CAPTURE_GLOBAL), 0);
+    const ikv_status without = ikv_pool_append(pool, s[1], &a);
+    a.flags = 0;
+    const ikv_status sync_in_capture = ikv_pool_append(pool, s[0], &a);
+    assert_int_equal(ikvt_rt.end_capture_(stream, &graph), 0);
+    IKVT_EXPECT_STATUS(without, IKV_E_INVALID, NULL);
+    IKVT_EXPECT_STATUS(sync_in_capture, IKV_E_INVALID, NULL);
+    if (graph) ikvt_rt.graph_destroy_(graph);
+    uint32_t len = 0;
+    IKVT_OK(ikv_seq_length(pool, s[0], &len));
+    assert_int_equal(len, kPrefill[0]);
+    /* Eager, synchronous: allowed, checked, and counted by the host at once (layer 0 only). */
+    a.stream = NULL;
+    IKVT_OK(ikv_pool_append(pool, s[0], &a));
+    IKVT_OK(ikv_seq_layer_length(pool, s[0], 0, &len));
+    assert_int_equal(len, kPrefill[0] + 1);
+    IKVT_OK(ikv_seq_layer_length(pool, s[0], 1, &len));
+    assert_int_equal(len, kPrefill[0]);
+    IKVT_OK(ikv_pool_sync(pool));
+    IKVT_OK(ikv_seq_layer_length(pool, s[0], 0, &len)); /* the device agrees */
+    assert_int_equal(len, kPrefill[0] + 1);
+    /* NaN input: refused by a synchronous append (nothing written), stored as 0
+     * and reported by ikv_pool_sync after an asynchronous one. */
+    assert_int_equal(ikvt_rt.memset_(dk, 0xFF, 2 * (size_t)H * D), 0); /* f16 0xFFFF: NaN */
+    IKVT_EXPECT_STATUS(ikv_pool_append(pool, s[0], &a), IKV_E_INVALID, "NaN");
+    IKVT_OK(ikv_pool_sync(pool));
+    IKVT_OK(ikv_seq_layer_length(pool, s[0], 0, &len));
+    assert_int_equal(len, kPrefill[0] + 1);
+    a.flags = IKV_APPEND_ASYNC;
+    IKVT_OK(ikv_pool_append(pool, s[0], &a));
+    IKVT_EXPECT_STATUS(ikv_pool_sync(pool), IKV_E_INVALID, "NaN");
+    IKVT_OK(ikv_seq_layer_length(pool, s[0], 0, &len));
+    assert_int_equal(len, kPrefill[0] + 2);
+    ikvt_rt.stream_destroy_(stream);
+    ikvt_rt.free_(dk), ikvt_rt.free_(dv);
+    ikv_pool_destroy(pool);
+}
+
+int main(void) {
+    ikvt_require_cuda_device();
+    const char *filter = getenv("IKVT_TEST_FILTER"); /* e.g. for compute-sanitizer runs of one test */
+    if (filter) cmocka_set_test_filter(filter);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_room_append_refusals),
+        cmocka_unit_test(test_dense_step_replayed),
+        cmocka_unit_test(test_plan_step_replayed),
+        cmocka_unit_test(test_topk_step_replayed),
+    };
+    return cmocka_run_group_tests_name("gpu_graph_step", tests, NULL, NULL);
+}
