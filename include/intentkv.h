@@ -1099,8 +1099,9 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * for its stream and copies them back to the host, where the averages live:
  * a decode with feedback synchronizes, and one on a stream capturing a CUDA
  * graph is refused (IKV_E_INVALID) before anything is enqueued. The prior
- * (ikv_decode_args.topk_feedback_weight > 0 with query-aware selection)
- * serves CPU pools only for now (IKV_E_UNSUPPORTED on CUDA pools).
+ * (ikv_decode_args.topk_feedback_weight > 0 with query-aware selection) is
+ * computed from the averages on the host and copied to the device with each
+ * such call; it selects the same pages as on a CPU pool.
  * Host memory: 4 bytes per page, layer and kv-head of each sequence fed back.
  * Thread-safety: a decode writes it; calls on one feedback object, decodes
  * that pass it included, need the caller's ordering.
@@ -1353,8 +1354,7 @@ IKV_API ikv_decode_args ikv_decode_args_default_v2(void);
  * scored rows per kv-head with IKV_TOPK_SCORE_HYBRID (query heads, twice
  * with a query memory), a kv-group's queries larger than the device's
  * shared memory per block, more candidate pages than its top-k handles, a
- * query memory with more than 256 sequences, or a feedback with
- * topk_feedback_weight > 0),
+ * query memory with more than 256 sequences),
  * IKV_E_STATE (a captured call that would have to grow the decoder's
  * buffers: see CUDA graphs above), IKV_E_DEVICE.
  */

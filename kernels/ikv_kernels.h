@@ -175,6 +175,15 @@ struct TopkParams {
     float *mem_rows;
     uint32_t *mem_ok;
     float mem_offset;
+    // The attention-feedback prior (ikv_decode_args.topk_feedback_weight):
+    // prior [n_seqs * n_kv_heads * max_candidates] holds log(weight * ema) / scale
+    // of each candidate's page, -inf where it has none; prior_on
+    // [n_seqs * n_kv_heads] whether anything was fed back there (else its
+    // scores stay as they are). nullptr: no prior. Applied after the scores
+    // (and the hybrid shift), before the mass budget and the selection, as
+    // decode/selection.cpp's apply_feedback_prior does on the CPU.
+    const float *prior;
+    const uint32_t *prior_on;
 };
 
 // The device copies of a query memory for the sequences of one call

@@ -311,6 +311,35 @@ __device__ T block_reduce(T v, T *scratch, Op op) {
     return r;
 }
 
+// The attention-feedback prior, one block per (kv-head, sequence) fed back:
+// each non-mandatory candidate's score becomes max(score - best, prior) where
+// it has a prior (rel alone where not), best the largest non-mandatory score
+// (a NaN never wins: fmaxf), with std::max's NaN behaviour, as
+// decode/selection.cpp's apply_feedback_prior on the CPU.
+constexpr int kPriorThreads = 256;
+__global__ void __launch_bounds__(kPriorThreads) feedback_prior_kernel(const TopkParams p) {
+    __shared__ float scratch[32];
+    const uint32_t head = blockIdx.x, seq = blockIdx.y, Hkv = p.shape.n_kv_heads;
+    const uint64_t bh = uint64_t(seq) * Hkv + head;
+    pdl_wait();
+    pdl_launch_dependents();
+    if (!p.prior_on[bh]) return;  // uniform over the block
+    const uint32_t count = p.candidates.counts[seq];
+    const DevPage *cands = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
+    float *scores = p.scores + bh * p.max_candidates;
+    const float *prior = p.prior + bh * p.max_candidates;
+    float best = -INFINITY;
+    for (uint32_t c = threadIdx.x; c < count; c += blockDim.x)
+        if (!(cands[c].flags & IKV_PAGE_MANDATORY)) best = fmaxf(best, scores[c]);
+    best = block_reduce(best, scratch, [](float a, float b) { return fmaxf(a, b); });
+    for (uint32_t c = threadIdx.x; c < count; c += blockDim.x) {
+        if (cands[c].flags & IKV_PAGE_MANDATORY) continue;
+        const float rel = best > -INFINITY ? scores[c] - best : scores[c];
+        const float lw = prior[c];
+        scores[c] = lw > -INFINITY && rel < lw ? lw : rel;  // std::max(rel, lw): a NaN rel stays
+    }
+}
+
 __device__ __forceinline__ uint32_t order_key(float score);
 
 // IKV_TOPK_MASS, one block per (kv-head, sequence): the candidates' weights
@@ -788,6 +817,9 @@ cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, cudaStrea
     if (err == cudaSuccess && kHybrid)
         err = launch_pdl(hybrid_combine_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kCombineThreads), size_t(0),
                          stream, p);
+    if (err == cudaSuccess && p.prior)
+        err = launch_pdl(feedback_prior_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kPriorThreads), size_t(0),
+                         stream, p);
     if (err == cudaSuccess && p.budgets)
         err = launch_pdl(mass_budget_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kMassThreads), size_t(0), stream,
                          p);
@@ -805,7 +837,7 @@ cudaError_t launch_score_topk(const TopkParams &p, const MemoryRecall *mem, cuda
     const uint32_t rows = p.n_q_heads / p.shape.n_kv_heads * (mem ? 2 : 1);
     if (p.max_candidates == 0 || p.max_candidates > kMaxTopkCandidates || p.candidates.list_heads != 1 ||
         (p.hybrid && (p.rows == nullptr || rows > kMaxHybridGroup)) ||
-        (p.budgets != nullptr && p.weights == nullptr) ||
+        (p.budgets != nullptr && p.weights == nullptr) || ((p.prior != nullptr) != (p.prior_on != nullptr)) ||
         ((mem != nullptr) != (p.mem_rows != nullptr)) || (mem && (p.mem_ok == nullptr || p.n_seqs > kMaxMemorySeqs)))
         return cudaErrorInvalidValue;
     uint32_t npad = 1;

@@ -165,6 +165,7 @@ typedef struct {
     int mass;          /* IKV_TOPK_MASS at share 0.8 (topk: the cap; 0 = none) */
     const ikv_query_memory *mem_cpu, *mem_gpu; /* query memories of the two pools (optional) */
     ikv_page_feedback *fb_cpu, *fb_gpu;        /* attention feedback of the two pools (optional) */
+    float prior;                               /* topk_feedback_weight (with feedback and top-k) */
 } step_cfg;
 
 /* A decoder with two worker threads (the CPU side of the comparisons). */
@@ -229,6 +230,7 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     a.out_dtype = IKV_DTYPE_F32;
     a.topk_token_budget = cfg.topk;
     a.topk_score = cfg.hybrid ? IKV_TOPK_SCORE_HYBRID : IKV_TOPK_SCORE_QUEST;
+    a.topk_feedback_weight = cfg.prior;
     if (cfg.mass) {
         a.topk_mode = IKV_TOPK_MASS;
         a.topk_mass = 0.8f;
@@ -308,7 +310,7 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
         for (int variant = 0; variant < 12; ++variant) {
             step_cfg cfg = {variant % 4 == 1 && variant < 8 ? 3u : 1u, NULL, 0,
                             variant < 4 || variant == 8 || variant == 10 ? IKV_DTYPE_F32 : IKV_DTYPE_F16,
-                            variant == 8 || variant == 9 || variant == 11, variant >= 10, NULL, NULL, NULL, NULL};
+                            variant == 8 || variant == 9 || variant == 11, variant >= 10, NULL, NULL, NULL, NULL, 0.0f};
             ikv_plan *plan = NULL;
             ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
             if (variant % 4 == 2 || variant == 9 || variant == 11) {
@@ -400,7 +402,7 @@ static void test_query_memory_matches_cpu(void **state) {
                 IKVT_OK(ikv_query_memory_end_turn(mem_gpu, sg[0]));
                 ikvt_fill_normal(&rng, q, n_out, 1.0f);
                 for (int kind = 0; kind < 3; ++kind) { /* Quest top-k, hybrid top-k, IKV_TOPK_MASS (hybrid) */
-                    step_cfg cfg = {1, NULL, kind == 2 ? 0u : 64u, IKV_DTYPE_F32, kind >= 1, kind == 2, NULL, NULL, NULL, NULL};
+                    step_cfg cfg = {1, NULL, kind == 2 ? 0u : 64u, IKV_DTYPE_F32, kind >= 1, kind == 2, NULL, NULL, NULL, NULL, 0.0f};
                     const double tol = step_tol(1, IKV_DTYPE_F32);
                     double e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
                     if (!(e <= tol)) fail_msg("memory off, kind %d: rel L2 %.3g vs CPU", kind, e);
@@ -418,7 +420,7 @@ static void test_query_memory_matches_cpu(void **state) {
             /* Forgotten: selected as without a memory. */
             IKVT_OK(ikv_query_memory_forget(mem_cpu, sc[0]));
             IKVT_OK(ikv_query_memory_forget(mem_gpu, sg[0]));
-            step_cfg cfg = {1, NULL, 64u, IKV_DTYPE_F32, 1, 0, NULL, NULL, NULL, NULL};
+            step_cfg cfg = {1, NULL, 64u, IKV_DTYPE_F32, 1, 0, NULL, NULL, NULL, NULL, 0.0f};
             (void)decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
             const uint64_t without = selection_digest(dec, B);
             cfg.mem_cpu = mem_cpu;
@@ -465,13 +467,36 @@ static void test_feedback_matches_cpu(void **state) {
             const uint32_t T = step == 4 ? 3u : 1u;
             g_no_lse = step >= 3;
             step_cfg cfg = {T, step == 1 ? plan : NULL, step == 2 || step == 3 ? 64u : 0u, IKV_DTYPE_F32, step == 3,
-                            0, NULL, NULL, fb_cpu, fb_gpu};
+                            0, NULL, NULL, fb_cpu, fb_gpu, 0.0f};
             ikvt_fill_normal(&rng, q, (size_t)B * T * HQ * D, 1.0f);
             const double e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
             if (!(e <= step_tol(T, IKV_DTYPE_F32))) fail_msg("format %d step %d: rel L2 %.3g vs CPU", (int)fmts[fi], step, e);
             if (step_tol(T, IKV_DTYPE_F32) > tol) tol = step_tol(T, IKV_DTYPE_F32);
         }
         g_no_lse = 0;
+        /* One step whose queries point at token 40 (page 2) of every sequence, so that a
+         * page holds a large average the prior can lift above pages that score higher. */
+        {
+            float *k40 = malloc(4 * (size_t)HKV * D), *v40 = malloc(4 * (size_t)HKV * D);
+            for (int b = 0; b < B; ++b) {
+                IKVT_OK(ikv_seq_read(cpu, sc[b], 1, 40, 41, k40, v40));
+                for (uint32_t h = 0; h < HQ; ++h)
+                    for (uint32_t d = 0; d < D; ++d)
+                        q[((size_t)b * HQ + h) * D + d] = 6.0f * k40[(size_t)(h / (HQ / HKV)) * D + d];
+            }
+            step_cfg cfg = {1, NULL, 0u, IKV_DTYPE_F32, 0, 0, NULL, NULL, fb_cpu, fb_gpu, 0.0f};
+            const double e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
+            if (!(e <= step_tol(1, IKV_DTYPE_F32))) fail_msg("format %d focus step: rel L2 %.3g vs CPU", (int)fmts[fi], e);
+            free(k40), free(v40);
+        }
+        /* The averages as a prior of top-k (Quest, hybrid, hybrid with mass budgets):
+         * the CUDA pool selects what the CPU pool selects (decode_both checks the runs). */
+        for (int step = 0; step < 3; ++step) {
+            step_cfg cfg = {1, NULL, 64u, IKV_DTYPE_F32, step >= 1, step == 2, NULL, NULL, fb_cpu, fb_gpu, 0.5f};
+            ikvt_fill_normal(&rng, q, (size_t)B * HQ * D, 1.0f);
+            const double e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
+            if (!(e <= step_tol(1, IKV_DTYPE_F32))) fail_msg("format %d prior step %d: rel L2 %.3g vs CPU", (int)fmts[fi], step, e);
+        }
         /* The averages, page by page (a share is exp(logit - lse): its error is the lse's). */
         for (int b = 0; b < B; ++b)
             for (uint32_t h = 0; h < HKV; ++h) {
@@ -485,7 +510,37 @@ static void test_feedback_matches_cpu(void **state) {
                         fail_msg("format %d seq %d head %u page %u: feedback %.7g on CUDA, %.7g on the CPU",
                                  (int)fmts[fi], b, h, i, (double)mg[i], (double)mc[i]);
             }
-        /* Refused on CUDA: a capturing stream, and the prior of top-k; the averages stay. */
+        /* The prior changes what is read (the prior steps' checks could fail otherwise); after the
+         * comparison of the averages above: these CPU decodes feed back too. Quest scores: under the
+         * hybrid score a budget of <= group pages is all heads' own best pages (RESULTS 6y). */
+        {
+            size_t runs_with = 0, runs_without = 0, differ = 0;
+            ikv_token_range r0[256], r1[256];
+            ikv_decode_args a = ikv_decode_args_default();
+            a.layer = 1;
+            a.n_seqs = B;
+            a.seqs = sc;
+            a.n_q_heads = HQ;
+            a.q = q;
+            a.out = out;
+            a.topk_token_budget = 64;
+            for (int draw = 0; draw < 4; ++draw) {
+                ikvt_fill_normal(&rng, q, (size_t)B * HQ * D, 1.0f);
+                for (uint32_t i = 0; i < B * HKV; ++i) {
+                    a.feedback = NULL;
+                    a.topk_feedback_weight = 0.0f;
+                    IKVT_OK(ikv_decode(dec, cpu, &a));
+                    IKVT_OK(ikv_decoder_last_selection(dec, i / HKV, i % HKV, r0, 256, &runs_without));
+                    a.feedback = fb_cpu;
+                    a.topk_feedback_weight = 1.0f;
+                    IKVT_OK(ikv_decode(dec, cpu, &a));
+                    IKVT_OK(ikv_decoder_last_selection(dec, i / HKV, i % HKV, r1, 256, &runs_with));
+                    differ += runs_with != runs_without || memcmp(r0, r1, sizeof r0[0] * runs_with) != 0;
+                }
+            }
+            assert_true(differ > 0);
+        }
+        /* Refused on CUDA: a capturing stream; the averages stay. */
         uint32_t n0 = 0;
         IKVT_OK(ikv_page_feedback_get(fb_gpu, sg[0], 1, 0, mg, 64, &n0));
         void *dq = ikvt_dev_upload(q, 4 * (size_t)B * HQ * D), *dout = ikvt_dev_upload(NULL, 4 * (size_t)B * HQ * D);
@@ -498,9 +553,6 @@ static void test_feedback_matches_cpu(void **state) {
         a.out = dout;
         a.feedback = fb_gpu;
         a.topk_token_budget = 64;
-        a.topk_feedback_weight = 0.5f;
-        IKVT_EXPECT_STATUS(ikv_decode(dec, gpu, &a), IKV_E_UNSUPPORTED, "topk_feedback_weight");
-        a.topk_feedback_weight = 0.0f;
         void *stream = NULL, *graph = NULL;
         assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
         a.stream = stream;
@@ -628,7 +680,7 @@ static void test_long_multi_token_step(void **state) {
         for (int planned = 0; planned < 2; ++planned) {
             ikv_plan *plan = NULL;
             if (planned) IKVT_OK(ikv_plan_from_ranges(ranges, 3, 400, P, fmts[fi], &plan));
-            step_cfg cfg = {T, plan, 0, IKV_DTYPE_F32, 0, 0, NULL, NULL, NULL, NULL};
+            step_cfg cfg = {T, plan, 0, IKV_DTYPE_F32, 0, 0, NULL, NULL, NULL, NULL, 0.0f};
             const size_t per = (size_t)T * HQ * D, n_out = B * per;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * T * HQ);
             ikvt_fill_normal(&rng, q, n_out, 1.0f);

@@ -85,6 +85,8 @@ struct CudaDecoderState {
     dvec<Entry> entries;  // every sequence's entries of the current call, one after another
     dvec<uint64_t> entry_first;  // sequence b's entries: [entry_first[b], entry_first[b + 1])
     dvec<uint32_t> room_first;   // sequences with room: the first entry the device clips
+    std::vector<float> prior_host;        // the feedback prior's host side (upload_prior)
+    std::vector<uint32_t> prior_on_host;
     // Where the last call's selection lives (ikv_decoder_last_selection):
     // with top-k the per-(sequence, kv-head) lists in `dev`, else `entries`.
     const cuda::DevPage *sel_pages = nullptr;
@@ -357,6 +359,44 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     return IKV_OK;
 }
 
+// The feedback prior of query-aware selection (topk_feedback_weight): for
+// every candidate of every (sequence, kv-head), log(weight * ema) of its page
+// computed on the host as the CPU computes it (decode/selection.cpp
+// apply_feedback_prior; -inf for a page without feedback), divided by the
+// logit scale (the device's scores are of the unscaled query), and whether the
+// feedback has anything for that (sequence, layer, kv-head), copied to the
+// device on the stream. The averages change every step, so this runs on every
+// call; a decode with feedback waits for its stream anyway.
+ikv_status upload_prior(CudaDecoderState &s, const ikv_decode_args &a, uint32_t B, uint32_t Hkv, uint32_t stride,
+                        float scale, uint8_t *prior_dev, uint8_t *on_dev, cudaStream_t stream) {
+    try {
+        s.prior_host.assign(uint64_t(B) * Hkv * stride, -INFINITY);
+        s.prior_on_host.assign(uint64_t(B) * Hkv, 0u);
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "%s: out of host memory for the feedback prior", kFn);
+    }
+    for (uint32_t b = 0; b < B; ++b)
+        for (uint32_t h = 0; h < Hkv; ++h) {
+            const PageAverages *avg = a.feedback->averages(a.seqs[b], a.layer, h);
+            if (avg == nullptr) continue;
+            const uint64_t bh = uint64_t(b) * Hkv + h;
+            s.prior_on_host[bh] = 1;
+            for (uint64_t i = s.entry_first[b]; i < s.entry_first[b + 1]; ++i) {
+                const uint32_t page = s.entries[i].page;
+                const float m = page < avg->n_fed ? avg->avg[page] : 0.0f;
+                if (m > 0.0f)  // the device scores the unscaled query: the prior in its units
+                    s.prior_host[bh * stride + (i - s.entry_first[b])] = std::log(a.topk_feedback_weight * m) / scale;
+            }
+        }
+    // Pageable copies: each returns once its source is staged, so the vectors may change after.
+    cudaError_t err = cudaMemcpyAsync(prior_dev, s.prior_host.data(), 4 * s.prior_host.size(), cudaMemcpyHostToDevice,
+                                      stream);
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(on_dev, s.prior_on_host.data(), 4 * s.prior_on_host.size(), cudaMemcpyHostToDevice,
+                              stream);
+    return err == cudaSuccess ? IKV_OK : cuda_fail(err, kFn, "copying the feedback prior to the device");
+}
+
 // Attention feedback (ikv_page_feedback) of the decode just enqueued: the
 // device measures each read entry's share (kernels/attention_feedback.cu),
 // the host waits for the stream, copies the shares back and adds them per
@@ -432,9 +472,6 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaStreamIsCapturing");
     const bool capturing = cap != cudaStreamCaptureStatusNone;
     if (a.feedback != nullptr) {
-        if (topk_enabled(a) && a.topk_feedback_weight > 0.0f)
-            return fail(IKV_E_UNSUPPORTED, "%s: the feedback prior of query-aware selection (topk_feedback_weight) "
-                        "serves CPU pools only for now", kFn);
         if (capturing)
             return fail(IKV_E_INVALID, "%s: the stream is capturing a CUDA graph, and a decode with attention "
                         "feedback copies the pages' shares back to the host and waits for them; decode with "
@@ -522,7 +559,11 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint64_t fb_entries = feedback ? uint64_t(B) * Hkv * stride : 0;
     const uint64_t off_lse = off_mem_ok + (memory ? align256(4ull * B * Hkv) : 0);
     const uint64_t off_fb = off_lse + (feedback && a.lse == nullptr ? align256(4ull * B * a.n_query_tokens * a.n_q_heads) : 0);
-    const uint64_t off_ws = off_fb + (feedback ? 2 * align256(4 * fb_entries) + align256(4ull * B * Hkv) : 0);
+    const uint64_t off_prior = off_fb + (feedback ? 2 * align256(4 * fb_entries) + align256(4ull * B * Hkv) : 0);
+    // The feedback prior of top-k: each candidate's log(weight * ema), then per (sequence, kv-head) whether fed back.
+    const bool prior = topk && feedback && a.topk_feedback_weight > 0.0f;
+    const uint64_t off_prior_on = off_prior + (prior ? align256(4ull * B * Hkv * stride) : 0);
+    const uint64_t off_ws = off_prior_on + (prior ? align256(4ull * B * Hkv) : 0);
     const uint64_t total = off_ws + align256(gemm ? cuda::multi_token_workspace_bytes(p, max_tokens)
                                                   : cuda::decode_workspace_bytes(p, p.n_splits));
     if (capturing && s.dev_bytes < total) return refuse_growth_in_capture("device workspace", total);
@@ -602,6 +643,12 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
                 const auto it = memory->seqs.find(a.seqs[b]);
                 recall.blocks[b] = static_cast<const uint8_t *>(it == memory->seqs.end() ? nullptr : it->second.device);
             }
+        }
+        if (prior) {
+            st = upload_prior(s, a, B, Hkv, stride, p.scale, s.dev + off_prior, s.dev + off_prior_on, stream);
+            if (st != IKV_OK) return st;
+            t.prior = reinterpret_cast<const float *>(s.dev + off_prior);
+            t.prior_on = reinterpret_cast<const uint32_t *>(s.dev + off_prior_on);
         }
         err = cuda::launch_score_topk(t, memory ? &recall : nullptr, stream);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the page scoring / top-k kernels");
