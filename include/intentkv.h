@@ -654,7 +654,9 @@ IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
  * (n_tokens, strides, non-finite values, a plan of another page_size,
  * unknown flags, IKV_APPEND_ASYNC with host input on a CUDA pool, a stream
  * that is capturing a CUDA graph unless the sequences have room reserved:
- * ikv_pool_reserve), IKV_E_NOMEM (capacity), IKV_E_EVICTED
+ * ikv_pool_reserve; with room: host input, more than page_size tokens,
+ * sequences with and without room in one batch), IKV_E_RANGE (an append
+ * that would pass a reserved room), IKV_E_NOMEM (capacity), IKV_E_EVICTED
  * (the page the tokens land in was evicted), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append *args);
@@ -694,9 +696,10 @@ IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs,
  * the replays appended once this call returned. An append to such a
  * sequence that would have passed its room wrote nothing (and did not
  * advance the length): reported here as IKV_E_RANGE naming the sequence and
- * layer, and a decode (a replay captured before the room was extended) that
- * found more tokens than its page lists covered as IKV_E_STATE (the
- * non-finite report takes precedence; each is cleared once reported).
+ * layer, and the replay of a graph captured with a room that has since been
+ * replaced or ended (or whose sequence was destroyed) as IKV_E_STATE. The
+ * first incident found is reported and every one found is cleared (the
+ * non-finite report takes precedence).
  * Errors: IKV_E_NULL, IKV_E_INVALID, IKV_E_RANGE, IKV_E_STATE (as above),
  * IKV_E_DEVICE. A CPU pool has nothing pending: IKV_OK.
  */
@@ -712,41 +715,51 @@ IKV_API ikv_status ikv_pool_sync(ikv_pool *pool);
  * length) + n_tokens are allocated in the pool's default format (an
  * append's args->formats does not apply to them), a shared tail page is
  * copied now (copy-on-write), and the memory is charged to the pool at once
- * (ikv_pool_stats counts the pages). Calling it again replaces the room,
- * measured from the lengths then (pages no token reaches are released);
- * n_tokens = 0 ends the reservation. Atomic: on error no sequence changed.
+ * (ikv_pool_stats counts the pages; ikv_seq_page_format reports them).
+ * Calling it again replaces the room, measured from the lengths then (pages
+ * no token reaches are released); n_tokens = 0 ends it. Atomic: on error no
+ * sequence changed (except IKV_E_DEVICE, after which a sequence may keep its
+ * old room).
  *
- * CPU pools: that is all (appends into the room allocate nothing).
+ * CPU pools: that is all: appends into the room allocate no pages (unless a
+ * fork shares the tail page again: it is copied on the next append), and
+ * ikv_seq_fork shares a sequence's tokens, not its room.
  * CUDA pools: while a sequence has room, the device keeps its stored length
- * per layer, and its appends (IKV_APPEND_ASYNC with device input, as for any
- * append from the device) and decodes read it there: the append writes at
- * the device's length and advances it, and ikv_decode reads each sequence up
- * to the length its layer has when the kernels run. So such appends and
- * decodes may run on a stream that is capturing a CUDA graph (any capture
- * mode), and each replay of the graph appends the next tokens and decodes
- * over them; eager calls may be mixed with replays. Byte for byte, a replay
- * stores and outputs what the same calls made eagerly do. The rules while a
- * CUDA sequence has room:
+ * per layer, and its appends (device input) and decodes read it there: an
+ * append writes at the device's length and advances it, and ikv_decode reads
+ * each sequence up to the length its layer has when the kernels run. So such
+ * appends (with IKV_APPEND_ASYNC) and decodes may run on a stream that is
+ * capturing a CUDA graph (any capture mode), and each replay of the graph
+ * appends the next tokens and decodes over them. Byte for byte, a replay
+ * stores and outputs what the same calls made eagerly with the same room do.
+ * The rules while a CUDA sequence has room:
  *  - an append carries at most page_size tokens per sequence, lists only
  *    sequences with room and at most 1024 of them (IKV_E_INVALID otherwise);
  *    one that would pass the room writes nothing and is reported by
- *    ikv_pool_sync (IKV_E_RANGE);
- *  - the host learns the lengths replays reached in ikv_pool_sync (and in
- *    ikv_pool_reserve, which first takes them); until then ikv_seq_length
- *    and the reading calls count only eager appends;
+ *    ikv_pool_sync (IKV_E_RANGE), or refused at once (IKV_E_RANGE) when the
+ *    host already knows it would;
+ *  - the host takes the lengths from the device in ikv_pool_sync (and
+ *    ikv_pool_reserve): until then ikv_seq_length and the other reading
+ *    calls count neither replayed nor asynchronous appends to such
+ *    sequences (a synchronous append is counted when it returns);
+ *  - a graph holds the room it was captured with: after ikv_pool_reserve
+ *    replaces or ends the room, or the sequence is destroyed, its replays
+ *    append and read nothing for that sequence and ikv_pool_sync reports
+ *    IKV_E_STATE; capture the step again. A graph also holds the page
+ *    addresses of its capture: evicting pages or moving them between tiers
+ *    needs a new capture too;
+ *  - eager appends may be mixed with replays; decodes follow ikv_decode's
+ *    rules for graphs (one decoder per captured step);
  *  - ikv_seq_fork (of it), ikv_seq_truncate and format changes are refused
- *    with IKV_E_STATE: end the reservation first (n_tokens = 0);
- *    ikv_seq_destroy ends it;
+ *    with IKV_E_STATE: end the room first (n_tokens = 0);
  *  - a decode's list of pages covers the room, so ikv_decoder_last_bytes_read
  *    and the page-list statistics count the room's pages as listed.
- * A graph captured before ikv_pool_reserve extended a sequence's room reads
- * no further than the old room's end: capture the step again after it (a
- * decode that finds more tokens than its lists cover is reported by
- * ikv_pool_sync, IKV_E_STATE).
- * Thread-safety: as ikv_pool_append on each of the sequences; on a CUDA pool
- * the call waits for the device (the pool's asynchronous work and the
- * replays already enqueued), so call it outside a capture, for example every
- * few hundred steps. Errors: IKV_E_NULL (pool, seqs), IKV_E_NOT_FOUND,
+ * Thread-safety: as ikv_pool_append on each of the sequences. On a CUDA pool
+ * this call, ikv_pool_sync and ikv_seq_destroy of a sequence with room wait
+ * for the whole device (the replays the pool never sees), so they must not
+ * run while a stream captures in global or thread-local mode (a device-wide
+ * wait invalidates such a capture): call them between steps, for example
+ * every few hundred steps. Errors: IKV_E_NULL (pool, seqs), IKV_E_NOT_FOUND,
  * IKV_E_INVALID (n_seqs 0, a sequence listed twice), IKV_E_RANGE (a length
  * beyond 2^32-1), IKV_E_NOMEM (capacity), IKV_E_DEVICE.
  */

@@ -224,9 +224,11 @@ constexpr uint32_t kMaxHybridGroup = 256;  // score rows per kv-head (query head
 // [H][P][D] (row r of head h at k + (h*P + r)*D); rows n_valid..P-1 are
 // written as zeros. Bytes equal write_subpage()'s; then the layer's key
 // summaries (k_min, k_max, k_mean of the stored keys, as the host store
-// computes them) are written.
+// computes them) are written. fold_stage: a staging buffer (StageFold, below)
+// whose folds this write refreshes, or nullptr.
 cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer,
-                                  const float *k, const float *v, uint32_t n_valid, cudaStream_t stream);
+                                  const float *k, const float *v, uint32_t n_valid, float *fold_stage,
+                                  cudaStream_t stream);
 
 // ------------------------------------------------ appends from the device --
 // An append's engine rows (ikv_append addressing, strides in elements):
@@ -321,8 +323,9 @@ struct RoomRecord {
     uint32_t n_pages;     // pages [page_first, page_first + n_pages) hold positions up to end
     uint32_t end;         // positions < end have a page
     uint32_t overrun;     // 0, or 1 + the first layer an append would have passed end at
-    uint32_t stale_read;  // 1: a decode found more tokens than its lists covered
+    uint32_t stale_read;  // 1: a decode or append of a graph captured against an earlier room ran
     uint32_t seq;         // the sequence (ikv_seq_id), for AppendError
+    uint32_t generation;  // changes with every room the record holds (and when it retires)
     uint32_t *lengths;        // [n_layers] tokens stored per layer
     uint8_t *const *pages;    // [n_pages]
     const uint32_t *formats;  // [n_pages] ikv_format
@@ -336,7 +339,9 @@ struct RoomRecord {
 constexpr uint32_t kMaxRoomSeqs = 1024;
 struct RoomAppend {
     uint32_t n_seqs, l0, n_layers, n_tokens;
-    RoomRecord *const *records;  // host array [n_seqs]: copied into the launches' parameters
+    RoomRecord *const *records;    // host array [n_seqs]: copied into the launches' parameters
+    const uint32_t *generations;   // host array [n_seqs]: each record's generation now (a replay
+                                   // of another generation appends nothing and sets stale_read)
 };
 // Stage + quantize at each (sequence, layer)'s device length (the tokens that
 // fit in its page, then, in a second launch when n_tokens > 1, those that
@@ -351,12 +356,12 @@ cudaError_t launch_room_append(const PageShape &shape, const AppendRows &in, con
 // the sequence's count and length set. One per sequence with room.
 struct RoomTail {
     RoomRecord *record;
-    uint32_t seq;       // index of the sequence in the call
-    uint32_t first;     // list index of the first entry that may be clipped
-    uint32_t n;         // full entries from `first` (at full + offset)
+    uint32_t seq;         // index of the sequence in the call
+    uint32_t first;       // list index of the first entry that may be clipped
+    uint32_t n;           // full entries from `first` (at full + offset)
     uint32_t offset;
-    uint32_t list_end;  // positions the full list covers (a longer device length: stale_read)
-    uint32_t pad;
+    uint32_t list_end;    // positions the full list covers (a longer device length: stale_read)
+    uint32_t generation;  // the record's when the lists were built (another: nothing is read, stale_read)
 };
 cudaError_t launch_room_clip(const RoomTail *tails, uint32_t n_tails, const DevPage *full, DevPage *pages,
                              uint32_t stride, uint32_t *counts, uint32_t *seq_len, uint32_t layer,

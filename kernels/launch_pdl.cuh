@@ -17,8 +17,10 @@
 // graph as a programmatic edge, so captured steps keep the overlap.
 //
 // launch() is the same call without PDL, for the kernels outside a step's
-// chain (appends, the multi-token path). Every kernel of the library is
-// launched through these two, so a launch reports its own error only.
+// chain (page initialization, the multi-token path; an append's staging +
+// quantize kernel is launched with PDL and waits first thing). Every kernel
+// of the library is launched through these two, so a launch reports its own
+// error only.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -75,9 +75,11 @@ __device__ __forceinline__ float stored_key(ikv_format f, const SubpageLayout &L
 // kFmt >= 0: compiled for that format alone (f_any is ignored), so the other
 // formats' code is not in the kernel: a short launch that starts cold spends
 // half its stalls fetching instructions (bench/RESULTS.md 1j).
+// fold: the staging buffer whose StageFold this write refreshes (k is its
+// start), or nullptr when k is not a staging buffer.
 template <int kFmt = -1>
 __device__ void quantize_subpage(const PageShape &shape, ikv_format f_any, uint8_t *page, uint32_t layer, uint32_t h,
-                                 const float *k, const float *v, uint32_t n_valid) {
+                                 const float *k, const float *v, uint32_t n_valid, float *fold_stage = nullptr) {
     const ikv_format f = kFmt >= 0 ? ikv_format(kFmt) : f_any;
     __shared__ float red[kThreads / 32];
     const uint32_t P = shape.page_size, D = shape.head_dim;
@@ -197,17 +199,17 @@ __device__ void quantize_subpage(const PageShape &shape, ikv_format f_any, uint8
         }
         if (n_valid == 0) mn = mx = 0.0f;
         encode_summary(rec, D, d, mn, mx, n_valid == 0 ? 0.0f : float(sum / double(n_valid)));
-        if (k != nullptr && n_valid > 0) {  // k is a staging buffer: keep its folds for the next append
-            const StageFold fold = stage_fold(shape, const_cast<float *>(k));
+        if (fold_stage != nullptr && n_valid > 0) {  // keep the staging's folds for the next append
+            const StageFold fold = stage_fold(shape, fold_stage);
             fold.mn[h * D + d] = mn, fold.mx[h * D + d] = mx, fold.sum[h * D + d] = sum;
         }
     }
-    if (k != nullptr && n_valid > 0 && tid == 0) stage_fold(shape, const_cast<float *>(k)).rows[h] = n_valid;
+    if (fold_stage != nullptr && n_valid > 0 && tid == 0) stage_fold(shape, fold_stage).rows[h] = n_valid;
 }
 
 __global__ void quantize_layer_kernel(PageShape shape, ikv_format f, uint8_t *page, uint32_t layer, const float *k,
-                                      const float *v, uint32_t n_valid) {
-    quantize_subpage(shape, f, page, layer, blockIdx.x, k, v, n_valid);
+                                      const float *v, uint32_t n_valid, float *fold_stage) {
+    quantize_subpage(shape, f, page, layer, blockIdx.x, k, v, n_valid, fold_stage);
 }
 
 // Grids of (item, kv-head) pairs are flat in x (block = item * H + head):
@@ -236,12 +238,15 @@ template <uint32_t N>
 struct RoomJobs {
     uint32_t n_layers, l0, n_tokens, phase, P, H;
     RoomRecord *rec[N];
+    uint32_t gen[N];
     __device__ AppendJob at(uint32_t i) const {
         const uint32_t s = i / n_layers, layer = l0 + i % n_layers;
         const RoomRecord &r = *rec[s];
+        AppendJob j{nullptr, nullptr, layer, s * n_tokens, 0, 0, 0, r.seq};
+        if (r.generation != gen[s]) return j;  // a graph of an earlier room: done() reports it
         const uint32_t pos = r.lengths[layer];
-        AppendJob j{nullptr, r.stages[layer], layer, s * n_tokens, 0, 0, 0, r.seq};
-        if (uint64_t(pos) + n_tokens > r.end) return j;  // past the room: the advance kernel reports it
+        j.stage = r.stages[layer];
+        if (uint64_t(pos) + n_tokens > r.end) return j;  // past the room: done() reports it
         const uint32_t page = pos / P, off = pos % P, fit = min(P - off, n_tokens);
         const uint32_t k = page + phase - r.page_first;
         if (phase == 1 && fit == n_tokens) return j;
@@ -262,6 +267,10 @@ struct RoomJobs {
         if (phase != (n_tokens > 1 ? 1u : 0u)) return;
         const uint32_t s = i / n_layers, layer = l0 + i % n_layers;
         RoomRecord &r = *rec[s];
+        if (r.generation != gen[s]) {  // nothing was written: report the stale graph
+            r.stale_read = 1;
+            return;
+        }
         __threadfence();  // this block's reads of the length come first
         if (atomicAdd(&r.tickets[layer], 1u) != H - 1) return;
         r.tickets[layer] = 0;
@@ -360,7 +369,8 @@ __global__ void __launch_bounds__(kThreads, 3)
         }
     }
     const uint64_t half = uint64_t(H) * shape.page_size * shape.head_dim;
-    quantize_subpage<kFmt>(shape, ikv_format(j.format), j.page, j.layer, h, j.stage, j.stage + half, j.row0 + j.rows);
+    quantize_subpage<kFmt>(shape, ikv_format(j.format), j.page, j.layer, h, j.stage, j.stage + half, j.row0 + j.rows,
+                           j.stage);  // a job's stage is a staging buffer (or a scratch stage of its size)
 }
 
 // One append launch: 4 channels per thread when the rows allow (vector_aligned).
@@ -434,7 +444,7 @@ cudaError_t launch_room(const PageShape &shape, const AppendRows &in, const Room
     jobs.n_tokens = a.n_tokens;
     jobs.P = shape.page_size;
     jobs.H = shape.n_kv_heads;
-    for (uint32_t i = 0; i < a.n_seqs; ++i) jobs.rec[i] = a.records[i];
+    for (uint32_t i = 0; i < a.n_seqs; ++i) jobs.rec[i] = a.records[i], jobs.gen[i] = a.generations[i];
     const uint32_t n_jobs = a.n_seqs * a.n_layers;
     cudaError_t err = cudaSuccess;
     for (uint32_t phase = 0; phase < (a.n_tokens > 1 ? 2u : 1u) && err == cudaSuccess; ++phase) {
@@ -458,10 +468,11 @@ cudaError_t launch_room_append(const PageShape &shape, const AppendRows &in, con
 }
 
 cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t *page, uint32_t layer,
-                                  const float *k, const float *v, uint32_t n_valid, cudaStream_t stream) {
+                                  const float *k, const float *v, uint32_t n_valid, float *fold_stage,
+                                  cudaStream_t stream) {
     if (!shape_ok(shape) || n_valid > shape.page_size) return cudaErrorInvalidValue;
     return launch(quantize_layer_kernel, dim3(shape.n_kv_heads), dim3(kThreads), 0, stream, shape, f, page, layer, k,
-                  v, n_valid);
+                  v, n_valid, fold_stage);
 }
 
 }  // namespace cuda

@@ -27,6 +27,10 @@ __global__ void __launch_bounds__(kClipThreads) room_clip_kernel(const RoomTail 
     pdl_wait();  // the lengths come from the step's appends (kernels/launch_pdl.cuh)
     pdl_launch_dependents();
     const RoomTail t = tails[blockIdx.x];
+    if (t.record->generation != t.generation) {  // lists of an earlier room: read nothing, report
+        if (threadIdx.x == 0) counts[t.seq] = 0, t.record->stale_read = 1;
+        return;
+    }
     const uint32_t len = t.record->lengths[layer];
     DevPage *out = pages + uint64_t(t.seq) * stride + t.first;
     uint32_t kept = 0;  // entries come in position order: the kept ones are a prefix

@@ -12,9 +12,10 @@
  * hold the same lengths, values and key summaries, equal to a CPU pool fed the
  * same tokens (whose dense and plan outputs agree with the CUDA ones to fp32
  * rounding). Then: a replay past the room writes nothing and ikv_pool_sync
- * reports IKV_E_RANGE; a graph replayed after its room was extended is
- * reported (IKV_E_STATE); the calls a room forbids are refused with a sentence
- * and allowed again once the room ends. */
+ * reports IKV_E_RANGE; a graph replayed after its room was replaced or ended,
+ * or its sequence destroyed, writes and reads nothing and is reported
+ * (IKV_E_STATE); the calls a room forbids are refused with a sentence and
+ * allowed again once the room ends. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -249,14 +250,25 @@ static void run_case(ikv_format f, enum kind kind) {
     host.k = k;
     host.v = v;
     IKVT_EXPECT_STATUS(ikv_pool_append(ga, sa[0], &host), IKV_E_INVALID, "src_on_device");
+    /* A new room is a new generation of the device record: the old graph appends and reads
+     * nothing, and says so; the same after the room ends. The pages stay as they were. */
     IKVT_OK(ikv_pool_reserve(ga, sa, B, 8));
     assert_int_equal(ikvt_rt.graph_launch_(exec, stream_a), 0);
     assert_int_equal(ikvt_rt.stream_sync_(stream_a), 0);
     IKVT_EXPECT_STATUS(ikv_pool_sync(ga), IKV_E_STATE, "capture the step again");
     IKVT_OK(ikv_seq_length(ga, sa[0], &len));
-    assert_int_equal(len, kPrefill[0] + ROOM + 1); /* the appends had room */
+    assert_int_equal(len, kPrefill[0] + ROOM);
+    assert_same_pools(ga, sa, gb, sb);
     IKVT_OK(ikv_pool_reserve(ga, sa, B, 0));
+    assert_int_equal(ikvt_rt.graph_launch_(exec, stream_a), 0);
+    assert_int_equal(ikvt_rt.stream_sync_(stream_a), 0);
+    IKVT_EXPECT_STATUS(ikv_pool_sync(ga), IKV_E_STATE, "capture the step again");
+    assert_same_pools(ga, sa, gb, sb);
     IKVT_OK(ikv_seq_truncate(ga, sa[0], 1));
+    IKVT_OK(ikv_seq_destroy(ga, sa[1])); /* its record retires: a replay touches nothing of it */
+    assert_int_equal(ikvt_rt.graph_launch_(exec, stream_a), 0);
+    assert_int_equal(ikvt_rt.stream_sync_(stream_a), 0);
+    IKVT_EXPECT_STATUS(ikv_pool_sync(ga), IKV_E_STATE, NULL);
 
     ikvt_rt.graph_exec_destroy_(exec);
     ikvt_rt.graph_destroy_(graph);

@@ -347,7 +347,7 @@ void check_quantize(bool quick) {
                     allocs.push_back(dpage);
                     CK(cudaMemset(dpage, 0, bytes));
                     const float *dk = to_device(k, &allocs), *dv = to_device(v, &allocs);
-                    CK(ikv::cuda::launch_quantize_layer(s, f, dpage, 1, dk, dv, n_valid, 0));
+                    CK(ikv::cuda::launch_quantize_layer(s, f, dpage, 1, dk, dv, n_valid, nullptr, 0));
                     CK(cudaMemcpy(dev.data(), dpage, bytes, cudaMemcpyDeviceToHost));
                     free_all(&allocs);
                     ++all_n;

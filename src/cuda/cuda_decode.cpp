@@ -338,7 +338,7 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
         const cuda::DevPage *listed = reinterpret_cast<const cuda::DevPage *>(h + sum.off_pages) + uint64_t(b) * sum.stride;
         std::memcpy(full + offset, listed + room_first[b], n * sizeof(cuda::DevPage));
         *tail++ = cuda::RoomTail{static_cast<cuda::RoomRecord *>(snaps[b].room), b, room_first[b], n, offset,
-                                 snaps[b].length, 0};
+                                 snaps[b].length, snaps[b].room_generation};
         offset += n;
     }
     if (capturing && s.lists_bytes < sum.staged) return refuse_growth_in_capture("device page lists", sum.staged);

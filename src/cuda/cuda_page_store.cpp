@@ -235,13 +235,14 @@ public:
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of a device page");
     }
 
-    // k, v: device staging (a stage_alloc buffer).
+    // k, v: device staging (a stage_alloc buffer, k its start: its summary folds are refreshed too).
     ikv_status write_layer(ikv_format f, uint8_t *page, uint32_t layer, const float *k, const float *v,
                            uint32_t n_valid) override {
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
         cudaError_t err = wait_async();
-        if (err == cudaSuccess) err = cuda::launch_quantize_layer(shape_, f, page, layer, k, v, n_valid, stream_);
+        if (err == cudaSuccess)
+            err = cuda::launch_quantize_layer(shape_, f, page, layer, k, v, n_valid, const_cast<float *>(k), stream_);
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "quantize-on-write on the device");
     }
@@ -385,14 +386,30 @@ public:
 
     // ---- room reserved ahead (device_rooms.hpp) ----
     bool keeps_room_lengths() const override { return true; }
-    ikv_status room_set(const Room &room, void **record) override {
+    ikv_status room_prepare(uint32_t n_pages, void **record) override {
         constexpr const char *fn = "ikv_pool_reserve";
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
         const cudaError_t err = ensure_append_buffers();  // a captured append cannot allocate them
         if (err != cudaSuccess) return cuda_fail(err, fn, "allocating the append buffers");
+        return rooms_.prepare(n_pages, record, fn);
+    }
+    ikv_status room_set(const Room &room, void *record) override {
+        constexpr const char *fn = "ikv_pool_reserve";
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
         return rooms_.set(room, record, fn);
+    }
+    uint32_t room_generation(const void *record) const override { return DeviceRooms::generation(record); }
+    ikv_status room_take_ended(ikv_seq_id *seq, RoomReport *report) override {
+        constexpr const char *fn = "ikv_pool_sync";
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        *seq = 0;
+        return rooms_.take_retired(seq, report, fn);
     }
     ikv_status room_take(void *record, uint32_t *lengths, RoomReport *report) override {
         constexpr const char *fn = "ikv_pool_sync";
@@ -404,7 +421,7 @@ public:
     void room_free(void *record) override {
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
-        rooms_.free(record);
+        rooms_.retire(record);
     }
     void *room_on_device(const void *record) const override { return DeviceRooms::on_device(record); }
 
@@ -419,19 +436,24 @@ public:
         if (st != IKV_OK) return st;
         cudaStream_t stream = static_cast<cudaStream_t>(src.stream);
         std::vector<cuda::RoomRecord *> recs;
+        std::vector<uint32_t> gens;
         try {
             recs.resize(n_seqs);
+            gens.resize(n_seqs);
         } catch (const std::bad_alloc &) {
             return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
         }
-        for (uint32_t i = 0; i < n_seqs; ++i) recs[i] = static_cast<cuda::RoomRecord *>(DeviceRooms::on_device(records[i]));
+        for (uint32_t i = 0; i < n_seqs; ++i) {
+            recs[i] = static_cast<cuda::RoomRecord *>(DeviceRooms::on_device(records[i]));
+            gens[i] = DeviceRooms::generation(records[i]);
+        }
         // Eagerly, after the pool's earlier asynchronous appends (begin); a
         // capture orders itself: its stream's work is the graph's.
         Exec ex;
         ex.stream = src.stream;
         ex.async = true;
         cudaError_t err = capturing ? cudaSuccess : begin(ex, &stream);
-        const cuda::RoomAppend ra{n_seqs, l0, l1 - l0, src.seq_tokens, recs.data()};
+        const cuda::RoomAppend ra{n_seqs, l0, l1 - l0, src.seq_tokens, recs.data(), gens.data()};
         if (err == cudaSuccess) err = cuda::launch_room_append(shape_, rows_of(src), ra, only_format, error_dev_, stream);
         if (err == cudaSuccess && !capturing) err = finish(ex);
         if (err == cudaSuccess && !capturing && !src.async) err = cudaStreamSynchronize(stream);
@@ -533,7 +555,7 @@ public:
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
         cudaError_t err = wait_async();
         // Replays of captured appends (sequences with room) ran on streams the store never saw.
-        if (err == cudaSuccess && !rooms_.empty()) err = cudaDeviceSynchronize();
+        if (err == cudaSuccess && rooms_.any_live()) err = cudaDeviceSynchronize();
         if (err != cudaSuccess) return cuda_fail(err, fn, "waiting for asynchronous appends");
         if (error_dev_ == nullptr) return IKV_OK;  // no append yet
         cuda::AppendError e{};

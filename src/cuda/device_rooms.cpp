@@ -4,53 +4,71 @@
 #include <cstddef>
 #include <cstring>
 #include <new>
-#include <vector>
 
 namespace ikv {
 
 static_assert(offsetof(cuda::RoomRecord, stale_read) == offsetof(cuda::RoomRecord, overrun) + 4,
               "take() clears overrun and stale_read with one copy");
 
-ikv_status DeviceRooms::set(const PageStore::Room &room, void **record, const char *fn) {
-    cudaError_t err = cudaDeviceSynchronize();
-    if (err != cudaSuccess) return cuda_fail(err, fn, "waiting for the device before writing a room's record");
+ikv_status DeviceRooms::prepare(uint32_t n_pages, void **record, const char *fn) {
     Handle *h = static_cast<Handle *>(*record);
-    Handle fresh;
-    std::vector<uint8_t> image, page_image;
-    try {
-        image.resize(record_bytes());
-        page_image.resize(12ull * room.n_pages);
-        if (h == nullptr) h = &fresh;
+    const bool taken = h == nullptr;
+    try {  // room for one more handle in both lists: the push_backs below and in retire() cannot throw
+        handles_.reserve(handles_.size() + 1);
+        retired_.reserve(handles_.size() + 1);
     } catch (const std::bad_alloc &) {
         return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     }
-    cuda::RoomRecord *dev = h->dev;
-    if (dev == nullptr) {
-        err = cudaMalloc(reinterpret_cast<void **>(&dev), record_bytes());
-        if (err != cudaSuccess) return cuda_fail(err, fn, "cudaMalloc of a room's record");
+    if (taken && !retired_.empty()) {
+        h = retired_.back();
+        retired_.pop_back();
+    } else if (taken) {
+        Handle *made = new (std::nothrow) Handle;
+        if (made == nullptr) return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+        const cudaError_t err = cudaMalloc(reinterpret_cast<void **>(&made->dev), record_bytes());
+        if (err != cudaSuccess) {
+            delete made;
+            return cuda_fail(err, fn, "cudaMalloc of a room's record");
+        }
+        handles_.push_back(made);
+        h = made;
     }
-    uint8_t *pages = nullptr;
-    err = cudaMalloc(reinterpret_cast<void **>(&pages), page_image.size());
-    auto undo = [&] {
-        if (pages) cudaFree(pages);
-        if (dev != h->dev) cudaFree(dev);
-    };
-    if (err != cudaSuccess) {
-        undo();
-        return cuda_fail(err, fn, "cudaMalloc of a room's page list");
+    if (h->next == nullptr || h->next_pages < n_pages) {
+        if (h->next) cudaFree(h->next);
+        h->next = nullptr;
+        h->next_pages = 0;
+        const cudaError_t err = cudaMalloc(reinterpret_cast<void **>(&h->next), page_list_bytes(n_pages));
+        if (err != cudaSuccess) {
+            if (taken) retired_.push_back(h);  // cannot throw: it came from there or from handles_' room
+            return cuda_fail(err, fn, "cudaMalloc of a room's page list");
+        }
+        h->next_pages = n_pages;
     }
-    // Host images of both allocations, then one copy each.
+    *record = h;
+    return IKV_OK;
+}
+
+ikv_status DeviceRooms::set(const PageStore::Room &room, void *record, const char *fn) {
+    Handle *h = static_cast<Handle *>(record);
+    std::vector<uint8_t> image, page_image;
+    try {
+        image.resize(record_bytes());
+        page_image.resize(page_list_bytes(room.n_pages));
+    } catch (const std::bad_alloc &) {
+        return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
+    }
     cuda::RoomRecord hdr{};
     hdr.page_first = room.page_first;
     hdr.n_pages = room.n_pages;
     hdr.end = room.end;
     hdr.seq = uint32_t(room.seq);
-    uint8_t *base = reinterpret_cast<uint8_t *>(dev);
+    hdr.generation = h->generation + 1;
+    uint8_t *base = reinterpret_cast<uint8_t *>(h->dev);
     hdr.lengths = reinterpret_cast<uint32_t *>(base + lengths_offset());
     hdr.tickets = reinterpret_cast<uint32_t *>(base + tickets_offset());  // zero in the image
     hdr.stages = reinterpret_cast<float *const *>(base + stages_offset());
-    hdr.pages = reinterpret_cast<uint8_t *const *>(pages);
-    hdr.formats = reinterpret_cast<const uint32_t *>(pages + 8ull * room.n_pages);
+    hdr.pages = reinterpret_cast<uint8_t *const *>(h->next);
+    hdr.formats = reinterpret_cast<const uint32_t *>(h->next + 8ull * room.n_pages);
     std::memcpy(image.data(), &hdr, sizeof hdr);
     std::memcpy(image.data() + lengths_offset(), room.lengths, 4ull * n_layers_);
     std::memcpy(image.data() + stages_offset(), room.stages, 8ull * n_layers_);
@@ -59,27 +77,15 @@ ikv_status DeviceRooms::set(const PageStore::Room &room, void **record, const ch
         const uint32_t f = uint32_t(room.formats[i]);
         std::memcpy(page_image.data() + 8ull * room.n_pages + 4ull * i, &f, 4);
     }
-    err = cudaMemcpy(pages, page_image.data(), page_image.size(), cudaMemcpyHostToDevice);
-    if (err == cudaSuccess) err = cudaMemcpy(dev, image.data(), image.size(), cudaMemcpyHostToDevice);
-    if (err != cudaSuccess) {
-        undo();  // a partly written existing record: its old page list is still there and no kernel runs
-        return cuda_fail(err, fn, "cudaMemcpy of a room's record");
-    }
-    if (h == &fresh) {
-        Handle *made = nullptr;
-        try {
-            made = new Handle{dev, pages};
-            rooms_.insert(made);
-        } catch (const std::bad_alloc &) {
-            delete made;
-            undo();
-            return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-        }
-        *record = made;
-        return IKV_OK;
-    }
-    if (h->pages) cudaFree(h->pages);
-    h->pages = pages;
+    cudaError_t err = cudaDeviceSynchronize();  // no kernel reads the record while it changes
+    if (err == cudaSuccess) err = cudaMemcpy(h->next, page_image.data(), page_image.size(), cudaMemcpyHostToDevice);
+    if (err == cudaSuccess) err = cudaMemcpy(h->dev, image.data(), image.size(), cudaMemcpyHostToDevice);
+    if (err != cudaSuccess) return cuda_fail(err, fn, "cudaMemcpy of a room's record");
+    std::swap(h->pages, h->next);  // the old list (no kernel reads it now) serves the next prepare
+    std::swap(h->pages_cap, h->next_pages);
+    h->generation = hdr.generation;
+    if (!h->live) ++live_;
+    h->live = true;
     return IKV_OK;
 }
 
@@ -101,11 +107,40 @@ ikv_status DeviceRooms::take(void *record, uint32_t *lengths, PageStore::RoomRep
     return IKV_OK;
 }
 
-void DeviceRooms::free(void *record) {
+ikv_status DeviceRooms::take_retired(ikv_seq_id *seq, PageStore::RoomReport *report, const char *fn) {
+    *report = PageStore::RoomReport{};
+    if (retired_.empty()) return IKV_OK;
+    cudaError_t err = cudaDeviceSynchronize();
+    for (Handle *h : retired_) {
+        cuda::RoomRecord hdr{};
+        if (err == cudaSuccess) err = cudaMemcpy(&hdr, h->dev, sizeof hdr, cudaMemcpyDeviceToHost);
+        if (err != cudaSuccess) break;
+        if (hdr.overrun == 0 && hdr.stale_read == 0) continue;
+        const uint32_t zeros[2] = {0, 0};
+        err = cudaMemcpy(&h->dev->overrun, zeros, sizeof zeros, cudaMemcpyHostToDevice);
+        if (report->overrun_layer < 0 && !report->stale_read) {
+            *seq = hdr.seq;
+            report->stale_read = true;  // whatever it met, it was a graph of a room that ended
+        }
+    }
+    return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "reading retired rooms' reports");
+}
+
+void DeviceRooms::retire(void *record) {
     Handle *h = static_cast<Handle *>(record);
-    cudaDeviceSynchronize();  // no kernel may still read it
-    rooms_.erase(h);
-    release(h);
+    // An empty room of a new generation: graphs that knew the old one append and read nothing.
+    cuda::RoomRecord hdr{};
+    cudaDeviceSynchronize();
+    if (cudaMemcpy(&hdr, h->dev, sizeof hdr, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        hdr.generation = h->generation + 1;
+        hdr.end = 0;
+        hdr.n_pages = 0;
+        if (cudaMemcpy(h->dev, &hdr, sizeof hdr, cudaMemcpyHostToDevice) == cudaSuccess) h->generation = hdr.generation;
+    }
+    cudaGetLastError();  // a failure here leaves a sticky device error the next call reports
+    if (h->live) --live_;
+    h->live = false;
+    retired_.push_back(h);  // cannot throw: retired_ has room for every handle (prepare)
 }
 
 }  // namespace ikv

@@ -169,11 +169,19 @@ public:
         const ikv_format *formats;  // [n_pages]
         float *const *stages;       // [n_layers]
     };
-    // Create (*record null) or rewrite in place (a graph captured earlier
-    // keeps its address) the record of a room. The caller took the device's
-    // lengths first (room_take). Waits for the device. Message set on failure;
-    // on failure an existing record is unchanged.
-    virtual ikv_status room_set(const Room &room, void **record) {
+    // Make *record (null: a new one) ready to hold a room of n_pages pages:
+    // what writing it needs is allocated now, so that room_set after the
+    // pool committed the room fails only with a device error. On failure
+    // nothing changed. Message set on failure.
+    virtual ikv_status room_prepare(uint32_t n_pages, void **record) {
+        (void)n_pages;
+        (void)record;
+        return IKV_E_UNSUPPORTED;
+    }
+    // Write a prepared record (the caller took the device's lengths first,
+    // room_take); it stays at its address (graphs captured earlier keep it),
+    // under a new generation. Waits for the device. Message set on failure.
+    virtual ikv_status room_set(const Room &room, void *record) {
         (void)room;
         (void)record;
         return IKV_E_UNSUPPORTED;
@@ -193,7 +201,21 @@ public:
         (void)report;
         return IKV_E_UNSUPPORTED;
     }
+    // The room ends: graphs captured with it append and read nothing from now
+    // on (and report it); the store may reuse the record for a later room.
     virtual void room_free(void *record) { (void)record; }
+    // What records whose rooms ended met since the last call (replays of
+    // graphs captured with them), cleared; *seq: the first one's sequence.
+    virtual ikv_status room_take_ended(ikv_seq_id *seq, RoomReport *report) {
+        *seq = 0;
+        *report = RoomReport{};
+        return IKV_OK;
+    }
+    // The record's generation (it changes with every room_set and room_free).
+    virtual uint32_t room_generation(const void *record) const {
+        (void)record;
+        return 0;
+    }
     // Whether stream is capturing a CUDA graph (a host store: never).
     virtual ikv_status stream_capturing(void *stream, const char *fn, bool *capturing) {
         (void)stream;

@@ -137,8 +137,12 @@ ikv_status seq_destroy(ikv_pool *pool, ikv_seq_id id) {
         seq = std::move(it->second);
         pool->seqs.erase(it);
     }
-    if (seq->reservation != nullptr) pool->store->room_free(seq->reservation);  // waits for the device
-    seq->reservation = nullptr;
+    void *room = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        std::swap(room, seq->reservation);
+    }
+    if (room != nullptr) pool->store->room_free(room);  // waits for the device; graphs with it read nothing now
     std::lock_guard<std::mutex> lock(pool->state_mu);
     for (PageRec *rec : seq->pages) unref_page_locked(pool, rec);
     pool->staging_bytes -= free_stages(pool, *seq) * stage_bytes(pool->shape);

@@ -154,7 +154,12 @@ ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, Se
     }
     out->length = len;
     out->host_length = seq.layers[layer].length;
-    out->room = seq.reservation ? pool->store->room_on_device(seq.reservation) : nullptr;
+    out->room = nullptr;
+    if (seq.reservation != nullptr) {
+        for (const LayerState &ls : seq.layers) out->host_length = std::min(out->host_length, ls.length);
+        out->room = pool->store->room_on_device(seq.reservation);
+        out->room_generation = pool->store->room_generation(seq.reservation);
+    }
     return IKV_OK;
 }
 

@@ -37,7 +37,16 @@ struct RoomPart {
     uint32_t n_pages = 0;   // pages the sequence keeps: ceil(max(end, longest layer) / P)
     std::vector<std::pair<uint32_t, PageRec *>> fresh, copies;  // (page, new record)
     std::vector<uint32_t> new_stage;                            // layers whose staging this call allocated
+    void *record = nullptr;      // the store's record prepared for the new room (device lengths)
+    bool new_record = false;     // ... made by this call (goes back on failure)
 };
+
+// Pages [first, last) of rp's room: from the shortest layer's tail page to the end.
+uint32_t room_first_page(const ikv_pool *pool, const Seq &seq) {
+    uint32_t shortest = UINT32_MAX;
+    for (const LayerState &ls : seq.layers) shortest = std::min(shortest, ls.length);
+    return shortest / pool->shape.page_size;
+}
 
 void unwind(ikv_pool *pool, std::vector<RoomPart> &parts) {
     for (RoomPart &rp : parts) {
@@ -124,35 +133,37 @@ ikv_status allocate_locked(ikv_pool *pool, std::vector<RoomPart> &parts) {
     return IKV_OK;
 }
 
-// Under state_mu: the block table takes the new pages and drops those past
-// the room (refs released). Nothing here fails (capacity reserved by plan_part).
+// Under state_mu: the block table takes the new pages (fresh ones follow the
+// last page: a room that grows has no pages past its old end to drop).
+// Nothing here fails (room reserved by plan_part).
 void commit_locked(ikv_pool *pool, RoomPart &rp) {
     Seq &seq = *rp.seq;
     for (auto &e : rp.copies) {
         unref_page_locked(pool, seq.pages[e.first]);
         seq.pages[e.first] = e.second;
     }
-    for (size_t p = rp.n_pages; p < seq.pages.size(); ++p)
-        if (seq.pages[p] != nullptr) unref_page_locked(pool, seq.pages[p]);
-    if (seq.pages.size() > rp.n_pages) seq.pages.resize(rp.n_pages);
     for (auto &e : rp.fresh) seq.pages.push_back(e.second);  // consecutive from pages.size()
     table_changed(seq);  // also when no page changed: the decode's lists follow the room (pool_read.cpp)
     rp.fresh.clear();
     rp.copies.clear();
 }
 
-// The store's record of rp's room (or its end when the room ends).
-ikv_status write_record(ikv_pool *pool, RoomPart &rp) {
+// Under state_mu, once no record points at them: the pages past the room go.
+void drop_past_room_locked(ikv_pool *pool, RoomPart &rp) {
     Seq &seq = *rp.seq;
-    if (rp.end == 0) {
-        if (seq.reservation != nullptr) pool->store->room_free(seq.reservation);
-        seq.reservation = nullptr;
-        return IKV_OK;
+    for (size_t p = rp.n_pages; p < seq.pages.size(); ++p)
+        if (seq.pages[p] != nullptr) unref_page_locked(pool, seq.pages[p]);
+    if (seq.pages.size() > rp.n_pages) {
+        seq.pages.resize(rp.n_pages);
+        table_changed(seq);
     }
+}
+
+// The store's record of rp's room, prepared by room_prepare.
+ikv_status write_record(ikv_pool *pool, RoomPart &rp) {
+    const Seq &seq = *rp.seq;
     const uint32_t P = pool->shape.page_size, L = pool->shape.n_layers;
-    uint32_t shortest = UINT32_MAX;
-    for (const LayerState &ls : seq.layers) shortest = std::min(shortest, ls.length);
-    const uint32_t first = shortest / P, last = (rp.end + P - 1) / P;  // pages [first, last)
+    const uint32_t first = room_first_page(pool, seq), last = (rp.end + P - 1) / P;  // pages [first, last)
     std::vector<uint32_t> lengths;
     std::vector<uint8_t *> pages;
     std::vector<ikv_format> formats;
@@ -173,13 +184,42 @@ ikv_status write_record(ikv_pool *pool, RoomPart &rp) {
     }
     const PageStore::Room room{rp.id, lengths.data(), first, last - first, rp.end, pages.data(), formats.data(),
                                stages.data()};
-    return pool->store->room_set(room, &seq.reservation);
+    return pool->store->room_set(room, rp.record);
+}
+
+// Records for every part whose new room the device keeps, all or none.
+ikv_status prepare_records(ikv_pool *pool, std::vector<RoomPart> &parts) {
+    for (RoomPart &rp : parts) {
+        if (rp.end == 0) continue;
+        void *rec = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(pool->state_mu);
+            rec = rp.seq->reservation;
+        }
+        rp.new_record = rec == nullptr;
+        const uint32_t n_pages = (rp.end + pool->shape.page_size - 1) / pool->shape.page_size -
+                                 room_first_page(pool, *rp.seq);
+        const ikv_status st = pool->store->room_prepare(n_pages, &rec);
+        if (st != IKV_OK) {
+            for (RoomPart &q : parts)
+                if (q.new_record && q.record != nullptr) pool->store->room_free(q.record);
+            for (RoomPart &q : parts) q.record = nullptr;
+            return st;
+        }
+        rp.record = rec;
+    }
+    return IKV_OK;
 }
 
 }  // namespace
 
 ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id) {
-    if (seq.reservation == nullptr) return IKV_OK;
+    void *rec = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        rec = seq.reservation;
+    }
+    if (rec == nullptr) return IKV_OK;
     const uint32_t L = pool->shape.n_layers;
     std::vector<uint32_t> lengths;
     try {
@@ -188,14 +228,16 @@ ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id) {
         return fail(IKV_E_NOMEM, "ikv_pool_sync: out of host memory");
     }
     PageStore::RoomReport report;
-    const ikv_status st = pool->store->room_take(seq.reservation, lengths.data(), &report);
+    const ikv_status st = pool->store->room_take(rec, lengths.data(), &report);
     if (st != IKV_OK) return st;
     std::lock_guard<std::mutex> lock(pool->state_mu);
+    if (seq.reservation != rec) return IKV_OK;  // the room ended meanwhile (another thread)
+    // The device's lengths: the host never advances a sequence with room itself.
     const uint32_t old_length = seq.length;
     uint32_t len = UINT32_MAX;
     for (uint32_t l = 0; l < L; ++l) {
-        seq.layers[l].length = std::max(seq.layers[l].length, lengths[l]);  // the device's, never behind the host's
-        len = std::min(len, seq.layers[l].length);
+        seq.layers[l].length = lengths[l];
+        len = std::min(len, lengths[l]);
     }
     seq.length = len;
     pool->tokens_total += seq.length - old_length;
@@ -275,20 +317,11 @@ ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, 
         }
     }
     st = pool->store->write_room_append(src, records.data(), n_seqs, l0, l1, only_format < 0 ? -1 : only_format);
-    if (st != IKV_OK || capturing) return st;  // a replay advances the device's lengths, not the host's
-    std::lock_guard<std::mutex> lock(pool->state_mu);
-    for (uint32_t i = 0; i < n_seqs; ++i) {
-        Seq &seq = *seqs[i];
-        const uint32_t old_length = seq.length;
-        uint32_t len = UINT32_MAX;
-        for (uint32_t l = 0; l < pool->shape.n_layers; ++l) {
-            if (l >= l0 && l < l1) seq.layers[l].length += n;
-            len = std::min(len, seq.layers[l].length);
-        }
-        seq.length = len;
-        pool->tokens_total += seq.length - old_length;
-    }
-    return IKV_OK;
+    // The device advances the lengths (or reports an overrun); the host takes
+    // them in ikv_pool_sync, or now for a synchronous append, which waited.
+    if (st != IKV_OK || capturing || src.async) return st;
+    for (uint32_t i = 0; i < n_seqs && st == IKV_OK; ++i) st = take_room_lengths(pool, *seqs[i], ids[i]);
+    return st;
 }
 
 ikv_status refuse_with_room(const Seq &seq, ikv_seq_id id, const char *fn) {
@@ -371,6 +404,7 @@ ikv_status seqs_reserve(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, 
     const Exec ex;
     if (st == IKV_OK) st = pool->store->init_pages(inits.data(), inits.size(), ex);
     if (st == IKV_OK) st = pool->store->copy_pages(copies.data(), copies.size(), ex);
+    if (st == IKV_OK && device_lengths) st = prepare_records(pool, parts);  // the last step that may fail for memory
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
         if (st != IKV_OK) {
@@ -387,26 +421,39 @@ ikv_status seqs_reserve(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, 
             commit_locked(pool, rp);
         }
     }
-    // The records. A device failure here leaves the pages allocated and the
-    // sequence's room as it was (its record unchanged): the call can be repeated.
+    // The records: written (a room), or retired (a room that ends); only then
+    // do the pages past each room go, since a record may point at them. A
+    // device error writing a record is returned; that sequence keeps its old
+    // room and pages.
     ikv_status first_error = IKV_OK;
     for (RoomPart &rp : parts) {
         Seq &seq = *rp.seq;
-        st = device_lengths ? write_record(pool, rp) : IKV_OK;
-        if (st != IKV_OK) {
-            if (first_error == IKV_OK) first_error = st;
-            continue;
+        if (device_lengths && rp.end != 0) {
+            st = write_record(pool, rp);
+            if (st != IKV_OK) {
+                if (rp.new_record) pool->store->room_free(rp.record);
+                if (first_error == IKV_OK) first_error = st;
+                continue;
+            }
+        } else if (device_lengths) {
+            void *old = nullptr;
+            {
+                std::lock_guard<std::mutex> lock(pool->state_mu);
+                std::swap(old, seq.reservation);
+            }
+            if (old != nullptr) pool->store->room_free(old);  // waits for the device
         }
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        if (device_lengths && rp.end != 0) seq.reservation = rp.record;
         seq.reserved_end = rp.end;
-        if (rp.end == 0) {  // staging again only where a layer's tail page is partial
-            std::lock_guard<std::mutex> lock(pool->state_mu);
+        drop_past_room_locked(pool, rp);
+        if (rp.end == 0)  // staging again only where a layer's tail page is partial
             for (LayerState &ls : seq.layers)
                 if (ls.stage != nullptr && ls.length % pool->shape.page_size == 0) {
                     pool->store->stage_free(ls.stage);
                     ls.stage = nullptr;
                     pool->staging_bytes -= stage_bytes(pool->shape);
                 }
-        }
     }
     return first_error;
 }
@@ -414,7 +461,8 @@ ikv_status seqs_reserve(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, 
 ikv_status take_room_reports(ikv_pool *pool, bool report) {
     std::vector<std::pair<ikv_seq_id, std::shared_ptr<Seq>>> with_room;
     try {
-        std::shared_lock<std::shared_mutex> lock(pool->table_mu);
+        std::shared_lock<std::shared_mutex> table(pool->table_mu);
+        std::lock_guard<std::mutex> lock(pool->state_mu);  // reservation changes under it
         for (const auto &e : pool->seqs)
             if (e.second->reservation != nullptr) with_room.emplace_back(e.first, e.second);
     } catch (const std::bad_alloc &) {
@@ -423,6 +471,14 @@ ikv_status take_room_reports(ikv_pool *pool, bool report) {
     for (auto &e : with_room) {
         const ikv_status st = take_room_lengths(pool, *e.second, e.first);
         if (st != IKV_OK) return st;
+    }
+    ikv_seq_id ended_seq = 0;  // replays of graphs whose rooms ended
+    PageStore::RoomReport ended;
+    const ikv_status st = pool->store->room_take_ended(&ended_seq, &ended);
+    if (st != IKV_OK) return st;
+    if (ended.stale_read) {
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        if (!pool->room_report.found) pool->room_report = RoomIncident{true, true, ended_seq, 0};
     }
     if (!report) return IKV_OK;
     RoomIncident r;
@@ -434,8 +490,9 @@ ikv_status take_room_reports(ikv_pool *pool, bool report) {
     if (!r.found) return IKV_OK;
     if (r.stale_read)
         return fail(IKV_E_STATE,
-                    "ikv_pool_sync: a decode of sequence %u found more tokens than its page lists covered (a graph "
-                    "captured before ikv_pool_reserve extended the room); capture the step again",
+                    "ikv_pool_sync: a graph captured before ikv_pool_reserve changed the room of sequence %u was "
+                    "replayed (its appends wrote nothing; its decode read nothing, or only the old room); capture "
+                    "the step again",
                     (unsigned)r.seq);
     return fail(IKV_E_RANGE,
                 "ikv_pool_sync: an append to layer %u of sequence %u would have passed its reserved room and wrote "

@@ -28,12 +28,14 @@ struct PageRef {
 // A sequence with room reserved on a CUDA pool (ikv_pool_reserve) has its
 // true length on the device: `length` is then the end of the room (pages
 // exist up to it), `room` the device record (kernels/ikv_kernels.h
-// RoomRecord) whose per-layer lengths the decode reads when its kernels run,
-// and host_length the tokens the host knows stored (never more than the device's).
+// RoomRecord, of generation room_generation) whose per-layer lengths the
+// decode reads when its kernels run, and host_length the fewest tokens any
+// layer holds as the host knows it (no layer's device length is below it).
 struct SeqSnapshot {
     uint32_t length = 0;
     uint32_t host_length = 0;
     void *room = nullptr;
+    uint32_t room_generation = 0;
     std::vector<PageRef> pages;
 };
 
