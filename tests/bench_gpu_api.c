@@ -98,14 +98,7 @@ static void test_api_table(void **state) {
     static const char *const names[] = {"f16", "bf16", "fp8", "int8", "int4"};
     ikvt_rng rng = {0x7AB1E};
     const size_t chunk_elems = (size_t)CHUNK * HKV * D;
-    float *tmp = malloc(4 * chunk_elems);
-    uint16_t *h16 = malloc(2 * chunk_elems);
-    ikvt_fill_normal(&rng, tmp, chunk_elems, 1.0f);
-    ikvt_to_f16(tmp, h16, chunk_elems);
-    void *dk = ikvt_dev_upload(h16, 2 * chunk_elems);
-    ikvt_fill_normal(&rng, tmp, chunk_elems, 1.0f);
-    ikvt_to_f16(tmp, h16, chunk_elems);
-    void *dv = ikvt_dev_upload(h16, 2 * chunk_elems);
+    void *dk = ikvt_dev_normal_f16(&rng, chunk_elems), *dv = ikvt_dev_normal_f16(&rng, chunk_elems);
     void *stream = NULL;
     assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
     printf("intentkv GPU decode table: %d q-heads, %d kv-heads, head_dim %d, page %d, F16 q/out, one query token; "
@@ -197,7 +190,6 @@ static void test_api_table(void **state) {
     }
     ikvt_rt.stream_destroy_(stream);
     ikvt_rt.free_(dk), ikvt_rt.free_(dv);
-    free(tmp), free(h16);
 }
 
 int main(void) {

@@ -124,14 +124,7 @@ static void test_engine_step(void **state) {
     static const uint32_t shapes[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {32, 4096}};
     ikvt_rng rng = {0x57E9};
     const size_t chunk_elems = (size_t)CHUNK * HKV * D;
-    float *tmp = malloc(4 * chunk_elems);
-    uint16_t *h16 = malloc(2 * chunk_elems);
-    ikvt_fill_normal(&rng, tmp, chunk_elems, 1.0f);
-    ikvt_to_f16(tmp, h16, chunk_elems);
-    void *dk = ikvt_dev_upload(h16, 2 * chunk_elems);
-    ikvt_fill_normal(&rng, tmp, chunk_elems, 1.0f);
-    ikvt_to_f16(tmp, h16, chunk_elems);
-    void *dv = ikvt_dev_upload(h16, 2 * chunk_elems);
+    void *dk = ikvt_dev_normal_f16(&rng, chunk_elems), *dv = ikvt_dev_normal_f16(&rng, chunk_elems);
     printf("engine step: %d layers, %d q-heads, %d kv-heads, head_dim %d, page %d, F16; %d steps, median of %d runs\n",
            L, HQ, HKV, D, P, STEPS, RUNS);
     const char *only = getenv("IKV_STEP_SHAPE"); /* an index into shapes: that one alone (profiling) */
@@ -202,7 +195,6 @@ static void test_engine_step(void **state) {
         ikv_pool_destroy(pool);
     }
     ikvt_rt.free_(dk), ikvt_rt.free_(dv);
-    free(tmp), free(h16);
 }
 
 int main(void) {

@@ -1,6 +1,7 @@
 #include "cuda_rt.h"
 
 #include <dlfcn.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "support.h"
@@ -44,6 +45,16 @@ void *ikvt_dev_upload(const void *host, size_t bytes) {
     void *d = NULL;
     assert_int_equal(ikvt_rt.malloc_(&d, bytes), 0);
     if (host) assert_int_equal(ikvt_rt.memcpy_(d, host, bytes, IKVT_H2D), 0);
+    return d;
+}
+
+void *ikvt_dev_normal_f16(ikvt_rng *rng, size_t n) {
+    float *x = malloc(4 * n);
+    uint16_t *h = malloc(2 * n);
+    ikvt_fill_normal(rng, x, n, 1.0f);
+    ikvt_to_f16(x, h, n);
+    void *d = ikvt_dev_upload(h, 2 * n);
+    free(x), free(h);
     return d;
 }
 

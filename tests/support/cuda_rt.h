@@ -47,4 +47,8 @@ void ikvt_require_cuda_device(void);
 /* cudaMalloc(bytes) (asserting success) and, when host is not NULL, a copy of host into it. */
 void *ikvt_dev_upload(const void *host, size_t bytes);
 
+/* n F16 values drawn from N(0, 1) by rng, in device memory (ikvt_dev_upload). */
+struct ikvt_rng;
+void *ikvt_dev_normal_f16(struct ikvt_rng *rng, size_t n);
+
 #endif
