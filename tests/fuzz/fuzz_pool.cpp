@@ -1,7 +1,8 @@
 // Pool and decode calls from fuzzer bytes on a small CPU pool: appends with
 // fuzzed counts, strides, layers, plans and values (NaN and inf included),
-// fork, truncate, evict, format changes, reads, summaries, and decodes with
-// fuzzed arguments (plans, top-k modes and scores, a query memory, feedback).
+// fork, truncate, evict, format changes, room reserved ahead, reads,
+// summaries, and decodes with fuzzed arguments (plans, top-k modes and
+// scores, a query memory, feedback).
 // No call may crash; a refused call leaves every sequence's length and the
 // pool's bytes in use as they were; a refused decode writes no output.
 #include <cmath>
@@ -151,7 +152,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const std::vector<uint64_t> before = observe(s);
         ikv_status st = IKV_OK;
         bool changes = true;  // a refused call must not have changed what observe() sees
-        switch (in.below(12)) {
+        switch (in.below(13)) {
             case 0:
                 if (s.seqs.size() < kMaxSeqs) {
                     ikv_seq_id id;
@@ -204,6 +205,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 }
                 changes = false;
                 break;
+            case 11: {  // room ahead for one or two sequences (maybe the same twice, maybe ending it)
+                const ikv_seq_id two[2] = {pick(s, in), pick(s, in)};
+                st = ikv_pool_reserve(s.pool, two, 1 + in.below(2), in.below(3 * kMaxTokens));
+                break;
+            }
             default: fuzz_decode(s, in, dec, plan, mem, fb); changes = false; break;
         }
         if (st != IKV_OK && changes) {
