@@ -14,7 +14,8 @@
  * "dense-feedback": dense with attention feedback (the call waits for it).
  * Prints `RESULT <B> <ctx> <column> <ms>` lines (read by peer_table.py) and
  * the K/V bytes each column reads. Not a CTest test: run by the device
- * scripts, `build/tests/bench_gpu_api`. Skips without a CUDA device. */
+ * scripts, `build/tests/bench_gpu_api`; IKV_API_ONLY=<column>[,...] runs only
+ * those columns. Skips without a CUDA device. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,9 +55,24 @@ static double time_steps(ikv_decoder *dec, ikv_pool *pool, const ikv_decode_args
     return runs[RUNS / 2];
 }
 
+/* IKV_API_ONLY=<name>[,<name>...]: only the columns named (for a quick device run). */
+static int wanted(const char *column) {
+    const char *only = getenv("IKV_API_ONLY");
+    if (only == NULL || *only == '\0') return 1;
+    const size_t n = strlen(column);
+    for (const char *p = only; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, column, n) == 0) return 1;
+        p += len + (end != NULL);
+    }
+    return 0;
+}
+
 /* The eager time, then (with_graph) the replay time of one captured call. */
 static void time_column(ikv_decoder *dec, ikv_pool *pool, ikv_decode_args *a, void *stream, uint32_t B, uint32_t ctx,
                         const char *column, int with_graph) {
+    if (!wanted(column)) return;
     const double eager = time_steps(dec, pool, a, NULL, stream);
     uint64_t bytes = 0;
     IKVT_OK(ikv_decoder_last_bytes_read(dec, &bytes));
@@ -106,6 +122,9 @@ static void test_api_table(void **state) {
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; ++si) {
         const uint32_t B = shapes[si][0], ctx = shapes[si][1];
         for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; ++fi) {
+            char dense_name[32];
+            snprintf(dense_name, sizeof dense_name, "dense-%s", names[fi]);
+            if (fmts[fi] != IKV_FMT_F16 && !wanted(dense_name)) continue;  /* the other columns need F16 pages */
             ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){
                 .backend = IKV_BACKEND_CUDA, .n_layers = 1, .n_kv_heads = HKV, .head_dim = D, .page_size = P,
                 .capacity_bytes = (uint64_t)B * ctx * 4400u + (64u << 20), /* 4 KiB K+V per token, summaries */
