@@ -717,9 +717,11 @@ IKV_API ikv_status ikv_pool_sync(ikv_pool *pool);
  * copied now (copy-on-write), and the memory is charged to the pool at once
  * (ikv_pool_stats counts the pages; ikv_seq_page_format reports them).
  * Calling it again replaces the room, measured from the lengths then (pages
- * no token reaches are released); n_tokens = 0 ends it. Atomic: on error no
- * sequence changed (except IKV_E_DEVICE, after which a sequence may keep its
- * old room).
+ * no token reaches are released once the new room is in place; until then
+ * they still count against capacity_bytes); n_tokens = 0 ends it. Atomic: on
+ * error no sequence changed (except IKV_E_DEVICE from writing a room's
+ * device record: the sequences before it have their new rooms, it and those
+ * after keep their old rooms with the new pages allocated).
  *
  * CPU pools: that is all: appends into the room allocate no pages (unless a
  * fork shares the tail page again: it is copied on the next append), and
@@ -736,8 +738,8 @@ IKV_API ikv_status ikv_pool_sync(ikv_pool *pool);
  *  - an append carries at most page_size tokens per sequence, lists only
  *    sequences with room and at most 1024 of them (IKV_E_INVALID otherwise);
  *    one that would pass the room writes nothing and is reported by
- *    ikv_pool_sync (IKV_E_RANGE), or refused at once (IKV_E_RANGE) when the
- *    host already knows it would;
+ *    ikv_pool_sync (IKV_E_RANGE), or by the call itself (IKV_E_RANGE) when
+ *    the host already knows it would or the append is synchronous;
  *  - the host takes the lengths from the device in ikv_pool_sync (and
  *    ikv_pool_reserve): until then ikv_seq_length and the other reading
  *    calls count neither replayed nor asynchronous appends to such
@@ -755,8 +757,9 @@ IKV_API ikv_status ikv_pool_sync(ikv_pool *pool);
  *  - a decode's list of pages covers the room, so ikv_decoder_last_bytes_read
  *    and the page-list statistics count the room's pages as listed.
  * Thread-safety: as ikv_pool_append on each of the sequences. On a CUDA pool
- * this call, ikv_pool_sync and ikv_seq_destroy of a sequence with room wait
- * for the whole device (the replays the pool never sees), so they must not
+ * this call, ikv_pool_sync, ikv_seq_destroy of a sequence with room and a
+ * synchronous append (no IKV_APPEND_ASYNC) to one wait for the whole device
+ * (the replays the pool never sees), so they must not
  * run while a stream captures in global or thread-local mode (a device-wide
  * wait invalidates such a capture): call them between steps, for example
  * every few hundred steps. Errors: IKV_E_NULL (pool, seqs), IKV_E_NOT_FOUND,
@@ -1114,7 +1117,8 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * graph is refused (IKV_E_INVALID) before anything is enqueued. The prior
  * (ikv_decode_args.topk_feedback_weight > 0 with query-aware selection) is
  * computed from the averages on the host and copied to the device with each
- * such call; it selects the same pages as on a CPU pool.
+ * such call; it selects the pages a CPU pool selects (up to float rounding
+ * where a score and a prior nearly tie).
  * Host memory: 4 bytes per page, layer and kv-head of each sequence fed back.
  * Thread-safety: a decode writes it; calls on one feedback object, decodes
  * that pass it included, need the caller's ordering.

@@ -1,6 +1,7 @@
 // DeviceRooms (device_rooms.hpp): the device records of reserved rooms.
 #include "cuda/device_rooms.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <new>
@@ -20,18 +21,30 @@ ikv_status DeviceRooms::prepare(uint32_t n_pages, void **record, const char *fn)
         return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     }
     if (taken && !retired_.empty()) {
+        // A retired record's report (a replay of a graph that knew its room) is kept before reuse.
+        const ikv_status st = collect(retired_.back(), fn);
+        if (st != IKV_OK) return st;
         h = retired_.back();
         retired_.pop_back();
     } else if (taken) {
         Handle *made = new (std::nothrow) Handle;
         if (made == nullptr) return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-        const cudaError_t err = cudaMalloc(reinterpret_cast<void **>(&made->dev), record_bytes());
+        cudaError_t err = cudaMalloc(reinterpret_cast<void **>(&made->dev), record_bytes());
+        if (err == cudaSuccess) err = cudaMemset(made->dev, 0, record_bytes());  // a header retire() may read
         if (err != cudaSuccess) {
+            cudaFree(made->dev);
             delete made;
             return cuda_fail(err, fn, "cudaMalloc of a room's record");
         }
         handles_.push_back(made);
         h = made;
+    }
+    try {  // the host images set() writes from: nothing allocates after the pool commits the room
+        h->image.resize(record_bytes());
+        h->page_image.resize(page_list_bytes(n_pages));
+    } catch (const std::bad_alloc &) {
+        if (taken) retired_.push_back(h);
+        return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     }
     if (h->next == nullptr || h->next_pages < n_pages) {
         if (h->next) cudaFree(h->next);
@@ -50,13 +63,8 @@ ikv_status DeviceRooms::prepare(uint32_t n_pages, void **record, const char *fn)
 
 ikv_status DeviceRooms::set(const PageStore::Room &room, void *record, const char *fn) {
     Handle *h = static_cast<Handle *>(record);
-    std::vector<uint8_t> image, page_image;
-    try {
-        image.resize(record_bytes());
-        page_image.resize(page_list_bytes(room.n_pages));
-    } catch (const std::bad_alloc &) {
-        return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-    }
+    std::vector<uint8_t> &image = h->image, &page_image = h->page_image;  // sized by prepare()
+    std::fill(image.begin(), image.end(), uint8_t(0));
     cuda::RoomRecord hdr{};
     hdr.page_first = room.page_first;
     hdr.n_pages = room.n_pages;
@@ -78,7 +86,7 @@ ikv_status DeviceRooms::set(const PageStore::Room &room, void *record, const cha
         std::memcpy(page_image.data() + 8ull * room.n_pages + 4ull * i, &f, 4);
     }
     cudaError_t err = cudaDeviceSynchronize();  // no kernel reads the record while it changes
-    if (err == cudaSuccess) err = cudaMemcpy(h->next, page_image.data(), page_image.size(), cudaMemcpyHostToDevice);
+    if (err == cudaSuccess) err = cudaMemcpy(h->next, page_image.data(), 12ull * room.n_pages, cudaMemcpyHostToDevice);
     if (err == cudaSuccess) err = cudaMemcpy(h->dev, image.data(), image.size(), cudaMemcpyHostToDevice);
     if (err != cudaSuccess) return cuda_fail(err, fn, "cudaMemcpy of a room's record");
     std::swap(h->pages, h->next);  // the old list (no kernel reads it now) serves the next prepare
@@ -107,23 +115,30 @@ ikv_status DeviceRooms::take(void *record, uint32_t *lengths, PageStore::RoomRep
     return IKV_OK;
 }
 
-ikv_status DeviceRooms::take_retired(ikv_seq_id *seq, PageStore::RoomReport *report, const char *fn) {
-    *report = PageStore::RoomReport{};
-    if (retired_.empty()) return IKV_OK;
+ikv_status DeviceRooms::collect(Handle *h, const char *fn) {
+    cuda::RoomRecord hdr{};
     cudaError_t err = cudaDeviceSynchronize();
-    for (Handle *h : retired_) {
-        cuda::RoomRecord hdr{};
-        if (err == cudaSuccess) err = cudaMemcpy(&hdr, h->dev, sizeof hdr, cudaMemcpyDeviceToHost);
-        if (err != cudaSuccess) break;
-        if (hdr.overrun == 0 && hdr.stale_read == 0) continue;
+    if (err == cudaSuccess) err = cudaMemcpy(&hdr, h->dev, sizeof hdr, cudaMemcpyDeviceToHost);
+    if (err == cudaSuccess && (hdr.overrun != 0 || hdr.stale_read != 0)) {
         const uint32_t zeros[2] = {0, 0};
         err = cudaMemcpy(&h->dev->overrun, zeros, sizeof zeros, cudaMemcpyHostToDevice);
-        if (report->overrun_layer < 0 && !report->stale_read) {
-            *seq = hdr.seq;
-            report->stale_read = true;  // whatever it met, it was a graph of a room that ended
-        }
+        if (!pending_found_) pending_found_ = true, pending_seq_ = hdr.seq;
     }
-    return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "reading retired rooms' reports");
+    return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "reading a retired room's report");
+}
+
+ikv_status DeviceRooms::take_retired(ikv_seq_id *seq, PageStore::RoomReport *report, const char *fn) {
+    *report = PageStore::RoomReport{};
+    for (Handle *h : retired_) {
+        const ikv_status st = collect(h, fn);
+        if (st != IKV_OK) return st;
+    }
+    if (pending_found_) {  // whatever it met, it was a graph of a room that had ended
+        *seq = pending_seq_;
+        report->stale_read = true;
+        pending_found_ = false;
+    }
+    return IKV_OK;
 }
 
 void DeviceRooms::retire(void *record) {

@@ -68,7 +68,10 @@ private:
         uint32_t pages_cap = 0, next_pages = 0;  // pages each list holds
         uint32_t generation = 0;          // the record's on the device; 0: never written
         bool live = false;
+        std::vector<uint8_t> image, page_image;  // host images set() writes from (sized by prepare())
     };
+    // Read and clear a retired record's report into pending_ (waits for the device).
+    ikv_status collect(Handle *h, const char *fn);
     uint64_t lengths_offset() const { return sizeof(cuda::RoomRecord); }
     uint64_t tickets_offset() const { return lengths_offset() + 4ull * n_layers_; }
     uint64_t stages_offset() const { return (tickets_offset() + 4ull * n_layers_ + 7) / 8 * 8; }
@@ -79,6 +82,8 @@ private:
     uint32_t live_ = 0;
     std::vector<Handle *> handles_;  // every record made, live or retired
     std::vector<Handle *> retired_;  // retired ones, for reuse
+    bool pending_found_ = false;     // a retired record's report not taken yet (collect)
+    ikv_seq_id pending_seq_ = 0;
 };
 
 }  // namespace ikv

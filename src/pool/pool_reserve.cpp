@@ -39,6 +39,11 @@ struct RoomPart {
     std::vector<uint32_t> new_stage;                            // layers whose staging this call allocated
     void *record = nullptr;      // the store's record prepared for the new room (device lengths)
     bool new_record = false;     // ... made by this call (goes back on failure)
+    // What write_record hands the store, allocated before the room is committed.
+    std::vector<uint32_t> rec_lengths;
+    std::vector<float *> rec_stages;
+    std::vector<uint8_t *> rec_pages;
+    std::vector<ikv_format> rec_formats;
 };
 
 // Pages [first, last) of rp's room: from the shortest layer's tail page to the end.
@@ -97,7 +102,7 @@ ikv_status size_part(ikv_pool *pool, RoomPart &rp) {
 // Under state_mu: capacity for every part's new pages (less what released
 // pages free), then their allocation; all or nothing.
 ikv_status allocate_locked(ikv_pool *pool, std::vector<RoomPart> &parts) {
-    uint64_t extra = 0, freed = 0;
+    uint64_t extra = 0;
     for (const RoomPart &rp : parts) {
         const Seq &seq = *rp.seq;
         const uint32_t P = pool->shape.page_size;
@@ -107,14 +112,12 @@ ikv_status allocate_locked(ikv_pool *pool, std::vector<RoomPart> &parts) {
             if (seq.pages[p] == nullptr)
                 return fail(IKV_E_EVICTED, "%s: page %u of sequence %u, where its next tokens land, was evicted", kFn,
                             p, (unsigned)rp.id);
+        // Pages past a shrinking room free room only once they go (after the
+        // records are written): no credit for them here.
         for (const auto &e : rp.fresh) extra += pool->page_bytes[e.second->format];
         for (const auto &e : rp.copies) extra += pool->page_bytes[e.second->format];
-        for (size_t p = rp.n_pages; p < seq.pages.size(); ++p) {
-            const PageRec *rec = seq.pages[p];
-            if (rec != nullptr && rec->refs == 1 && !rec->on_host) freed += pool->page_bytes[rec->format];
-        }
     }
-    ikv_status st = check_capacity_locked(pool, extra, freed, kFn);
+    ikv_status st = check_capacity_locked(pool, extra, 0, kFn);
     if (st != IKV_OK) return st;
     for (size_t i = 0; i < parts.size(); ++i)
         for (auto *list : {&parts[i].fresh, &parts[i].copies})
@@ -159,31 +162,27 @@ void drop_past_room_locked(ikv_pool *pool, RoomPart &rp) {
     }
 }
 
-// The store's record of rp's room, prepared by room_prepare.
+// The store's record of rp's room, prepared by room_prepare (the vectors
+// have their capacity: nothing allocates here).
 ikv_status write_record(ikv_pool *pool, RoomPart &rp) {
     const Seq &seq = *rp.seq;
     const uint32_t P = pool->shape.page_size, L = pool->shape.n_layers;
     const uint32_t first = room_first_page(pool, seq), last = (rp.end + P - 1) / P;  // pages [first, last)
-    std::vector<uint32_t> lengths;
-    std::vector<uint8_t *> pages;
-    std::vector<ikv_format> formats;
-    std::vector<float *> stages;
-    try {
-        lengths.resize(L);
-        stages.resize(L);
-        for (uint32_t l = 0; l < L; ++l) {
-            lengths[l] = seq.layers[l].length;
-            stages[l] = seq.layers[l].stage;
-        }
-        for (uint32_t p = first; p < last; ++p) {
-            pages.push_back(seq.pages[p]->bytes);
-            formats.push_back(seq.pages[p]->format);
-        }
-    } catch (const std::bad_alloc &) {
-        return fail(IKV_E_NOMEM, "%s: out of host memory", kFn);
+    rp.rec_lengths.clear();
+    rp.rec_stages.clear();
+    rp.rec_pages.clear();
+    rp.rec_formats.clear();
+    for (uint32_t l = 0; l < L; ++l) {
+        rp.rec_lengths.push_back(seq.layers[l].length);
+        rp.rec_stages.push_back(seq.layers[l].stage);
     }
-    const PageStore::Room room{rp.id, lengths.data(), first, last - first, rp.end, pages.data(), formats.data(),
-                               stages.data()};
+    for (uint32_t p = first; p < last; ++p) {
+        rp.rec_pages.push_back(seq.pages[p]->bytes);
+        rp.rec_formats.push_back(seq.pages[p]->format);
+    }
+    const PageStore::Room room{rp.id,          rp.rec_lengths.data(), first,
+                               last - first,   rp.end,                rp.rec_pages.data(),
+                               rp.rec_formats.data(), rp.rec_stages.data()};
     return pool->store->room_set(room, rp.record);
 }
 
@@ -199,7 +198,16 @@ ikv_status prepare_records(ikv_pool *pool, std::vector<RoomPart> &parts) {
         rp.new_record = rec == nullptr;
         const uint32_t n_pages = (rp.end + pool->shape.page_size - 1) / pool->shape.page_size -
                                  room_first_page(pool, *rp.seq);
-        const ikv_status st = pool->store->room_prepare(n_pages, &rec);
+        ikv_status st = IKV_OK;
+        try {
+            rp.rec_lengths.reserve(pool->shape.n_layers);
+            rp.rec_stages.reserve(pool->shape.n_layers);
+            rp.rec_pages.reserve(n_pages);
+            rp.rec_formats.reserve(n_pages);
+        } catch (const std::bad_alloc &) {
+            st = fail(IKV_E_NOMEM, "%s: out of host memory", kFn);
+        }
+        if (st == IKV_OK) st = pool->store->room_prepare(n_pages, &rec);
         if (st != IKV_OK) {
             for (RoomPart &q : parts)
                 if (q.new_record && q.record != nullptr) pool->store->room_free(q.record);
@@ -232,12 +240,14 @@ ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id) {
     if (st != IKV_OK) return st;
     std::lock_guard<std::mutex> lock(pool->state_mu);
     if (seq.reservation != rec) return IKV_OK;  // the room ended meanwhile (another thread)
-    // The device's lengths: the host never advances a sequence with room itself.
+    // The device's lengths (the host never advances a sequence with room
+    // itself); never backwards: a take that read the device earlier may land
+    // after a later one (another thread).
     const uint32_t old_length = seq.length;
     uint32_t len = UINT32_MAX;
     for (uint32_t l = 0; l < L; ++l) {
-        seq.layers[l].length = lengths[l];
-        len = std::min(len, lengths[l]);
+        seq.layers[l].length = std::max(seq.layers[l].length, lengths[l]);
+        len = std::min(len, seq.layers[l].length);
     }
     seq.length = len;
     pool->tokens_total += seq.length - old_length;
@@ -321,7 +331,17 @@ ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, 
     // them in ikv_pool_sync, or now for a synchronous append, which waited.
     if (st != IKV_OK || capturing || src.async) return st;
     for (uint32_t i = 0; i < n_seqs && st == IKV_OK; ++i) st = take_room_lengths(pool, *seqs[i], ids[i]);
-    return st;
+    if (st != IKV_OK) return st;
+    // A synchronous append the device refused (the host's lengths were behind
+    // the replays') is reported by the call itself.
+    std::lock_guard<std::mutex> lock(pool->state_mu);
+    const RoomIncident r = pool->room_report;
+    if (!r.found || r.stale_read || std::find(ids, ids + n_seqs, r.seq) == ids + n_seqs) return IKV_OK;
+    pool->room_report = RoomIncident{};
+    return fail(IKV_E_RANGE,
+                "%s: layer %u of sequence %u has no room for %u more tokens (its room ends at %u; graph replays "
+                "filled it); nothing was written",
+                fn, r.layer, (unsigned)r.seq, n, seqs[std::find(ids, ids + n_seqs, r.seq) - ids]->reserved_end);
 }
 
 ikv_status refuse_with_room(const Seq &seq, ikv_seq_id id, const char *fn) {
@@ -404,7 +424,7 @@ ikv_status seqs_reserve(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, 
     const Exec ex;
     if (st == IKV_OK) st = pool->store->init_pages(inits.data(), inits.size(), ex);
     if (st == IKV_OK) st = pool->store->copy_pages(copies.data(), copies.size(), ex);
-    if (st == IKV_OK && device_lengths) st = prepare_records(pool, parts);  // the last step that may fail for memory
+    if (st == IKV_OK && device_lengths) st = prepare_records(pool, parts);  // the last step that allocates
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
         if (st != IKV_OK) {
@@ -423,19 +443,20 @@ ikv_status seqs_reserve(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, 
     }
     // The records: written (a room), or retired (a room that ends); only then
     // do the pages past each room go, since a record may point at them. A
-    // device error writing a record is returned; that sequence keeps its old
-    // room and pages.
+    // device error writing a record is returned; that sequence and the ones
+    // after it keep their old rooms (with the new pages allocated).
     ikv_status first_error = IKV_OK;
     for (RoomPart &rp : parts) {
         Seq &seq = *rp.seq;
         if (device_lengths && rp.end != 0) {
-            st = write_record(pool, rp);
+            st = first_error == IKV_OK ? write_record(pool, rp) : first_error;  // after a failure: old rooms
             if (st != IKV_OK) {
-                if (rp.new_record) pool->store->room_free(rp.record);
-                if (first_error == IKV_OK) first_error = st;
+                if (rp.new_record) pool->store->room_free(rp.record);  // never written: back to the store
+                first_error = st;
                 continue;
             }
         } else if (device_lengths) {
+            if (first_error != IKV_OK) continue;  // after a failure: old rooms
             void *old = nullptr;
             {
                 std::lock_guard<std::mutex> lock(pool->state_mu);
