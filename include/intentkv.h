@@ -759,12 +759,13 @@ IKV_API ikv_status ikv_pool_sync(ikv_pool *pool);
  * Thread-safety: as ikv_pool_append on each of the sequences. On a CUDA pool
  * this call, ikv_pool_sync, ikv_seq_destroy of a sequence with room and a
  * synchronous append (no IKV_APPEND_ASYNC) to one wait for the whole device
- * (the replays the pool never sees), so they must not
- * run while a stream captures in global or thread-local mode (a device-wide
- * wait invalidates such a capture): call them between steps, for example
- * every few hundred steps. Errors: IKV_E_NULL (pool, seqs), IKV_E_NOT_FOUND,
- * IKV_E_INVALID (n_seqs 0, a sequence listed twice), IKV_E_RANGE (a length
- * beyond 2^32-1), IKV_E_NOMEM (capacity), IKV_E_DEVICE.
+ * (the replays the pool never sees), so they must not run while a stream
+ * captures in global or thread-local mode (a device-wide wait invalidates
+ * such a capture): call them between steps, for example every few hundred
+ * steps. Errors: IKV_E_NULL (pool, seqs), IKV_E_NOT_FOUND, IKV_E_INVALID
+ * (n_seqs 0, a sequence listed twice), IKV_E_RANGE (a length beyond
+ * 2^32-1), IKV_E_NOMEM (capacity), IKV_E_EVICTED (a page the room's tokens
+ * land in was evicted), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_pool_reserve(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs, uint32_t n_tokens);
 
@@ -772,7 +773,8 @@ IKV_API ikv_status ikv_pool_reserve(ikv_pool *pool, const ikv_seq_id *seqs, uint
  * Fork: a new sequence sharing all of parent's pages by reference. Full pages
  * stay shared; a shared partial tail page is copied by whichever sequence
  * appends to it first (copy-on-write). Errors: IKV_E_NULL, IKV_E_NOT_FOUND,
- * IKV_E_NOMEM.
+ * IKV_E_NOMEM, IKV_E_STATE (parent has room reserved on a CUDA pool:
+ * ikv_pool_reserve).
  */
 IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out);
 
@@ -783,7 +785,7 @@ IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *c
  * append re-quantizes them once more: the bound then applies twice, and
  * FORMATS.md says so. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE (n_tokens > length),
  * IKV_E_EVICTED (rolling back into an evicted page), IKV_E_STATE (layers of
- * unequal length), IKV_E_NOMEM (copy of a shared tail page, when the pages
+ * unequal length, or room reserved on a CUDA pool: ikv_pool_reserve), IKV_E_NOMEM (copy of a shared tail page, when the pages
  * the rollback releases do not free room for it).
  */
 IKV_API ikv_status ikv_seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_tokens);
@@ -936,7 +938,8 @@ IKV_API ikv_status ikv_seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uin
  * quantize to the new format. Demotion (e.g. F16 -> INT4) loses bits;
  * promotion (INT4 -> F16) restores the precision of storage, not the lost
  * bits. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_INVALID (format),
- * IKV_E_EVICTED, IKV_E_SHARED (page shared with a fork), IKV_E_NOMEM.
+ * IKV_E_EVICTED, IKV_E_SHARED (page shared with a fork), IKV_E_NOMEM,
+ * IKV_E_STATE (room reserved on a CUDA pool: ikv_pool_reserve).
  */
 IKV_API ikv_status ikv_seq_set_page_format(ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format format);
 
