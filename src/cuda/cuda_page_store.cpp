@@ -435,8 +435,8 @@ public:
         ikv_status st = stream_capturing(src.stream, fn, &capturing);
         if (st != IKV_OK) return st;
         cudaStream_t stream = static_cast<cudaStream_t>(src.stream);
-        std::vector<cuda::RoomRecord *> recs;
-        std::vector<uint32_t> gens;
+        std::vector<cuda::RoomRecord *> &recs = room_recs_;  // under mu_: no allocation per step once grown
+        std::vector<uint32_t> &gens = room_gens_;
         try {
             recs.resize(n_seqs);
             gens.resize(n_seqs);
@@ -840,6 +840,8 @@ private:
     uint8_t *scratch_ = nullptr;  // scratch stages for the whole pages of a bulk append
     size_t scratch_stages_ = 0;
     DeviceRooms rooms_;  // under mu_
+    std::vector<cuda::RoomRecord *> room_recs_;  // write_room_append's launch arguments (under mu_)
+    std::vector<uint32_t> room_gens_;
 };
 
 }  // namespace

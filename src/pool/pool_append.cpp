@@ -300,16 +300,16 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
     // layer) must not wait for the device, so its input is not checked here:
     // the store's staging keeps non-finite values out and records them.
     src.async = (a.flags & IKV_APPEND_ASYNC) != 0 && pool->config.backend == IKV_BACKEND_CUDA;
-    if (pool->store->keeps_room_lengths()) {
+    bool room = false;  // sequences with room on a store that keeps their lengths take the device's path
+    for (const Part &pt : parts) room = room || pt.seq->reservation != nullptr;
+    if (room) {
         std::vector<Seq *> seqs;
         try {
             for (const Part &pt : parts) seqs.push_back(pt.seq.get());
         } catch (const std::bad_alloc &) {
             return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
         }
-        bool room = false;
-        for (const Seq *q : seqs) room = room || q->reservation != nullptr;
-        if (room) return room_append(pool, seqs.data(), ids, n_seqs, src, l0, l1);
+        return room_append(pool, seqs.data(), ids, n_seqs, src, l0, l1);
     }
     Exec ex;
     ex.stream = a.stream;

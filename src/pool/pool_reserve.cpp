@@ -71,11 +71,8 @@ void unwind(ikv_pool *pool, std::vector<RoomPart> &parts) {
 // Throws std::bad_alloc (the caller unwinds).
 void plan_part(const ikv_pool *pool, RoomPart &rp) {
     const Seq &seq = *rp.seq;
-    const uint32_t P = pool->shape.page_size;
-    uint32_t shortest = UINT32_MAX;
-    for (const LayerState &ls : seq.layers) shortest = std::min(shortest, ls.length);
     if (rp.end == 0) return;
-    for (uint32_t p = shortest / P; p < rp.n_pages; ++p) {
+    for (uint32_t p = room_first_page(pool, seq); p < rp.n_pages; ++p) {
         if (p >= seq.pages.size()) {
             rp.fresh.emplace_back(p, nullptr);
             rp.fresh.back().second = new PageRec;
@@ -105,10 +102,7 @@ ikv_status allocate_locked(ikv_pool *pool, std::vector<RoomPart> &parts) {
     uint64_t extra = 0;
     for (const RoomPart &rp : parts) {
         const Seq &seq = *rp.seq;
-        const uint32_t P = pool->shape.page_size;
-        uint32_t shortest = UINT32_MAX;
-        for (const LayerState &ls : seq.layers) shortest = std::min(shortest, ls.length);
-        for (uint32_t p = shortest / P; p < std::min<size_t>(rp.n_pages, seq.pages.size()); ++p)
+        for (uint32_t p = room_first_page(pool, seq); p < std::min<size_t>(rp.n_pages, seq.pages.size()); ++p)
             if (seq.pages[p] == nullptr)
                 return fail(IKV_E_EVICTED, "%s: page %u of sequence %u, where its next tokens land, was evicted", kFn,
                             p, (unsigned)rp.id);
@@ -317,9 +311,7 @@ ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, 
         for (uint32_t i = 0; i < n_seqs; ++i) {
             const Seq &seq = *seqs[i];
             records[i] = seq.reservation;
-            uint32_t shortest = UINT32_MAX;
-            for (const LayerState &ls : seq.layers) shortest = std::min(shortest, ls.length);
-            for (size_t p = shortest / P; p < seq.pages.size(); ++p) {
+            for (size_t p = room_first_page(pool, seq); p < seq.pages.size(); ++p) {
                 if (seq.pages[p] == nullptr) continue;  // evicted behind the device's length
                 const int f = int(seq.pages[p]->format);
                 only_format = only_format == -2 || only_format == f ? f : -1;
