@@ -96,6 +96,45 @@ struct BufRows {
     Row row(size_t i) const { return Row{base + i * D}; }
 };
 
+// Software prefetch of a later span's K and V rows (and scales), spread over
+// the inner loops of the span being computed: the sub-pages of consecutive
+// pages lie a whole page apart, so the hardware prefetcher alone restarts on
+// every span, and a span's 128 lines (F16, D = 128) prefetched back to back
+// stall the loads behind them until the misses drain (2-vCPU Zen 4, dense
+// F16 from DRAM: 1.5x slower than the same lines issued a few per
+// iteration). step() issues a few lines; drain() the rest, at the span's end.
+struct SpanPrefetch {
+    const uint8_t *k = nullptr, *v = nullptr, *scales = nullptr;
+    uint64_t next = 0, bytes = 0;  // byte offset of the next line, bytes of K (= of V) rows
+
+    void set(const ChunkTask &T, const SpanRef &s) {
+        const SubpageLayout &L = T.layouts[s.fmt];
+        const uint64_t rb = s.fmt == IKV_FMT_F16 || s.fmt == IKV_FMT_BF16 ? 2ull * T.D
+                          : s.fmt == IKV_FMT_INT4                         ? T.D / 2ull
+                                                                          : 1ull * T.D;
+        k = s.sub + L.k + s.begin * rb;
+        v = s.sub + L.v + s.begin * rb;
+        scales = L.bytes > 2 * (L.v - L.k) ? s.sub + 2 * L.v : nullptr;
+        next = 0;
+        bytes = (s.end - s.begin) * rb;
+    }
+    void clear() { next = bytes = 0, scales = nullptr; }
+    void step() {
+        if (scales) {
+            O::prefetch(scales);
+            scales = nullptr;
+        }
+        for (int j = 0; j < kLinesPerStep && next < bytes; ++j, next += 64) {
+            O::prefetch(k + next);
+            O::prefetch(v + next);
+        }
+    }
+    void drain() {
+        while (next < bytes || scales) step();
+    }
+    static constexpr int kLinesPerStep = 2;  // of K and of V: a span's F16 rows within its ~40 loop iterations
+};
+
 // e^x lane-wise (Cephes expf: range reduction by ln 2 in two parts and a
 // degree-5 polynomial; ~1 ulp), exactly 0 for x < -87 (-inf: masked tokens).
 inline typename O::V vexp(typename O::V x) {
@@ -125,7 +164,7 @@ inline void scale_row(float *acc, float alpha, uint32_t D) {
 // throughout: the inner loops are loads and FMAs, no index arithmetic.
 template <uint32_t NR, class Rows>
 inline void logits_block(const ChunkTask &T, const float *qbase, const Rows &rows, uint32_t n, uint32_t r0, float *S,
-                         uint32_t SP) {
+                         uint32_t SP, SpanPrefetch &pf) {
     using V = typename O::V;
     const size_t D = T.D;
     const float *q[NR];
@@ -136,6 +175,7 @@ inline void logits_block(const ChunkTask &T, const float *qbase, const Rows &row
     }
     size_t i = 0;
     for (; i + 2 <= n; i += 2) {
+        pf.step();
         const auto k0 = rows.row(i), k1 = rows.row(i + 1);
         V a[NR], b[NR];
         for (uint32_t j = 0; j < NR; ++j) a[j] = b[j] = O::zero();
@@ -173,7 +213,8 @@ inline void logits_block(const ChunkTask &T, const float *qbase, const Rows &row
 // D-chunks held in registers across the span's tokens (2 where there are 16
 // vector registers, 4 with 32), each weight broadcast once per token.
 template <uint32_t NR, class Rows>
-inline void values_block(const ChunkTask &T, const Rows &rows, uint32_t n, uint32_t r0, const float *S, uint32_t SP) {
+inline void values_block(const ChunkTask &T, const Rows &rows, uint32_t n, uint32_t r0, const float *S, uint32_t SP,
+                         SpanPrefetch &pf) {
     using V = typename O::V;
     constexpr uint32_t NC = O::kValueChunks;
     const size_t D = T.D;
@@ -189,6 +230,7 @@ inline void values_block(const ChunkTask &T, const Rows &rows, uint32_t n, uint3
         for (uint32_t c = 0; c < NC; ++c)
             for (uint32_t j = 0; j < NR; ++j) a[c][j] = O::load(acc[j] + d + c * O::W);
         for (size_t i = 0; i < n; ++i) {
+            pf.step();
             const auto vr = rows.row(i);
             V v[NC];
             for (uint32_t c = 0; c < NC; ++c) v[c] = vr.at(d + c * O::W);
@@ -214,31 +256,33 @@ inline void values_block(const ChunkTask &T, const Rows &rows, uint32_t n, uint3
 constexpr uint32_t kRowBlock = 4;  // query rows per register block
 
 template <class Rows>
-inline void all_logits(const ChunkTask &T, const float *q, const Rows &rows, uint32_t n, float *S, uint32_t SP) {
+inline void all_logits(const ChunkTask &T, const float *q, const Rows &rows, uint32_t n, float *S, uint32_t SP,
+                       SpanPrefetch &pf) {
     uint32_t r = 0;
-    for (; r + kRowBlock <= T.R; r += kRowBlock) logits_block<kRowBlock>(T, q, rows, n, r, S, SP);
+    for (; r + kRowBlock <= T.R; r += kRowBlock) logits_block<kRowBlock>(T, q, rows, n, r, S, SP, pf);
     switch (T.R - r) {
-        case 3: logits_block<3>(T, q, rows, n, r, S, SP); break;
-        case 2: logits_block<2>(T, q, rows, n, r, S, SP); break;
-        case 1: logits_block<1>(T, q, rows, n, r, S, SP); break;
+        case 3: logits_block<3>(T, q, rows, n, r, S, SP, pf); break;
+        case 2: logits_block<2>(T, q, rows, n, r, S, SP, pf); break;
+        case 1: logits_block<1>(T, q, rows, n, r, S, SP, pf); break;
         default: break;
     }
 }
 
 template <class Rows>
-inline void all_values(const ChunkTask &T, const Rows &rows, uint32_t n, const float *S, uint32_t SP) {
+inline void all_values(const ChunkTask &T, const Rows &rows, uint32_t n, const float *S, uint32_t SP,
+                       SpanPrefetch &pf) {
     uint32_t r = 0;
-    for (; r + kRowBlock <= T.R; r += kRowBlock) values_block<kRowBlock>(T, rows, n, r, S, SP);
+    for (; r + kRowBlock <= T.R; r += kRowBlock) values_block<kRowBlock>(T, rows, n, r, S, SP, pf);
     switch (T.R - r) {
-        case 3: values_block<3>(T, rows, n, r, S, SP); break;
-        case 2: values_block<2>(T, rows, n, r, S, SP); break;
-        case 1: values_block<1>(T, rows, n, r, S, SP); break;
+        case 3: values_block<3>(T, rows, n, r, S, SP, pf); break;
+        case 2: values_block<2>(T, rows, n, r, S, SP, pf); break;
+        case 1: values_block<1>(T, rows, n, r, S, SP, pf); break;
         default: break;
     }
 }
 
 template <uint32_t F>
-void attend_span(const ChunkTask &T, const SpanRef &s) {
+void attend_span(const ChunkTask &T, const SpanRef &s, SpanPrefetch &pf) {
     const SubpageLayout &L = T.layouts[F];
     const uint32_t D = T.D, R = T.R, n = s.end - s.begin, SP = logit_stride(T.P);
     const uint32_t nv = (n + O::W - 1) / O::W * O::W;  // n rounded up to whole vectors (<= SP)
@@ -256,10 +300,10 @@ void attend_span(const ChunkTask &T, const SpanRef &s) {
         q = T.qfold;
     }
     if (one_block) {
-        all_logits(T, q, PageRows<F, true>{ksrc, s.begin}, n, S, SP);
+        all_logits(T, q, PageRows<F, true>{ksrc, s.begin}, n, S, SP, pf);
     } else {
         for (uint32_t i = 0; i < n; ++i) dequant_row(ksrc, s.begin + i, D, T.kspan + uint64_t(i) * D);
-        all_logits(T, q, BufRows{T.kspan, D}, n, S, SP);
+        all_logits(T, q, BufRows{T.kspan, D}, n, S, SP, pf);
     }
     if (F == IKV_FMT_INT4) {  // q.(c*s + min) = (q*s).c + q.min: add each row's bias q.min
         for (uint32_t r = 0; r < R; ++r) {
@@ -317,42 +361,26 @@ void attend_span(const ChunkTask &T, const SpanRef &s) {
                 S[r * SP + i] *= F == IKV_FMT_INT8 ? vsrc.sc[s.begin + i] : vsrc.sc[0] * 256.0f;
     }
     if (one_block) {
-        all_values(T, PageRows<F, false>{vsrc, s.begin}, n, S, SP);
+        all_values(T, PageRows<F, false>{vsrc, s.begin}, n, S, SP, pf);
     } else {
         for (uint32_t i = 0; i < n; ++i) dequant_row(vsrc, s.begin + i, D, T.vspan + uint64_t(i) * D);
-        all_values(T, BufRows{T.vspan, D}, n, S, SP);
+        all_values(T, BufRows{T.vspan, D}, n, S, SP, pf);
     }
-}
-
-// Pull a span's K and V rows (and scales) toward the cache ahead of use: the
-// sub-pages of consecutive pages lie a whole page apart, so the hardware
-// prefetcher alone restarts on every span.
-inline void prefetch_span(const ChunkTask &T, const SpanRef &s) {
-    const SubpageLayout &L = T.layouts[s.fmt];
-    const uint64_t rb = s.fmt == IKV_FMT_F16 || s.fmt == IKV_FMT_BF16 ? 2ull * T.D
-                      : s.fmt == IKV_FMT_INT4                         ? T.D / 2ull
-                                                                      : 1ull * T.D;
-    const uint8_t *k0 = s.sub + L.k + s.begin * rb, *k1 = s.sub + L.k + s.end * rb;
-    const uint8_t *v0 = s.sub + L.v + s.begin * rb;
-    for (uint64_t o = 0; o < uint64_t(k1 - k0); o += 64) {
-        O::prefetch(k0 + o);
-        O::prefetch(v0 + o);
-    }
-    if (L.bytes > 2 * (L.v - L.k)) O::prefetch(s.sub + 2 * L.v);  // the scales
 }
 
 constexpr uint32_t kPrefetchSpans = 2;  // spans ahead (~ memory latency x bandwidth / span bytes)
 
-// One span of one task, in its format.
-inline void attend_one(const ChunkTask &T, const SpanRef &s) {
+// One span of one task, in its format, prefetching pf's span meanwhile.
+inline void attend_one(const ChunkTask &T, const SpanRef &s, SpanPrefetch &pf) {
     switch (s.fmt) {
-        case IKV_FMT_F16: attend_span<IKV_FMT_F16>(T, s); break;
-        case IKV_FMT_BF16: attend_span<IKV_FMT_BF16>(T, s); break;
-        case IKV_FMT_FP8_E4M3: attend_span<IKV_FMT_FP8_E4M3>(T, s); break;
-        case IKV_FMT_INT8: attend_span<IKV_FMT_INT8>(T, s); break;
-        case IKV_FMT_INT4: attend_span<IKV_FMT_INT4>(T, s); break;
+        case IKV_FMT_F16: attend_span<IKV_FMT_F16>(T, s, pf); break;
+        case IKV_FMT_BF16: attend_span<IKV_FMT_BF16>(T, s, pf); break;
+        case IKV_FMT_FP8_E4M3: attend_span<IKV_FMT_FP8_E4M3>(T, s, pf); break;
+        case IKV_FMT_INT8: attend_span<IKV_FMT_INT8>(T, s, pf); break;
+        case IKV_FMT_INT4: attend_span<IKV_FMT_INT4>(T, s, pf); break;
         default: break;  // the decoder never builds spans of other formats
     }
+    pf.drain();
 }
 
 inline void start_chunk(const ChunkTask &T) {
@@ -363,6 +391,22 @@ inline void start_chunk(const ChunkTask &T) {
     for (uint64_t i = 0; i < uint64_t(T.R) * T.D; ++i) T.acc[i] = 0.0f;
 }
 
+// The first kPrefetchSpans spans of a task, prefetched before any is computed.
+inline void prefetch_first_spans(const ChunkTask &T) {
+    SpanPrefetch pf;
+    for (uint32_t k = 0; k < kPrefetchSpans && k < T.n_spans; ++k) {
+        pf.set(T, T.spans[k]);
+        pf.drain();
+    }
+}
+
+// Span k of task T, prefetching span k + kPrefetchSpans.
+inline void attend_and_prefetch(const ChunkTask &T, uint32_t k) {
+    SpanPrefetch pf;
+    if (k + kPrefetchSpans < T.n_spans) pf.set(T, T.spans[k + kPrefetchSpans]);
+    attend_one(T, T.spans[k], pf);
+}
+
 void attend_chunk(const ChunkTask &T) {
     // Subnormal operands and results flushed to zero while the kernel runs
     // (restored on return): weights below ~1e-38 of the largest change no
@@ -370,11 +414,8 @@ void attend_chunk(const ChunkTask &T) {
     // microcode assist (~100 cycles), which peaked softmax rows hit often.
     [[maybe_unused]] const typename O::FlushDenormals ftz{};
     start_chunk(T);
-    for (uint32_t k = 0; k < kPrefetchSpans && k < T.n_spans; ++k) prefetch_span(T, T.spans[k]);
-    for (uint32_t k = 0; k < T.n_spans; ++k) {
-        if (k + kPrefetchSpans < T.n_spans) prefetch_span(T, T.spans[k + kPrefetchSpans]);
-        attend_one(T, T.spans[k]);
-    }
+    prefetch_first_spans(T);
+    for (uint32_t k = 0; k < T.n_spans; ++k) attend_and_prefetch(T, k);
 }
 
 // n tasks over the same pages (the kv-heads of one sequence and chunk, whose
@@ -385,11 +426,7 @@ void attend_chunks(const ChunkTask *tasks, uint32_t n) {
     [[maybe_unused]] const typename O::FlushDenormals ftz{};
     for (uint32_t t = 0; t < n; ++t) start_chunk(tasks[t]);
     const uint32_t n_spans = n ? tasks[0].n_spans : 0;
-    for (uint32_t t = 0; t < n; ++t)
-        for (uint32_t k = 0; k < kPrefetchSpans && k < n_spans; ++k) prefetch_span(tasks[t], tasks[t].spans[k]);
+    for (uint32_t t = 0; t < n; ++t) prefetch_first_spans(tasks[t]);
     for (uint32_t k = 0; k < n_spans; ++k)
-        for (uint32_t t = 0; t < n; ++t) {
-            if (k + kPrefetchSpans < n_spans) prefetch_span(tasks[t], tasks[t].spans[k + kPrefetchSpans]);
-            attend_one(tasks[t], tasks[t].spans[k]);
-        }
+        for (uint32_t t = 0; t < n; ++t) attend_and_prefetch(tasks[t], k);
 }
