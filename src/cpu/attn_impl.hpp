@@ -104,33 +104,42 @@ struct BufRows {
 // F16 from DRAM: 1.5x slower than the same lines issued a few per
 // iteration). step() issues a few lines; drain() the rest, at the span's end.
 struct SpanPrefetch {
-    const uint8_t *k = nullptr, *v = nullptr, *scales = nullptr;
-    uint64_t next = 0, bytes = 0;  // byte offset of the next line, bytes of K (= of V) rows
+    // One byte range, walked a 64-byte line at a time from its first line.
+    struct Lines {
+        const uint8_t *line = nullptr, *end = nullptr;
+        void set(const uint8_t *p, uint64_t n) {
+            line = reinterpret_cast<const uint8_t *>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63));
+            end = p + n;
+        }
+        bool left() const { return line < end; }
+        void issue() {
+            if (line < end) {
+                O::prefetch(line);
+                line += 64;
+            }
+        }
+    };
+    Lines k, v, meta;  // the span's K rows, V rows, and the sub-page's scales and minimums
 
     void set(const ChunkTask &T, const SpanRef &s) {
         const SubpageLayout &L = T.layouts[s.fmt];
         const uint64_t rb = s.fmt == IKV_FMT_F16 || s.fmt == IKV_FMT_BF16 ? 2ull * T.D
                           : s.fmt == IKV_FMT_INT4                         ? T.D / 2ull
                                                                           : 1ull * T.D;
-        k = s.sub + L.k + s.begin * rb;
-        v = s.sub + L.v + s.begin * rb;
-        scales = L.bytes > 2 * (L.v - L.k) ? s.sub + 2 * L.v : nullptr;
-        next = 0;
-        bytes = (s.end - s.begin) * rb;
+        const uint64_t n = (s.end - s.begin) * rb;
+        k.set(s.sub + L.k + s.begin * rb, n);
+        v.set(s.sub + L.v + s.begin * rb, n);
+        meta.set(s.sub + 2 * L.v, L.bytes - 2 * L.v);  // metadata follows the rows (page_format.hpp): INT4 24 lines
     }
-    void clear() { next = bytes = 0, scales = nullptr; }
     void step() {
-        if (scales) {
-            O::prefetch(scales);
-            scales = nullptr;
-        }
-        for (int j = 0; j < kLinesPerStep && next < bytes; ++j, next += 64) {
-            O::prefetch(k + next);
-            O::prefetch(v + next);
+        meta.issue();
+        for (int j = 0; j < kLinesPerStep; ++j) {
+            k.issue();
+            v.issue();
         }
     }
     void drain() {
-        while (next < bytes || scales) step();
+        while (k.left() || v.left() || meta.left()) step();
     }
     static constexpr int kLinesPerStep = 2;  // of K and of V: a span's F16 rows within its ~40 loop iterations
 };
