@@ -182,6 +182,8 @@ typedef struct trace_result {
     double moved_mb_per_step; /* bytes offloaded + fetched during the decode phase, per step */
     double host_reads_per_step;
     double tier_step_us;      /* host time of one ikv_pool_tier_step call (enqueueing its moves included) */
+    double rest_step_ms;      /* the mean of the timed turns' other steps (all but the first) */
+    double tier_rest_us;      /* host time of the tier step on those other steps */
     double plan_share;        /* pages the plans select over the session's pages (the last turn) */
     uint64_t fetched, offloaded;
     float *outs;              /* each turn's last output, TURNS x TB x TQ x D */
@@ -271,7 +273,7 @@ static trace_result run_trace(int tiered, const uint16_t *prefill, const void *d
     ikv_pool_stats s0 = ikvt_pool_stats(pool); /* taken again when the timed turns begin */
     res.peak_device = s0.used_bytes;
     res.outs = malloc(sizeof(float) * TURNS * TB * TQ * D);
-    double total_us = 0.0, first_us = 0.0, tier_us = 0.0, start_us = 0.0;
+    double total_us = 0.0, first_us = 0.0, tier_us = 0.0, start_us = 0.0, tier_rest_us = 0.0;
     const int diag = getenv("IKVT_TIER_DIAG") ? atoi(getenv("IKVT_TIER_DIAG")) : 0;
     for (int turn = 0; turn < TURNS; ++turn) {
         for (uint32_t b = 0; b < TB; ++b) {
@@ -294,6 +296,7 @@ static trace_result run_trace(int tiered, const uint16_t *prefill, const void *d
                 IKVT_OK(ikv_pool_tier_step(pool, seqs, a.plans, TB, NULL, &rep));
                 const double c1 = ikvt_now_us();
                 if (turn > 0) tier_us += c1 - c0;
+                if (turn > 0 && s > 0) tier_rest_us += c1 - c0;
                 if (diag == 2 && c1 - c0 > 1000.0) /* long host time, without the sync below */
                     printf("    turn %d step %d: tier step host %.2f ms; fetched %u offloaded %u pages\n", turn, s,
                            (c1 - c0) / 1000.0, rep.pages_fetched, rep.pages_offloaded);
@@ -339,6 +342,8 @@ static trace_result run_trace(int tiered, const uint16_t *prefill, const void *d
     res.host_reads_per_step = (double)(s1.host_page_reads - s0.host_page_reads) / steps;
     res.session_bytes = s1.used_bytes + s1.host_used_bytes;
     res.tier_step_us = tier_us / steps;
+    res.rest_step_ms = (total_us - first_us) / 1000.0 / (steps - (TURNS - 1));
+    res.tier_rest_us = tier_rest_us / (steps - (TURNS - 1));
     uint64_t selected = 0;
     for (uint32_t b = 0; b < TB; ++b) {
         ikv_plan_summary sum;
@@ -381,11 +386,12 @@ static void bench_trace(void) {
     const char *names[3] = {"all resident", "tier policy, prefetch on", "tier policy, prefetch off"};
     for (int i = 0; i < 3; ++i) {
         const trace_result *r = rows[i];
-        printf("  %-26s step %.3f ms (%.2fx)  first step of a turn %.3f ms  first turn %.1f ms  peak device %.0f MB (%.1f%%)  "
-               "moved %.1f MB/step  host pages read %.1f/step  tier step %.1f us  plans %.1f%% of pages  outputs %s\n",
-               names[i], r->step_ms, r->step_ms / all.step_ms, r->first_step_ms, r->start_turn_ms, r->peak_device / 1e6,
-               100.0 * r->peak_device / all.peak_device, r->moved_mb_per_step, r->host_reads_per_step,
-               r->tier_step_us, 100.0 * r->plan_share,
+        printf("  %-26s step %.3f ms (%.2fx)  first step of a turn %.3f ms  other steps %.3f ms  first turn %.1f ms  "
+               "peak device %.0f MB (%.1f%%)  moved %.1f MB/step  host pages read %.1f/step  tier step %.1f us "
+               "(other steps %.1f us)  plans %.1f%% of pages  outputs %s\n",
+               names[i], r->step_ms, r->step_ms / all.step_ms, r->first_step_ms, r->rest_step_ms, r->start_turn_ms,
+               r->peak_device / 1e6, 100.0 * r->peak_device / all.peak_device, r->moved_mb_per_step,
+               r->host_reads_per_step, r->tier_step_us, r->tier_rest_us, 100.0 * r->plan_share,
                i == 0 ? "reference" : (i == 1 ? same_on : same_off) ? "identical" : "DIFFER");
     }
     assert_true(same_on && same_off);
