@@ -11,7 +11,11 @@ page 16, fp16 q/out, one query token; B x ctx 1x32K, 1x128K, 8x32K, 32x16K):
   - FlashInfer's BatchDecodeWithPagedKVCacheWrapper (NHD, page 16, run()
     after plan(), the better of use_tensor_cores off and on): dense; given
     the same quarter of the pages intentkv's plan reads as kv_indices (page
-    4k + (7k + 3b) % 4 of sequence b); with an FP8-E4M3 KV cache, dense.
+    4k + (7k + 3b) % 4 of sequence b); with an FP8-E4M3 KV cache, dense;
+  - PyTorch FlexAttention (torch.compile'd flex_attention, enable_gqa) with a
+    BlockMask keeping the same quarter of the pages (its default 128-token
+    blocks, as a FlexAttention user would build it): a footnote, since it
+    is slower than cuDNN dense.
 FlashInfer is optional (`flashinfer-python`, fetched at benchmark time by
 scripts/fetch_peer_flashinfer.sh, never committed): without it those columns
 say so.
@@ -90,6 +94,25 @@ def flashinfer_decode(B, ctx, selected, fp8):
     return best
 
 
+def flex_quarter(B, ctx):
+    """FlexAttention decode reading the same quarter of the pages (a mask over 16-token pages)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    dev = "cuda"
+    keep = torch.zeros(B, ctx // P, dtype=torch.bool, device=dev)
+    for b, sel in enumerate(quarter_pages(B, ctx)):
+        keep[b, torch.tensor(sel, device=dev)] = True
+
+    def page_kept(b, h, q_idx, kv_idx):
+        return keep[b, kv_idx // P]
+
+    mask = create_block_mask(page_kept, B, None, 1, ctx, device=dev)
+    q = torch.randn(B, HQ, 1, D, device=dev, dtype=torch.float16)
+    k = torch.randn(B, HKV, ctx, D, device=dev, dtype=torch.float16)
+    v = torch.randn(B, HKV, ctx, D, device=dev, dtype=torch.float16)
+    flex = torch.compile(flex_attention)
+    return time_ms(lambda: flex(q, k, v, block_mask=mask, enable_gqa=True))
+
+
 def measure(name, fn):
     try:
         ms = fn()
@@ -143,6 +166,7 @@ def main():
             peers[(B, ctx, "fi")] = measure("FlashInfer dense", lambda: flashinfer_decode(B, ctx, False, False))
             peers[(B, ctx, "fi25")] = measure("FlashInfer 25% pages", lambda: flashinfer_decode(B, ctx, True, False))
             peers[(B, ctx, "fi8")] = measure("FlashInfer FP8 dense", lambda: flashinfer_decode(B, ctx, False, True))
+        peers[(B, ctx, "flex25")] = measure("FlexAttention 25% pages", lambda: flex_quarter(B, ctx))
 
     props = torch.cuda.get_device_properties(0)
     o = lambda B, c, col: ours.get((B, c, col))  # noqa: E731
@@ -161,6 +185,10 @@ def main():
                   f"{fmt(o(B, c, 'plan25'))} | {fmt(p(B, c, 'fi25'))} | {fmt(o(B, c, 'topk25'))} | "
                   f"{fmt(o(B, c, 'dense-fp8'))} | {fmt(p(B, c, 'fi8'))} | {fmt(o(B, c, 'dense-int8'))} | "
                   f"{fmt(o(B, c, 'dense-int4'))} | {g} |")
+    md += ["", "FlexAttention (footnote): torch.compile'd `flex_attention` with a BlockMask keeping the same 25% of "
+           "pages (default 128-token blocks), ms per call: " + ", ".join(
+               f"{B} x {c // 1024}K {fmt(p(B, c, 'flex25'))} (ikv 25% plan {fmt(o(B, c, 'plan25'))}, "
+               f"SDPA cuDNN dense {fmt(p(B, c, 'cudnn'))})" for B, c in SHAPES) + "."]
     # The issue's targets as ratios (> 1: intentkv faster), each against its peer.
     checks = []
     for B, c in SHAPES:
