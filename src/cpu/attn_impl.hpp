@@ -364,10 +364,17 @@ void attend_span(const ChunkTask &T, const SpanRef &s, SpanPrefetch &pf) {
     }
     // ---- values: every V row dequantized once for all rows ----
     const RowSource<F, false> vsrc(s.sub, L, D);
-    if (kFoldScales<F>) {  // p' = p * v_scale: per token (INT8) or the page's (FP8, times 2^8)
+    if (F == IKV_FMT_INT8) {  // p' = p * v_scale per token: whole vectors, then the tokens left
+        const uint32_t nw = n / O::W * O::W;
+        for (uint32_t r = 0; r < R; ++r) {
+            float *Sr = S + r * SP;
+            for (uint32_t i = 0; i < nw; i += O::W) O::store(Sr + i, O::mul(O::load(Sr + i), O::load(vsrc.sc + s.begin + i)));
+            for (uint32_t i = nw; i < n; ++i) Sr[i] *= vsrc.sc[s.begin + i];
+        }
+    } else if (F == IKV_FMT_FP8_E4M3) {  // p' = p * the page's v_scale * 2^8 (lanes past n hold 0)
+        const typename O::V c = O::set1(vsrc.sc[0] * 256.0f);
         for (uint32_t r = 0; r < R; ++r)
-            for (uint32_t i = 0; i < n; ++i)
-                S[r * SP + i] *= F == IKV_FMT_INT8 ? vsrc.sc[s.begin + i] : vsrc.sc[0] * 256.0f;
+            for (uint32_t i = 0; i < nv; i += O::W) O::store(S + r * SP + i, O::mul(O::load(S + r * SP + i), c));
     }
     if (one_block) {
         all_values(T, PageRows<F, false>{vsrc, s.begin}, n, S, SP, pf);
