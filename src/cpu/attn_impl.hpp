@@ -108,8 +108,8 @@ struct SpanPrefetch {
     struct Lines {
         const uint8_t *line = nullptr, *end = nullptr;
         void set(const uint8_t *p, uint64_t n) {
-            line = reinterpret_cast<const uint8_t *>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63));
             end = p + n;
+            line = n ? reinterpret_cast<const uint8_t *>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63)) : end;
         }
         bool left() const { return line < end; }
         void issue() {
@@ -141,7 +141,7 @@ struct SpanPrefetch {
     void drain() {
         while (k.left() || v.left() || meta.left()) step();
     }
-    static constexpr int kLinesPerStep = 2;  // of K and of V: a span's F16 rows within its ~40 loop iterations
+    static constexpr int kLinesPerStep = 2;  // of K and of V: an F16 span's rows within its ~40 AVX-512 loop iterations
 };
 
 // e^x lane-wise (Cephes expf: range reduction by ln 2 in two parts and a
@@ -371,7 +371,7 @@ void attend_span(const ChunkTask &T, const SpanRef &s, SpanPrefetch &pf) {
             for (uint32_t i = 0; i < nw; i += O::W) O::store(Sr + i, O::mul(O::load(Sr + i), O::load(vsrc.sc + s.begin + i)));
             for (uint32_t i = nw; i < n; ++i) Sr[i] *= vsrc.sc[s.begin + i];
         }
-    } else if (F == IKV_FMT_FP8_E4M3) {  // p' = p * the page's v_scale * 2^8 (lanes past n hold 0)
+    } else if (F == IKV_FMT_FP8_E4M3) {  // p' = p * the page's v_scale * 2^8 (lanes past n: never read)
         const typename O::V c = O::set1(vsrc.sc[0] * 256.0f);
         for (uint32_t r = 0; r < R; ++r)
             for (uint32_t i = 0; i < nv; i += O::W) O::store(S + r * SP + i, O::mul(O::load(S + r * SP + i), c));
