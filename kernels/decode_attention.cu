@@ -738,9 +738,21 @@ uint32_t decode_choose_splits(const DecodeParams &p, int n_sms) {
     return uint32_t(std::min<uint64_t>(pick, 1024));
 }
 
-uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_sms) {
+double device_memory_gbps_per_sm(int device) {
+    int khz = 0, bits = 0, sms = 0;
+    if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) {
+        cudaGetLastError();
+        return 0.0;
+    }
+    return 2.0 * double(khz) * 1e3 * double(bits) / 8.0 / 1e9 / double(sms);  // double data rate
+}
+
+uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_sms, double mem_gbps_per_sm) {
     if (p.compute != kComputeDefault) return p.compute;
-    if (p.q_dtype == IKV_DTYPE_F32 || !(p.formats & kTensorCoreFormats)) return kComputeSimt;
+    const uint32_t tc_formats = mem_gbps_per_sm >= kTc16BitMinGBpsPerSm ? ~0u : kTensorCoreFormats;
+    if (p.q_dtype == IKV_DTYPE_F32 || !(p.formats & tc_formats)) return kComputeSimt;
     DecodeParams simt = p;
     simt.compute = kComputeSimt;
     const uint64_t splits = decode_choose_splits(simt, n_sms);

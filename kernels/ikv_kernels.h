@@ -83,11 +83,22 @@ constexpr uint32_t kTensorCoreFormats =
 // critical path per chunk. F16/BF16 pages are bandwidth-bound on SIMT already
 // (95-100% of copy bandwidth at B >= 8) and lose 1-12% on tensor cores.
 constexpr uint64_t kTcMinChunksPerCta = 24;
+// On a device whose memory feeds each SM this fast or faster, F16/BF16 pages
+// too decode faster on tensor cores: SIMT's fp32 FMAs per SM stop keeping up
+// with the bytes. Measured (bench/RESULTS.md section 0): H200 (4.8 TB/s, 132
+// SMs: ~36 GB/s per SM) dense F16 1.04-1.33x faster on tensor cores, a 25%
+// plan 1.05-1.27x where a CTA has >= kTcMinChunksPerCta chunks; H100 SXM
+// (3.35 TB/s: ~25 GB/s per SM) 1-12% slower.
+constexpr double kTc16BitMinGBpsPerSm = 30.0;
+// Peak memory bandwidth of a device per SM, GB/s, from its memory clock and
+// bus width (0 when the device does not say).
+double device_memory_gbps_per_sm(int device);
 // The compute p runs on: p.compute unless kComputeDefault; then tensor cores
-// for F16/BF16 queries when p.formats has a kTensorCoreFormats bit and the
-// longest list (max_rows rows) gives every CTA at least kTcMinChunksPerCta
-// chunks at the split count SIMT would use on n_sms SMs; SIMT otherwise.
-uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_sms);
+// for F16/BF16 queries when p.formats has a kTensorCoreFormats bit (or, with
+// mem_gbps_per_sm >= kTc16BitMinGBpsPerSm, any bit) and the longest list
+// (max_rows rows) gives every CTA at least kTcMinChunksPerCta chunks at the
+// split count SIMT would use on n_sms SMs; SIMT otherwise.
+uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_sms, double mem_gbps_per_sm);
 // Splits the launcher picks for a shape on a device with n_sms SMs.
 uint32_t decode_choose_splits(const DecodeParams &p, int n_sms);
 // Scratch bytes decode needs for p with n_splits splits (partials of the split-K merge).

@@ -279,7 +279,8 @@ inline void run_bench(const cudaDeviceProp &prop, bool quick, const char *out_di
                     ikv::cuda::DecodeParams v = p;
                     v.max_pages = longest;  // the library sizes splits and picks the compute on this
                     const uint32_t chosen =
-                        ikv::cuda::decode_resolve_compute(v, quarter ? ctx / 4 : ctx, prop.multiProcessorCount);
+                        ikv::cuda::decode_resolve_compute(v, quarter ? ctx / 4 : ctx, prop.multiProcessorCount,
+                                                          [] { int d = 0; cudaGetDevice(&d); return ikv::cuda::device_memory_gbps_per_sm(d); }());
                     v.compute = !other ? chosen
                                 : chosen == ikv::cuda::kComputeTensorCores ? ikv::cuda::kComputeSimt
                                                                             : ikv::cuda::kComputeTensorCores;

@@ -67,6 +67,7 @@ struct CudaDecoderState {
     int device = -1;
     int n_sms = 0;
     int max_smem_optin = 0;  // shared memory a block may opt in to (read once, not per step)
+    double mem_gbps_per_sm = 0.0;  // the device's memory bandwidth per SM (picks the compute: decode_resolve_compute)
     // Pinned staging, two halves used alternately.
     uint8_t *pinned[2] = {nullptr, nullptr};
     uint64_t pinned_bytes[2] = {0, 0};
@@ -149,7 +150,8 @@ MultiTokenMode multi_token_mode() {
 
 // IKV_CUDA_DECODE_COMPUTE: how the fused decode computes for F16/BF16
 // queries: auto (tensor cores when the step reads INT8/FP8/INT4 pages and
-// enough of them per CTA: cuda::decode_resolve_compute), simt (fp32 FMAs) or
+// enough of them per CTA, and for F16/BF16 pages too on devices with fast
+// memory: cuda::decode_resolve_compute), simt (fp32 FMAs) or
 // tensor-cores (kernels/decode_mma.cuh).
 uint32_t decode_compute() {
     static const char *const kNames[] = {"auto", "simt", "tensor-cores"};
@@ -179,6 +181,7 @@ ikv_status ensure_state(CudaDecoderState **state, int device) {
     if (err == cudaSuccess)
         err = cudaDeviceGetAttribute(&s->max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     for (int i = 0; i < 2 && err == cudaSuccess; ++i) err = cudaEventCreateWithFlags(&s->copied[i], cudaEventDisableTiming);
+    if (err == cudaSuccess) s->mem_gbps_per_sm = cuda::device_memory_gbps_per_sm(device);
     if (err != cudaSuccess) {
         cuda_decoder_state_destroy(s);
         return cuda_fail(err, kFn, "creating the decoder's CUDA state");
@@ -532,7 +535,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     p.max_pages = topk ? std::min<uint32_t>(stride, (max_tokens + P - 1) / P + 1) : stride;
     p.formats = sum.formats;
     p.compute = decode_compute();  // auto is settled from the formats and the list lengths
-    p.compute = cuda::decode_resolve_compute(p, max_tokens, s.n_sms);
+    p.compute = cuda::decode_resolve_compute(p, max_tokens, s.n_sms, s.mem_gbps_per_sm);
     const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv));
     p.n_splits = gemm ? 1 : cuda::decode_choose_splits(p, s.n_sms);
     if (gemm && s.gemm == nullptr) {
