@@ -908,9 +908,17 @@ typedef struct ikv_tier_step_report {
  *      the device, plan pages before prefetch hints, as far as device_high
  *      allows (the room above it is left to the step's appends).
  * Moves follow ikv_seq_offload's rules (pages a fork shares and partial tail
- * pages stay) and are enqueued on stream (NULL = the default stream) behind
- * the work on it: decodes enqueued on that stream afterwards read the pages
- * in their new place; work on other streams must be ordered by the engine.
+ * pages stay). Fetches are enqueued on stream (NULL = the default stream)
+ * behind the work on it: decodes enqueued on that stream afterwards read the
+ * pages in their new place; work on other streams must be ordered by the
+ * engine. Offloads run on a copy stream of the pool's own, behind the work
+ * enqueued on stream so far, so the bus carries both directions at once and
+ * the engine's stream does not wait for them: a fetch into device memory an
+ * offload empties waits for that copy on the device; a later decode (on any
+ * stream) that reads an offloaded page in host memory, a later move, and the
+ * pool's synchronous calls wait for the offloads' copies. A step is
+ * therefore done for the engine when its stream is (cudaDeviceSynchronize
+ * also waits for the offloads).
  * The policy knows only what tier_step is told: with query-aware top-k, the
  * plan is the candidate set, so its pages count as used whether top-k picks
  * them or not; a sequence decoded without being named here looks idle. A

@@ -464,6 +464,20 @@ static void test_tier_policy_session(void **state) {
         assert_memory_equal(out, ref, sizeof out);
         assert_true(ikvt_pool_stats(pb).host_page_reads == reads + host_before);
 
+        /* a step's offloads run on the pool's own copy stream: a decode enqueued right after it on the
+           engine's stream, reading the pages just offloaded over the bus, reads them after their copies */
+        ikv_tier_policy low = policy;
+        low.idle_steps = 1;
+        low.device_high = 0.25f;
+        low.device_low = 0.05f;
+        IKVT_OK(ikv_pool_set_tier_policy(pb, &low));
+        const uint64_t host_pages_before = ikvt_pool_stats(pb).host_pages;
+        const ikv_tier_step_report ro = tier_step(pb, sb, cplans, B, stream);
+        assert_true(ro.pages_offloaded > 0);
+        assert_int_equal(ikvt_pool_stats(pb).host_pages, host_pages_before + ro.pages_offloaded);
+        expect_same(dec, pa, sa, pb, sb, cplans, &d, stream, "right after a step's offloads");
+        IKVT_OK(ikv_pool_set_tier_policy(pb, &policy));
+
         /* a refused step (bad plan, unknown sequence, capturing stream) changes nothing, not even the step count */
         ikv_plan *odd = NULL;
         static const ikv_token_range r8[] = {{0, 8}};
@@ -483,7 +497,7 @@ static void test_tier_policy_session(void **state) {
         assert_int_equal(ikvt_rt.sync_(), 0);
         st = ikvt_pool_stats(pb);
         assert_memory_equal(&pre, &st, sizeof pre);
-        assert_int_equal(tier_step(pb, NULL, NULL, 0, stream).step, r.step + 1);
+        assert_int_equal(tier_step(pb, NULL, NULL, 0, stream).step, ro.step + 1);
         ikv_plan_destroy(odd);
         for (uint32_t b = 0; b < B; ++b) ikv_plan_destroy(plans[b]);
         /* turned off: a step is refused again */

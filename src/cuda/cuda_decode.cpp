@@ -578,6 +578,10 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const cuda::DevPage *d_pages = reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_pages);
     p.workspace = s.dev + off_ws;
     p.lists = cuda::DevLists{d_pages, d_counts, stride, 1};
+    if (sum.host_pages > 0) {  // host-tier pages: read after the copies that put them there (a tier step's offloads)
+        const ikv_status ost = pool_order_after_moves(pool, stream, kFn);
+        if (ost != IKV_OK) return ost;
+    }
     if (sum.n_room > 0) {  // sequences with room: their lists and lengths at the device's length, now
         err = cuda::launch_room_clip(reinterpret_cast<const cuda::RoomTail *>(s.lists + sum.off_tails), sum.n_room,
                                      reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_full),

@@ -100,7 +100,7 @@ public:
 
     ~CudaPageStore() override {
         DeviceGuard g(device_);
-        wait_async();
+        wait_async();  // the appends and the copy stream's offloads
         cudaStreamSynchronize(stream_);
         moved_.drain(true, [this](ikv_format f, uint8_t *p) { release(f, p); });
         ring_.reset();
@@ -112,6 +112,8 @@ public:
         if (error_dev_) cudaFree(error_dev_);
         if (event_) cudaEventDestroy(event_);
         if (async_done_) cudaEventDestroy(async_done_);
+        if (fence_) cudaEventDestroy(fence_);
+        if (copy_stream_) cudaStreamDestroy(copy_stream_);
         cudaStreamDestroy(stream_);
     }
 
@@ -169,6 +171,7 @@ public:
         ex.async = true;
         cudaStream_t st = nullptr;
         err = begin(ex, &st);
+        if (err == cudaSuccess) err = wait_fence(st);  // a source may be an offload's copy still being written
         for (size_t i = 0; i < n && err == cudaSuccess; ++i) {
             err = cudaMemcpyAsync(moves[i].dst, moves[i].src, page_bytes(shape_, moves[i].format), cudaMemcpyDefault,
                                   st);
@@ -184,6 +187,80 @@ public:
             return cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of pages between the tiers");
         }
         return IKV_OK;
+    }
+
+    ikv_status exchange_pages(const PageMove *offloads, size_t n_off, const PageMove *fetches, size_t n_fetch,
+                              size_t n_paired, void *stream) override {
+        if (n_off + n_fetch == 0) return IKV_OK;
+        std::vector<DeferredReleases::Page> off_sources, fetch_sources;
+        try {
+            off_sources.reserve(n_off - n_paired);
+            fetch_sources.reserve(n_fetch);
+        } catch (const std::bad_alloc &) {
+            return fail(IKV_E_NOMEM, "ikv_pool: out of host memory");
+        }
+        ikv_status cst = check_move_stream(stream, "ikv_pool");
+        if (cst != IKV_OK) return cst;
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        Exec ex;
+        ex.stream = stream;
+        ex.async = true;
+        cudaStream_t st = nullptr;
+        cudaError_t err = begin(ex, &st);
+        if (err == cudaSuccess) err = ensure_copy_stream();
+        // The copy stream starts after the engine's work so far (the appends
+        // that completed the pages, the decodes that read them).
+        if (err == cudaSuccess) err = stream_waits_for(copy_stream_, st);
+        // Fetches into free memory first; their sources may be earlier offloads' copies.
+        if (err == cudaSuccess && n_fetch > 0) err = wait_fence(st);
+        for (size_t j = n_paired; j < n_fetch && err == cudaSuccess; ++j) {
+            err = cudaMemcpyAsync(fetches[j].dst, fetches[j].src, page_bytes(shape_, fetches[j].format),
+                                  cudaMemcpyDefault, st);
+            fetch_sources.emplace_back(fetches[j].format, fetches[j].src);
+        }
+        // Offloads in batches; each batch's paired fetches wait for it on the device.
+        for (size_t b = 0; b < n_off && err == cudaSuccess; b += kExchangeBatch) {
+            const size_t e = std::min(n_off, b + kExchangeBatch);
+            for (size_t i = b; i < e && err == cudaSuccess; ++i) {
+                err = cudaMemcpyAsync(offloads[i].dst, offloads[i].src, page_bytes(shape_, offloads[i].format),
+                                      cudaMemcpyDefault, copy_stream_);
+                if (i >= n_paired) off_sources.emplace_back(offloads[i].format, offloads[i].src);
+            }
+            if (err != cudaSuccess || b >= n_paired) continue;
+            err = stream_waits_for(st, copy_stream_);
+            for (size_t j = b; j < std::min(e, n_paired) && err == cudaSuccess; ++j) {
+                err = cudaMemcpyAsync(fetches[j].dst, fetches[j].src, page_bytes(shape_, fetches[j].format),
+                                      cudaMemcpyDefault, st);
+                fetch_sources.emplace_back(fetches[j].format, fetches[j].src);
+            }
+        }
+        if (err == cudaSuccess && n_off > 0) {
+            std::lock_guard<std::mutex> fl(async_mu_);
+            err = cudaEventRecord(fence_, copy_stream_);
+            if (err == cudaSuccess) fence_pending_ = true;
+        }
+        if (err == cudaSuccess) err = finish(ex);
+        if (err == cudaSuccess && !off_sources.empty()) err = moved_.add(copy_stream_, std::move(off_sources));
+        if (err == cudaSuccess && !fetch_sources.empty()) err = moved_.add(st, std::move(fetch_sources));
+        if (err != cudaSuccess) {
+            // No copy may still write a destination the caller gives back. A
+            // paired fetch may have overwritten its offload's source: the
+            // device is in error and its pages are lost anyway (IKV_E_DEVICE).
+            cudaStreamSynchronize(st);
+            if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+            cudaGetLastError();
+            return cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of pages between the tiers");
+        }
+        return IKV_OK;
+    }
+
+    ikv_status order_after_moves(void *stream, const char *fn) override {
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        const cudaError_t err = wait_fence(static_cast<cudaStream_t>(stream));
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "waiting for the offloads' copies");
     }
 
     ikv_status init(ikv_format f, uint8_t *page) override {
@@ -780,9 +857,50 @@ private:
     // on the legacy stream). Host-side: the next calls find nothing pending.
     cudaError_t wait_async() const {
         std::lock_guard<std::mutex> lock(async_mu_);
+        if (fence_pending_) {  // the offloads of exchange_pages (they write host pages the call may read)
+            const cudaError_t err = cudaEventSynchronize(fence_);
+            if (err != cudaSuccess) return err;
+            fence_pending_ = false;
+        }
         if (!async_pending_) return cudaSuccess;
         const cudaError_t err = cudaEventSynchronize(async_done_);
         if (err == cudaSuccess) async_pending_ = false;
+        return err;
+    }
+
+    // Work enqueued next on st waits (on the device) for the offloads'
+    // copies of exchange_pages; once they are done, nothing is waited for.
+    // On a capturing stream the wait is an external-event node.
+    cudaError_t wait_fence(cudaStream_t st) const {
+        std::lock_guard<std::mutex> lock(async_mu_);
+        if (!fence_pending_) return cudaSuccess;
+        cudaError_t err = cudaEventQuery(fence_);
+        if (err == cudaSuccess) {
+            fence_pending_ = false;
+            return cudaSuccess;
+        }
+        if (err != cudaErrorNotReady) return err;
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        err = cudaStreamIsCapturing(st, &capture);
+        if (err != cudaSuccess) return err;
+        return cudaStreamWaitEvent(st, fence_, capture == cudaStreamCaptureStatusNone ? 0 : cudaEventWaitExternal);
+    }
+
+    // `waiter` runs what is enqueued on it next after what `on` holds now.
+    static cudaError_t stream_waits_for(cudaStream_t waiter, cudaStream_t on) {
+        cudaEvent_t ev = nullptr;
+        cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        if (err == cudaSuccess) err = cudaEventRecord(ev, on);
+        if (err == cudaSuccess) err = cudaStreamWaitEvent(waiter, ev, 0);
+        if (ev) cudaEventDestroy(ev);  // released once the recorded work is done
+        return err;
+    }
+
+    // The copy stream of exchange_pages' offloads and its fence event, made at first use.
+    cudaError_t ensure_copy_stream() {
+        cudaError_t err = cudaSuccess;
+        if (!copy_stream_) err = cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking);
+        if (err == cudaSuccess && !fence_) err = cudaEventCreateWithFlags(&fence_, cudaEventDisableTiming);
         return err;
     }
 
@@ -834,6 +952,12 @@ private:
     cudaEvent_t async_done_ = nullptr;  // recorded where the last one ended
     cudaStream_t async_stream_ = nullptr;  // ... on this stream
     mutable bool async_pending_ = false;
+    // exchange_pages: offloads run on copy_stream_; fence_ marks the last
+    // call's copies (under async_mu_, pending until seen done).
+    cudaStream_t copy_stream_ = nullptr;
+    cudaEvent_t fence_ = nullptr;
+    mutable bool fence_pending_ = false;
+    static constexpr size_t kExchangeBatch = 32;  // offloads per device-side ordering point (16 MB of 512 KB pages)
     uint8_t *input_ = nullptr;
     uint64_t input_bytes_ = 0;
     std::vector<uint32_t> round_start_, round_next_;

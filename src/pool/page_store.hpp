@@ -277,6 +277,29 @@ public:
         (void)stream;
         return IKV_E_UNSUPPORTED;
     }
+    // One tier step's moves, both directions at once: the offloads (device
+    // to host) run on a copy stream of the store's own, after everything
+    // enqueued on `stream` so far; the fetches (host to device) on `stream`.
+    // The first n_paired fetches land in the memory the first n_paired
+    // offloads empty (fetches[i].dst == offloads[i].src), each after its
+    // offload's copy, ordered on the device, so the bus carries the two
+    // directions together; their sources become the fetched pages' places
+    // and are not released. The other offload sources and every fetch
+    // source return to their allocators once copied. Later reads of the
+    // offloaded pages' host copies (decode over host pages, fetches, the
+    // store's synchronous calls) wait for the copy stream (order_after_moves).
+    virtual ikv_status exchange_pages(const PageMove *offloads, size_t n_off, const PageMove *fetches, size_t n_fetch,
+                                      size_t n_paired, void *stream) {
+        (void)offloads, (void)n_off, (void)fetches, (void)n_fetch, (void)n_paired, (void)stream;
+        return IKV_E_UNSUPPORTED;
+    }
+    // Order work the caller enqueues next on `stream` after the copies of
+    // exchange_pages' offloads (decode calls it when its lists hold host-tier
+    // pages). A store without a copy stream has nothing to order.
+    virtual ikv_status order_after_moves(void *stream, const char *fn) {
+        (void)stream, (void)fn;
+        return IKV_OK;
+    }
     // Memory held for pages (slabs), live or free.
     virtual uint64_t reserved_bytes() const = 0;
     // Slab memory of the host tier (CUDA pools with one; else 0).

@@ -53,9 +53,22 @@ ikv_status check_host_tier(const ikv_pool *pool, const char *fn);
 // IKV_E_UNSUPPORTED without a host tier; IKV_E_INVALID for a capturing stream.
 ikv_status check_tier_call(const ikv_pool *pool, void *stream, const char *fn);
 // Under state_mu: check the target tier's room for every move and allocate
-// every destination, charging the target tier (*extra bytes); all or nothing.
+// every destination not set already (a fetch into an offload's memory),
+// charging the target tier (*extra bytes); all or nothing.
 ikv_status tier_moves_prepare_locked(ikv_pool *pool, std::vector<TierMove> &moves, bool to_host, uint64_t *extra,
                                      const char *fn);
+// Under state_mu: what tier_moves_prepare_locked did, undone (the
+// destinations it allocated back, the charge); fetches' preset ones stay.
+void tier_moves_unprepare_locked(ikv_pool *pool, const std::vector<TierMove> &moves, size_t n_preset, bool to_host,
+                                 uint64_t extra);
+// A tier step's offloads and fetches, prepared, enqueued together
+// (PageStore::exchange_pages: the first n_paired fetches land in the first
+// n_paired offloads' device memory); then, under state_mu, every record
+// takes its new bytes and tier. On failure both lists' preparation is
+// undone and nothing moved.
+ikv_status tier_exchange_finish(ikv_pool *pool, const std::vector<TierMove> &offloads, uint64_t offload_bytes,
+                                const std::vector<TierMove> &fetches, uint64_t fetch_bytes, size_t n_paired,
+                                void *stream);
 // Without the lock: enqueue the copies on stream, then (under state_mu) the
 // records take their new bytes and tier; on failure the prepared
 // destinations and charge go back and nothing moved.

@@ -99,6 +99,9 @@ void pool_count_host_reads(const ikv_pool *pool, uint64_t n) {
     pool->host_page_reads.fetch_add(n, std::memory_order_relaxed);
 }
 int pool_device(const ikv_pool *pool) { return pool->config.device; }
+ikv_status pool_order_after_moves(const ikv_pool *pool, void *stream, const char *fn) {
+    return pool->store->order_after_moves(stream, fn);
+}
 
 namespace {
 

@@ -36,11 +36,16 @@ ikv_status tier_moves_prepare_locked(ikv_pool *pool, std::vector<TierMove> &move
     if (moves.empty()) return IKV_OK;
     const ikv_status st = check_room_locked(pool, to_host, *extra, 0, fn);
     if (st != IKV_OK) return st;
-    for (size_t i = 0; i < moves.size(); ++i) {
+    size_t preset = 0;  // fetches into an offload's memory come first, their destination set
+    while (preset < moves.size() && moves[preset].dst != nullptr) ++preset;
+    for (size_t i = preset; i < moves.size(); ++i) {
         const ikv_format f = moves[i].rec->format;
         const ikv_status a = to_host ? pool->store->alloc_host(f, &moves[i].dst) : pool->store->alloc(f, &moves[i].dst);
         if (a != IKV_OK) {
-            for (size_t j = 0; j < i; ++j) pool->store->release(moves[j].rec->format, moves[j].dst);
+            for (size_t j = preset; j < i; ++j) {
+                pool->store->release(moves[j].rec->format, moves[j].dst);
+                moves[j].dst = nullptr;
+            }
             return a;
         }
     }
@@ -49,6 +54,31 @@ ikv_status tier_moves_prepare_locked(ikv_pool *pool, std::vector<TierMove> &move
     (to_host ? pool->host_used_bytes : pool->used_bytes) += *extra;
     return IKV_OK;
 }
+
+namespace {
+
+// Under state_mu: the moved pages' records take their new bytes and tier
+// (each source is released by the store once copied, or became a fetched
+// page's place); the source tier's accounting.
+void apply_moves_locked(ikv_pool *pool, const std::vector<TierMove> &moves, bool to_host, uint64_t extra) {
+    for (const TierMove &m : moves) {
+        m.rec->bytes = m.dst;
+        m.rec->on_host = to_host;
+        table_changed(*m.seq);
+    }
+    const uint64_t n = moves.size();
+    if (to_host) {
+        pool->used_bytes -= extra;
+        pool->host_pages += n;
+        pool->bytes_offloaded += extra;
+    } else {
+        pool->host_used_bytes -= extra;
+        pool->host_pages -= n;
+        pool->bytes_fetched += extra;
+    }
+}
+
+}  // namespace
 
 ikv_status tier_moves_finish(ikv_pool *pool, const std::vector<TierMove> &moves, bool to_host, uint64_t extra,
                              void *stream) {
@@ -66,25 +96,44 @@ ikv_status tier_moves_finish(ikv_pool *pool, const std::vector<TierMove> &moves,
     }
     std::lock_guard<std::mutex> lock(pool->state_mu);
     if (st != IKV_OK) {  // nothing was enqueued: the destinations go back, the pages stay
-        for (const TierMove &m : moves) pool->store->release(m.rec->format, m.dst);
-        (to_host ? pool->host_used_bytes : pool->used_bytes) -= extra;
+        tier_moves_unprepare_locked(pool, moves, 0, to_host, extra);
         return st;
     }
-    for (const TierMove &m : moves) {
-        m.rec->bytes = m.dst;  // the source is released by the store once copied
-        m.rec->on_host = to_host;
-        table_changed(*m.seq);
+    apply_moves_locked(pool, moves, to_host, extra);
+    return IKV_OK;
+}
+
+void tier_moves_unprepare_locked(ikv_pool *pool, const std::vector<TierMove> &moves, size_t n_preset, bool to_host,
+                                 uint64_t extra) {
+    for (size_t i = n_preset; i < moves.size(); ++i) pool->store->release(moves[i].rec->format, moves[i].dst);
+    (to_host ? pool->host_used_bytes : pool->used_bytes) -= extra;
+}
+
+ikv_status tier_exchange_finish(ikv_pool *pool, const std::vector<TierMove> &offloads, uint64_t offload_bytes,
+                                const std::vector<TierMove> &fetches, uint64_t fetch_bytes, size_t n_paired,
+                                void *stream) {
+    if (offloads.empty() && fetches.empty()) return IKV_OK;
+    std::vector<PageStore::PageMove> off, fet;
+    ikv_status st = IKV_OK;
+    try {
+        off.reserve(offloads.size());
+        fet.reserve(fetches.size());
+    } catch (const std::bad_alloc &) {
+        st = fail(IKV_E_NOMEM, "moving pages between tiers: out of host memory");
     }
-    const uint64_t n = moves.size();
-    if (to_host) {
-        pool->used_bytes -= extra;
-        pool->host_pages += n;
-        pool->bytes_offloaded += extra;
-    } else {
-        pool->host_used_bytes -= extra;
-        pool->host_pages -= n;
-        pool->bytes_fetched += extra;
+    if (st == IKV_OK) {
+        for (const TierMove &m : offloads) off.push_back(PageStore::PageMove{m.rec->format, m.dst, m.rec->bytes});
+        for (const TierMove &m : fetches) fet.push_back(PageStore::PageMove{m.rec->format, m.dst, m.rec->bytes});
+        st = pool->store->exchange_pages(off.data(), off.size(), fet.data(), fet.size(), n_paired, stream);
     }
+    std::lock_guard<std::mutex> lock(pool->state_mu);
+    if (st != IKV_OK) {  // nothing moved: each list's preparation undone
+        tier_moves_unprepare_locked(pool, fetches, n_paired, false, fetch_bytes);
+        tier_moves_unprepare_locked(pool, offloads, 0, true, offload_bytes);
+        return st;
+    }
+    apply_moves_locked(pool, offloads, true, offload_bytes);
+    apply_moves_locked(pool, fetches, false, fetch_bytes);
     return IKV_OK;
 }
 

@@ -54,6 +54,9 @@ int pool_device(const ikv_pool *pool);
 
 // Count n host-tier pages a decode call listed (ikv_pool_stats.host_page_reads).
 void pool_count_host_reads(const ikv_pool *pool, uint64_t n);
+// Order what the caller enqueues next on stream after the copies that put
+// pages on the host tier (a decode whose lists hold host-tier pages).
+ikv_status pool_order_after_moves(const ikv_pool *pool, void *stream, const char *fn);
 
 // Snapshot seq's block table for `layer`, taken under the pool's lock so it is
 // safe while other sequences change. Valid while the caller orders mutation of

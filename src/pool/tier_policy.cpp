@@ -96,6 +96,24 @@ std::vector<TierMove> choose_offloads_locked(ikv_pool *pool, const std::vector<s
     return unused;
 }
 
+// Fetches that take an offload's device memory: in fetch order, each takes
+// the first offload of its format not taken yet. Both lists are reordered so
+// the pairs come first, in the same order (fetch i lands in offload i's
+// memory, its destination set now); the count of pairs.
+size_t pair_fetches_with_offloads(std::vector<TierMove> &fetches, std::vector<TierMove> &offloads) {
+    size_t n = 0;
+    for (size_t j = 0; j < fetches.size() && n < offloads.size(); ++j) {
+        size_t k = n;
+        while (k < offloads.size() && offloads[k].rec->format != fetches[j].rec->format) ++k;
+        if (k == offloads.size()) continue;
+        std::swap(offloads[n], offloads[k]);
+        std::swap(fetches[n], fetches[j]);
+        fetches[n].dst = offloads[n].rec->bytes;
+        ++n;
+    }
+    return n;
+}
+
 uint64_t share_of(uint64_t capacity, double share) { return uint64_t(double(capacity) * share); }
 
 }  // namespace
@@ -135,11 +153,14 @@ ikv_status pool_tier_step(ikv_pool *pool, const ikv_seq_id *ids, const ikv_plan 
     }
     const TierPolicy &policy = pool->tier_policy;
 
-    // 1. Mark; 2. choose what pressure sends to the host; 3. what comes back.
+    // 1. Mark; 2. choose what pressure sends to the host; 3. what comes back;
+    // 4. both at once (the fetches into the offloads' memory wait for them on
+    // the device, so the bus carries both directions together).
     std::vector<Wanted> on_host;
     std::vector<TierMove> offloads, fetches;
     uint64_t offload_bytes = 0, fetch_bytes = 0;
     uint32_t stays = 0, fetched_read = 0;
+    size_t n_paired = 0;
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
         ++pool->tier_clock;
@@ -167,27 +188,29 @@ ikv_status pool_tier_step(ikv_pool *pool, const ikv_seq_id *ids, const ikv_plan 
             st = tier_moves_prepare_locked(pool, offloads, true, &offload_bytes, kStepFn);
             if (st != IKV_OK) return st;
         }
-    }
-    st = tier_moves_finish(pool, offloads, true, offload_bytes, stream);
-    if (st != IKV_OK) return st;
-    if (policy.prefetch) {
-        std::lock_guard<std::mutex> lock(pool->state_mu);
-        // The room below the high watermark after the offloads (what lies
-        // above it is the step's appends' headroom); the marked pages in want
-        // order while they fit.
-        const uint64_t high = share_of(pool->config.capacity_bytes, policy.device_high);
-        uint64_t room = high - std::min(high, pool->used_bytes);
-        for (const Wanted &w : on_host) {
-            const uint64_t b = pool->page_bytes[w.rec->format];
-            if (!w.movable || b > room) continue;
-            room -= b;
-            fetches.push_back(TierMove{w.seq, w.rec, nullptr});
-            fetched_read += w.hint ? 0 : 1;
+        if (policy.prefetch) {
+            // The room below the high watermark once the offloads are gone
+            // (what lies above it is the step's appends' headroom); the
+            // marked pages in want order while they fit.
+            uint64_t room = high - std::min(high, pool->used_bytes - offload_bytes);
+            for (const Wanted &w : on_host) {
+                const uint64_t b = pool->page_bytes[w.rec->format];
+                if (!w.movable || b > room) continue;
+                room -= b;
+                fetches.push_back(TierMove{w.seq, w.rec, nullptr});
+                fetched_read += w.hint ? 0 : 1;
+            }
+            n_paired = pair_fetches_with_offloads(fetches, offloads);
+            pool->used_bytes -= offload_bytes;  // the room check sees the offloads gone, as the choice did
+            st = tier_moves_prepare_locked(pool, fetches, false, &fetch_bytes, kStepFn);
+            pool->used_bytes += offload_bytes;
+            if (st != IKV_OK) {
+                tier_moves_unprepare_locked(pool, offloads, 0, true, offload_bytes);
+                return st;
+            }
         }
-        st = tier_moves_prepare_locked(pool, fetches, false, &fetch_bytes, kStepFn);
-        if (st != IKV_OK) return st;
     }
-    st = tier_moves_finish(pool, fetches, false, fetch_bytes, stream);
+    st = tier_exchange_finish(pool, offloads, offload_bytes, fetches, fetch_bytes, n_paired, stream);
     if (st != IKV_OK) return st;
     for (const Wanted &w : on_host) stays += w.hint ? 0 : 1;  // the step's own pages left on the host
     stays -= fetched_read;
