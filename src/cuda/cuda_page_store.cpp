@@ -151,42 +151,10 @@ public:
     }
     // Behind the engine's work on its stream (and earlier asynchronous
     // appends), as an asynchronous append's work is: the store's synchronous
-    // calls wait for it. On failure nothing is left in flight.
+    // calls wait for it. On failure nothing is left in flight. (exchange_pages'
+    // second list: copies on `stream`, whichever their direction.)
     ikv_status move_pages(const PageMove *moves, size_t n, void *stream) override {
-        if (n == 0) return IKV_OK;
-        std::vector<DeferredReleases::Page> sources;
-        try {
-            sources.reserve(n);
-        } catch (const std::bad_alloc &) {
-            return fail(IKV_E_NOMEM, "ikv_pool: out of host memory");
-        }
-        ikv_status cst = check_move_stream(stream, "ikv_pool");
-        if (cst != IKV_OK) return cst;
-        std::lock_guard<std::mutex> lock(mu_);
-        DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
-        cudaError_t err = cudaSuccess;
-        Exec ex;
-        ex.stream = stream;
-        ex.async = true;
-        cudaStream_t st = nullptr;
-        err = begin(ex, &st);
-        if (err == cudaSuccess) err = wait_fence(st);  // a source may be an offload's copy still being written
-        for (size_t i = 0; i < n && err == cudaSuccess; ++i) {
-            err = cudaMemcpyAsync(moves[i].dst, moves[i].src, page_bytes(shape_, moves[i].format), cudaMemcpyDefault,
-                                  st);
-            sources.emplace_back(moves[i].format, moves[i].src);
-        }
-        if (err == cudaSuccess) err = finish(ex);
-        // The sources are queued for release last: on any failure before, the
-        // caller keeps them (and gives back the destinations), so none may be.
-        if (err == cudaSuccess) err = moved_.add(st, std::move(sources));
-        if (err != cudaSuccess) {
-            cudaStreamSynchronize(st);  // no copy may still write a destination the caller gives back
-            cudaGetLastError();
-            return cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of pages between the tiers");
-        }
-        return IKV_OK;
+        return exchange_pages(nullptr, 0, moves, n, 0, stream);
     }
 
     ikv_status exchange_pages(const PageMove *offloads, size_t n_off, const PageMove *fetches, size_t n_fetch,
@@ -209,10 +177,10 @@ public:
         ex.async = true;
         cudaStream_t st = nullptr;
         cudaError_t err = begin(ex, &st);
-        if (err == cudaSuccess) err = ensure_copy_stream();
         // The copy stream starts after the engine's work so far (the appends
         // that completed the pages, the decodes that read them).
-        if (err == cudaSuccess) err = stream_waits_for(copy_stream_, st);
+        if (err == cudaSuccess && n_off > 0) err = ensure_copy_stream();
+        if (err == cudaSuccess && n_off > 0) err = stream_waits_for(copy_stream_, st);
         // Fetches into free memory first; their sources may be earlier offloads' copies.
         if (err == cudaSuccess && n_fetch > 0) err = wait_fence(st);
         for (size_t j = n_paired; j < n_fetch && err == cudaSuccess; ++j) {

@@ -279,7 +279,8 @@ public:
     }
     // One tier step's moves, both directions at once: the offloads (device
     // to host) run on a copy stream of the store's own, after everything
-    // enqueued on `stream` so far; the fetches (host to device) on `stream`.
+    // enqueued on `stream` so far; the fetches (host to device; or any moves,
+    // as move_pages passes them) on `stream`, after earlier offloads' copies.
     // The first n_paired fetches land in the memory the first n_paired
     // offloads empty (fetches[i].dst == offloads[i].src), each after its
     // offload's copy, ordered on the device, so the bus carries the two
