@@ -916,9 +916,10 @@ typedef struct ikv_tier_step_report {
  * the engine's stream does not wait for them: a fetch into device memory an
  * offload empties waits for that copy on the device; a later decode (on any
  * stream) that reads an offloaded page in host memory, a later move, and the
- * pool's synchronous calls wait for the offloads' copies. A step is
- * therefore done for the engine when its stream is (cudaDeviceSynchronize
- * also waits for the offloads).
+ * pool's synchronous calls (ikv_pool_sync among them) wait for the
+ * offloads' copies. The engine's stream does not: a step's work is done
+ * when its stream is, while its offloads may still be copying in the
+ * background (cudaDeviceSynchronize waits for them too).
  * The policy knows only what tier_step is told: with query-aware top-k, the
  * plan is the candidate set, so its pages count as used whether top-k picks
  * them or not; a sequence decoded without being named here looks idle. A
@@ -931,9 +932,11 @@ typedef struct ikv_tier_step_report {
  * pool or no host tier), IKV_E_STATE (no policy set:
  * ikv_pool_set_tier_policy), IKV_E_NOT_FOUND (a sequence), IKV_E_INVALID
  * (a plan of another page size, a capturing stream, or
- * report->struct_size); IKV_E_DEVICE, IKV_E_NOMEM (host memory
- * for its bookkeeping, or pinned slabs that cannot be allocated) after
- * marking, with the moves done so far kept and *report not written.
+ * report->struct_size); IKV_E_NOMEM (host memory for its bookkeeping,
+ * or pinned slabs that cannot be allocated) after marking, with no page
+ * moved and *report not written; IKV_E_DEVICE likewise, except that a CUDA
+ * error striking while the copies are being enqueued leaves the pages that
+ * were moving undefined (the device is failing).
  */
 IKV_API ikv_status ikv_pool_tier_step(ikv_pool *pool, const ikv_seq_id *seqs, const ikv_plan *const *plans,
                                       uint32_t n_seqs, void *stream, ikv_tier_step_report *report);

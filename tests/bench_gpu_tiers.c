@@ -14,6 +14,9 @@
  *          the device after every tier step and prints where its time went
  *          (host vs copies); IKVT_TIER_DIAG=2 prints the tier steps whose host
  *          time exceeds 1 ms, without waiting.
+ *          A step's time ends when the engine's stream is done (the pool's
+ *          offloads run on a stream of their own); IKVT_TIER_SYNC=device
+ *          waits for the whole device instead.
  * Skips without a CUDA device. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -275,6 +278,7 @@ static trace_result run_trace(int tiered, const uint16_t *prefill, const void *d
     res.outs = malloc(sizeof(float) * TURNS * TB * TQ * D);
     double total_us = 0.0, first_us = 0.0, tier_us = 0.0, start_us = 0.0, tier_rest_us = 0.0;
     const int diag = getenv("IKVT_TIER_DIAG") ? atoi(getenv("IKVT_TIER_DIAG")) : 0;
+    const int device_sync = getenv("IKVT_TIER_SYNC") && strcmp(getenv("IKVT_TIER_SYNC"), "device") == 0;
     for (int turn = 0; turn < TURNS; ++turn) {
         for (uint32_t b = 0; b < TB; ++b) {
             uint32_t len = 0;
@@ -316,8 +320,9 @@ static trace_result run_trace(int tiered, const uint16_t *prefill, const void *d
                 IKVT_OK(ikv_decode(dec, pool, &a));
             }
             /* the time an engine sees: the step's work on its stream done (one sync per step; the
-               pool's offload copies run on a stream of its own, and what reads their pages waits for them) */
-            assert_int_equal(ikvt_rt.stream_sync_(NULL), 0);
+               pool's offload copies run on a stream of its own, and what reads their pages waits for them).
+               IKVT_TIER_SYNC=device waits for the whole device instead (the offloads' copies too). */
+            assert_int_equal(device_sync ? ikvt_rt.sync_() : ikvt_rt.stream_sync_(NULL), 0);
             const double us = ikvt_now_us() - t0;
             if (turn == 0) { /* the session's start (first fetch of every plan page, allocations): apart */
                 start_us += us;

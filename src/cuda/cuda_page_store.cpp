@@ -164,6 +164,7 @@ public:
         try {
             off_sources.reserve(n_off - n_paired);
             fetch_sources.reserve(n_fetch);
+            moved_.reserve(2);  // the two source lists below are queued without allocating
         } catch (const std::bad_alloc &) {
             return fail(IKV_E_NOMEM, "ikv_pool: out of host memory");
         }
@@ -183,45 +184,43 @@ public:
         if (err == cudaSuccess && n_off > 0) err = stream_waits_for(copy_stream_, st);
         // Fetches into free memory first; their sources may be earlier offloads' copies.
         if (err == cudaSuccess && n_fetch > 0) err = wait_fence(st);
-        for (size_t j = n_paired; j < n_fetch && err == cudaSuccess; ++j) {
-            err = cudaMemcpyAsync(fetches[j].dst, fetches[j].src, page_bytes(shape_, fetches[j].format),
-                                  cudaMemcpyDefault, st);
-            fetch_sources.emplace_back(fetches[j].format, fetches[j].src);
-        }
+        if (err == cudaSuccess) err = copy_pages_async(fetches + n_paired, n_fetch - n_paired, st);
         // Offloads in batches; each batch's paired fetches wait for it on the device.
         for (size_t b = 0; b < n_off && err == cudaSuccess; b += kExchangeBatch) {
             const size_t e = std::min(n_off, b + kExchangeBatch);
-            for (size_t i = b; i < e && err == cudaSuccess; ++i) {
-                err = cudaMemcpyAsync(offloads[i].dst, offloads[i].src, page_bytes(shape_, offloads[i].format),
-                                      cudaMemcpyDefault, copy_stream_);
-                if (i >= n_paired) off_sources.emplace_back(offloads[i].format, offloads[i].src);
-            }
+            err = copy_pages_async(offloads + b, e - b, copy_stream_);
             if (err != cudaSuccess || b >= n_paired) continue;
             err = stream_waits_for(st, copy_stream_);
-            for (size_t j = b; j < std::min(e, n_paired) && err == cudaSuccess; ++j) {
-                err = cudaMemcpyAsync(fetches[j].dst, fetches[j].src, page_bytes(shape_, fetches[j].format),
-                                      cudaMemcpyDefault, st);
-                fetch_sources.emplace_back(fetches[j].format, fetches[j].src);
-            }
+            if (err == cudaSuccess) err = copy_pages_async(fetches + b, std::min(e, n_paired) - b, st);
         }
+        // Sources back to their allocators once copied (paired offload sources are fetched pages' places now).
+        for (size_t i = n_paired; i < n_off; ++i) off_sources.emplace_back(offloads[i].format, offloads[i].src);
+        for (size_t j = 0; j < n_fetch; ++j) fetch_sources.emplace_back(fetches[j].format, fetches[j].src);
+        // From here every copy is enqueued, and a paired fetch may already have
+        // overwritten its offload's source: the move can only complete.
+        const bool enqueued = err == cudaSuccess;
         if (err == cudaSuccess && n_off > 0) {
             std::lock_guard<std::mutex> fl(async_mu_);
             err = cudaEventRecord(fence_, copy_stream_);
             if (err == cudaSuccess) fence_pending_ = true;
         }
         if (err == cudaSuccess) err = finish(ex);
-        if (err == cudaSuccess && !off_sources.empty()) err = moved_.add(copy_stream_, std::move(off_sources));
-        if (err == cudaSuccess && !fetch_sources.empty()) err = moved_.add(st, std::move(fetch_sources));
-        if (err != cudaSuccess) {
-            // No copy may still write a destination the caller gives back. A
-            // paired fetch may have overwritten its offload's source: the
-            // device is in error and its pages are lost anyway (IKV_E_DEVICE).
-            cudaStreamSynchronize(st);
-            if (copy_stream_) cudaStreamSynchronize(copy_stream_);
-            cudaGetLastError();
-            return cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of pages between the tiers");
+        bool off_queued = off_sources.empty(), fetch_queued = fetch_sources.empty();
+        if (err == cudaSuccess && !off_queued) off_queued = (err = moved_.add(copy_stream_, off_sources)) == cudaSuccess;
+        if (err == cudaSuccess && !fetch_queued) fetch_queued = (err = moved_.add(st, fetch_sources)) == cudaSuccess;
+        if (err == cudaSuccess) return IKV_OK;
+        // Wait for whatever was enqueued. With every copy enqueued and done,
+        // the move completes (its sources not queued yet go back at the next
+        // drain); otherwise the device failed and the pages moving may be lost.
+        const cudaError_t s1 = cudaStreamSynchronize(st);
+        const cudaError_t s2 = copy_stream_ ? cudaStreamSynchronize(copy_stream_) : cudaSuccess;
+        cudaGetLastError();
+        if (enqueued && s1 == cudaSuccess && s2 == cudaSuccess) {
+            if (!off_queued) moved_.add_done(std::move(off_sources));
+            if (!fetch_queued) moved_.add_done(std::move(fetch_sources));
+            return IKV_OK;
         }
-        return IKV_OK;
+        return cuda_fail(err, "ikv_pool", "enqueueing the copies of pages between the tiers");
     }
 
     ikv_status order_after_moves(void *stream, const char *fn) override {
@@ -823,6 +822,40 @@ private:
     // Before any synchronous device work: wait until the asynchronous appends
     // so far are done (they may have used another stream; ikv_seq_read copies
     // on the legacy stream). Host-side: the next calls find nothing pending.
+    // n page copies enqueued on st, in one call where the runtime batches
+    // them (CUDA 12.8+: a tier step's hundreds of pages cost one call's host
+    // time instead of one each); under mu_ (the address lists are members).
+    cudaError_t copy_pages_async(const PageMove *m, size_t n, cudaStream_t st) {
+        if (n == 0) return cudaSuccess;
+#if CUDART_VERSION >= 12080
+        if (st == nullptr || st == cudaStreamLegacy) return copy_pages_one_by_one(m, n, st);  // batches refuse it
+        try {
+            batch_dst_.resize(n);
+            batch_src_.resize(n);
+            batch_bytes_.resize(n);
+        } catch (const std::bad_alloc &) {
+            return cudaErrorMemoryAllocation;
+        }
+        for (size_t i = 0; i < n; ++i) {
+            batch_dst_[i] = m[i].dst;
+            batch_src_[i] = m[i].src;
+            batch_bytes_[i] = page_bytes(shape_, m[i].format);
+        }
+        cudaMemcpyAttributes attr{};
+        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;  // the sources as the stream's order leaves them
+        size_t first = 0;
+        return cudaMemcpyBatchAsync(batch_dst_.data(), batch_src_.data(), batch_bytes_.data(), n, &attr, &first, 1, st);
+#else
+        return copy_pages_one_by_one(m, n, st);
+#endif
+    }
+    cudaError_t copy_pages_one_by_one(const PageMove *m, size_t n, cudaStream_t st) const {
+        cudaError_t err = cudaSuccess;
+        for (size_t i = 0; i < n && err == cudaSuccess; ++i)
+            err = cudaMemcpyAsync(m[i].dst, m[i].src, page_bytes(shape_, m[i].format), cudaMemcpyDefault, st);
+        return err;
+    }
+
     cudaError_t wait_async() const {
         std::lock_guard<std::mutex> lock(async_mu_);
         if (fence_pending_) {  // the offloads of exchange_pages (they write host pages the call may read)
@@ -842,16 +875,18 @@ private:
     cudaError_t wait_fence(cudaStream_t st) const {
         std::lock_guard<std::mutex> lock(async_mu_);
         if (!fence_pending_) return cudaSuccess;
-        cudaError_t err = cudaEventQuery(fence_);
+        // While capturing, an event query would invalidate the capture (global
+        // and thread-local modes): the wait becomes an external-event node.
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        cudaError_t err = cudaStreamIsCapturing(st, &capture);
+        if (err != cudaSuccess) return err;
+        if (capture != cudaStreamCaptureStatusNone) return cudaStreamWaitEvent(st, fence_, cudaEventWaitExternal);
+        err = cudaEventQuery(fence_);
         if (err == cudaSuccess) {
             fence_pending_ = false;
             return cudaSuccess;
         }
-        if (err != cudaErrorNotReady) return err;
-        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-        err = cudaStreamIsCapturing(st, &capture);
-        if (err != cudaSuccess) return err;
-        return cudaStreamWaitEvent(st, fence_, capture == cudaStreamCaptureStatusNone ? 0 : cudaEventWaitExternal);
+        return err == cudaErrorNotReady ? cudaStreamWaitEvent(st, fence_, 0) : err;
     }
 
     // `waiter` runs what is enqueued on it next after what `on` holds now.
@@ -926,6 +961,9 @@ private:
     cudaEvent_t fence_ = nullptr;
     mutable bool fence_pending_ = false;
     static constexpr size_t kExchangeBatch = 32;  // offloads per device-side ordering point (16 MB of 512 KB pages)
+    std::vector<void *> batch_dst_;  // copy_pages_async's address lists (under mu_)
+    std::vector<const void *> batch_src_;
+    std::vector<size_t> batch_bytes_;
     uint8_t *input_ = nullptr;
     uint64_t input_bytes_ = 0;
     std::vector<uint32_t> round_start_, round_next_;

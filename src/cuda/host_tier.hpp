@@ -62,10 +62,12 @@ public:
     using Page = std::pair<ikv_format, uint8_t *>;
 
     ~DeferredReleases() {
-        for (Batch &b : batches_) cudaEventDestroy(b.done);
+        for (Batch &b : batches_)
+            if (b.done) cudaEventDestroy(b.done);
     }
-    // The sources of copies just enqueued on stream.
-    cudaError_t add(cudaStream_t stream, std::vector<Page> pages) {
+    // The sources of copies just enqueued on stream, taken from `pages` on
+    // success (on failure `pages` is left as it was).
+    cudaError_t add(cudaStream_t stream, std::vector<Page> &pages) {
         cudaEvent_t ev = nullptr;
         cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
         if (err == cudaSuccess) err = cudaEventRecord(ev, stream);
@@ -77,6 +79,18 @@ public:
         batches_.push_back(Batch{ev, std::move(pages)});
         return cudaSuccess;
     }
+    // Pages whose copies are known done (the caller synchronized): released
+    // at the next drain. No allocation when reserve() made room first.
+    void add_done(std::vector<Page> pages) {
+        std::lock_guard<std::mutex> lock(mu_);
+        batches_.push_back(Batch{nullptr, std::move(pages)});
+    }
+    // Room for `extra` more batches, so that add() and add_done() after it
+    // cannot fail for memory (a move calls it before enqueueing any copy).
+    void reserve(size_t extra) {
+        std::lock_guard<std::mutex> lock(mu_);
+        batches_.reserve(batches_.size() + extra);
+    }
     bool empty() const {
         std::lock_guard<std::mutex> lock(mu_);
         return batches_.empty();
@@ -87,7 +101,9 @@ public:
         size_t kept = 0;
         for (size_t i = 0; i < batches_.size(); ++i) {
             Batch &b = batches_[i];
-            const cudaError_t st = wait ? cudaEventSynchronize(b.done) : cudaEventQuery(b.done);
+            const cudaError_t st = b.done == nullptr ? cudaSuccess  // add_done: copied already
+                                   : wait            ? cudaEventSynchronize(b.done)
+                                                     : cudaEventQuery(b.done);
             if (st == cudaErrorNotReady) {
                 // Never move a batch onto itself: a self-move-assigned vector is
                 // left empty (libstdc++), and its pages were then never released
@@ -99,7 +115,7 @@ public:
             }
             if (st != cudaSuccess) cudaGetLastError();  // a failed copy: its device is lost anyway
             for (const Page &p : b.pages) release(p.first, p.second);
-            cudaEventDestroy(b.done);
+            if (b.done) cudaEventDestroy(b.done);
         }
         batches_.resize(kept);
     }
