@@ -796,6 +796,24 @@ static void test_topk_selection(void **state) {
         }
 }
 
+/* Every candidate a whole page (a length that is a multiple of the page
+ * size, no plan): the selection finds the budget's top pages without ordering
+ * them all (nth_element), budgets from one page to all but one token; the
+ * reference's selection exactly. */
+static void test_topk_selection_whole_pages(void **state) {
+    (void)state;
+    const uint32_t budgets[] = {16, 17, 48, 100, 200, 383};
+    for (int i = 0; i < 6; ++i) {
+        step_cfg c = base_cfg();
+        c.length = 384;
+        c.group = 1u + (uint32_t)(i % 4);
+        c.topk = budgets[i];
+        c.fmt = (ikv_format)(i % IKV_FMT_COUNT);
+        c.seed = 950 + (uint64_t)i;
+        run_step(&c);
+    }
+}
+
 /* IKV_TOPK_MASS: the budget from the bounds' estimated mass share, with and
  * without a plan, clamped by topk_min_tokens and topk_token_budget; the
  * selection is the reference rule's exactly (ikv_decoder_last_selection). */
@@ -1615,6 +1633,7 @@ int main(void) {
         cmocka_unit_test(test_q_and_out_dtypes),
         cmocka_unit_test(test_other_layer),
         cmocka_unit_test(test_topk_selection),
+        cmocka_unit_test(test_topk_selection_whole_pages),
         cmocka_unit_test(test_topk_mass_selection),
         cmocka_unit_test(test_topk_hybrid_score),
         cmocka_unit_test(test_topk_with_mandatory_pages),

@@ -1,6 +1,7 @@
 #include "decode/selection.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <vector>
 
@@ -170,13 +171,32 @@ void select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRul
     // order): a strict total order, so std::sort gives the stable order
     // without std::stable_sort's temporary buffer (an allocation per head and
     // step).
-    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const auto before = [&](uint32_t a, uint32_t b) {
         const float x = bounds[a], y = bounds[b];
         const bool xn = x != x, yn = y != y;
         if (xn != yn) return yn;
         if (!xn && x != y) return x > y;
         return a < b;
-    });
+    };
+    uint32_t shortest = UINT32_MAX, longest = 0;
+    for (uint32_t c : order) {
+        shortest = std::min(shortest, in[c].end - in[c].begin);
+        longest = std::max(longest, in[c].end - in[c].begin);
+    }
+    if (rule.mass || shortest == 0 || order.empty()) {  // the mass rule reads the whole order
+        std::sort(order.begin(), order.end(), before);
+    } else {
+        // The walk below takes candidates in order until one does not fit:
+        // at most (budget - taken) / shortest of them. Only that prefix needs
+        // to be found (nth_element; the order is total, so it is the prefix a
+        // full sort gives), and ordered only when spans differ. A 25% budget
+        // of 2048 pages: ~3x less work than sorting them all.
+        const uint64_t room = rule.budget > taken ? rule.budget - taken : 0;
+        const size_t k = size_t(std::min<uint64_t>(room / shortest + (shortest == longest ? 0 : 1), order.size()));
+        std::nth_element(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(), before);
+        if (shortest != longest) std::sort(order.begin(), order.begin() + std::ptrdiff_t(k), before);
+        order.resize(k);
+    }
     const uint64_t budget =
         rule.mass ? mass_budget(in, bounds, order.data(), uint32_t(order.size()), taken, rule) : rule.budget;
     keep.resize(n);
