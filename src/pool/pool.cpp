@@ -55,6 +55,14 @@ void free_page_bytes_locked(ikv_pool *pool, PageRec *rec) {
     pool->bytes_by_format[f] -= b;
 }
 
+void free_new_staging(ikv_pool *pool, Seq &seq, std::vector<uint32_t> &layers) {
+    for (uint32_t l : layers) {
+        pool->store->stage_free(seq.layers[l].stage);
+        seq.layers[l].stage = nullptr;
+    }
+    layers.clear();
+}
+
 void unref_page_locked(ikv_pool *pool, PageRec *rec) {
     if (rec == nullptr) return;
     if (--rec->refs > 0) return;

@@ -55,11 +55,7 @@ struct Part {
 // Undo of the memory steps: staging this call allocated, records not committed.
 void unwind(ikv_pool *pool, std::vector<Part> &parts) {
     for (Part &pt : parts) {
-        for (uint32_t l : pt.new_stage) {
-            pool->store->stage_free(pt.seq->layers[l].stage);
-            pt.seq->layers[l].stage = nullptr;
-        }
-        pt.new_stage.clear();
+        free_new_staging(pool, *pt.seq, pt.new_stage);
         for (PageRec *r : pt.recs) delete r;
         pt.recs.clear();
     }

@@ -66,10 +66,7 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
     std::vector<uint32_t> new_stage;
     PageRec *copy = nullptr;
     auto unwind = [&]() {
-        for (uint32_t l : new_stage) {
-            pool->store->stage_free(seq.layers[l].stage);
-            seq.layers[l].stage = nullptr;
-        }
+        free_new_staging(pool, seq, new_stage);
         delete copy;
     };
     if (keep != 0) {

@@ -46,20 +46,12 @@ struct RoomPart {
     std::vector<ikv_format> rec_formats;
 };
 
-// Pages [first, last) of rp's room: from the shortest layer's tail page to the end.
-uint32_t room_first_page(const ikv_pool *pool, const Seq &seq) {
-    uint32_t shortest = UINT32_MAX;
-    for (const LayerState &ls : seq.layers) shortest = std::min(shortest, ls.length);
-    return shortest / pool->shape.page_size;
-}
+// A room's pages start at the shortest layer's tail page: complete_pages()
+// (pool_tier.cpp), the pages complete in every layer.
 
 void unwind(ikv_pool *pool, std::vector<RoomPart> &parts) {
     for (RoomPart &rp : parts) {
-        for (uint32_t l : rp.new_stage) {
-            pool->store->stage_free(rp.seq->layers[l].stage);
-            rp.seq->layers[l].stage = nullptr;
-        }
-        rp.new_stage.clear();
+        free_new_staging(pool, *rp.seq, rp.new_stage);
         for (auto &e : rp.fresh) delete e.second;
         for (auto &e : rp.copies) delete e.second;
         rp.fresh.clear();
@@ -72,7 +64,7 @@ void unwind(ikv_pool *pool, std::vector<RoomPart> &parts) {
 void plan_part(const ikv_pool *pool, RoomPart &rp) {
     const Seq &seq = *rp.seq;
     if (rp.end == 0) return;
-    for (uint32_t p = room_first_page(pool, seq); p < rp.n_pages; ++p) {
+    for (uint32_t p = complete_pages(pool, seq); p < rp.n_pages; ++p) {
         if (p >= seq.pages.size()) {
             rp.fresh.emplace_back(p, nullptr);
             rp.fresh.back().second = new PageRec;
@@ -102,7 +94,7 @@ ikv_status allocate_locked(ikv_pool *pool, std::vector<RoomPart> &parts) {
     uint64_t extra = 0;
     for (const RoomPart &rp : parts) {
         const Seq &seq = *rp.seq;
-        for (uint32_t p = room_first_page(pool, seq); p < std::min<size_t>(rp.n_pages, seq.pages.size()); ++p)
+        for (uint32_t p = complete_pages(pool, seq); p < std::min<size_t>(rp.n_pages, seq.pages.size()); ++p)
             if (seq.pages[p] == nullptr)
                 return fail(IKV_E_EVICTED, "%s: page %u of sequence %u, where its next tokens land, was evicted", kFn,
                             p, (unsigned)rp.id);
@@ -161,7 +153,7 @@ void drop_past_room_locked(ikv_pool *pool, RoomPart &rp) {
 ikv_status write_record(ikv_pool *pool, RoomPart &rp) {
     const Seq &seq = *rp.seq;
     const uint32_t P = pool->shape.page_size, L = pool->shape.n_layers;
-    const uint32_t first = room_first_page(pool, seq), last = (rp.end + P - 1) / P;  // pages [first, last)
+    const uint32_t first = complete_pages(pool, seq), last = (rp.end + P - 1) / P;  // pages [first, last)
     rp.rec_lengths.clear();
     rp.rec_stages.clear();
     rp.rec_pages.clear();
@@ -191,7 +183,7 @@ ikv_status prepare_records(ikv_pool *pool, std::vector<RoomPart> &parts) {
         }
         rp.new_record = rec == nullptr;
         const uint32_t n_pages = (rp.end + pool->shape.page_size - 1) / pool->shape.page_size -
-                                 room_first_page(pool, *rp.seq);
+                                 complete_pages(pool, *rp.seq);
         ikv_status st = IKV_OK;
         try {
             rp.rec_lengths.reserve(pool->shape.n_layers);
@@ -311,7 +303,7 @@ ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, 
         for (uint32_t i = 0; i < n_seqs; ++i) {
             const Seq &seq = *seqs[i];
             records[i] = seq.reservation;
-            for (size_t p = room_first_page(pool, seq); p < seq.pages.size(); ++p) {
+            for (size_t p = complete_pages(pool, seq); p < seq.pages.size(); ++p) {
                 if (seq.pages[p] == nullptr) continue;  // evicted behind the device's length
                 const int f = int(seq.pages[p]->format);
                 only_format = only_format == -2 || only_format == f ? f : -1;
