@@ -55,10 +55,10 @@ void free_page_bytes_locked(ikv_pool *pool, PageRec *rec) {
     pool->bytes_by_format[f] -= b;
 }
 
-void free_new_staging(ikv_pool *pool, Seq &seq, std::vector<uint32_t> &layers) {
+void free_new_staging(ikv_pool *pool, Seq *seq, std::vector<uint32_t> &layers) {
     for (uint32_t l : layers) {
-        pool->store->stage_free(seq.layers[l].stage);
-        seq.layers[l].stage = nullptr;
+        pool->store->stage_free(seq->layers[l].stage);
+        seq->layers[l].stage = nullptr;
     }
     layers.clear();
 }

@@ -55,7 +55,7 @@ struct Part {
 // Undo of the memory steps: staging this call allocated, records not committed.
 void unwind(ikv_pool *pool, std::vector<Part> &parts) {
     for (Part &pt : parts) {
-        free_new_staging(pool, *pt.seq, pt.new_stage);
+        free_new_staging(pool, pt.seq.get(), pt.new_stage);
         for (PageRec *r : pt.recs) delete r;
         pt.recs.clear();
     }

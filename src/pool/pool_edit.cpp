@@ -66,7 +66,7 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
     std::vector<uint32_t> new_stage;
     PageRec *copy = nullptr;
     auto unwind = [&]() {
-        free_new_staging(pool, seq, new_stage);
+        free_new_staging(pool, &seq, new_stage);
         delete copy;
     };
     if (keep != 0) {

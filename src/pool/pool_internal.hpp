@@ -40,7 +40,9 @@ void unref_page_locked(ikv_pool *pool, PageRec *rec);
 void free_page_bytes_locked(ikv_pool *pool, PageRec *rec);
 // Undo of a call's staging allocations: the staging of seq's `layers` freed
 // and their pointers cleared; `layers` emptied (append, truncate, reserve).
-void free_new_staging(ikv_pool *pool, Seq &seq, std::vector<uint32_t> &layers);
+// seq is read only when `layers` is not empty (a part that never found its
+// sequence has none).
+void free_new_staging(ikv_pool *pool, Seq *seq, std::vector<uint32_t> &layers);
 
 // ---- the host tier (pool_tier.cpp) ----
 // Pages of seq complete in every layer (only those move between tiers).

@@ -51,7 +51,7 @@ struct RoomPart {
 
 void unwind(ikv_pool *pool, std::vector<RoomPart> &parts) {
     for (RoomPart &rp : parts) {
-        free_new_staging(pool, *rp.seq, rp.new_stage);
+        free_new_staging(pool, rp.seq.get(), rp.new_stage);
         for (auto &e : rp.fresh) delete e.second;
         for (auto &e : rp.copies) delete e.second;
         rp.fresh.clear();
