@@ -150,7 +150,8 @@ typedef enum ikv_format {
     IKV_FMT_BF16 = 1,     /**< bfloat16, round to nearest even */
     IKV_FMT_FP8_E4M3 = 2, /**< FP8 E4M3 with one float scale per page, layer and kv-head (K and V each) */
     IKV_FMT_INT8 = 3,     /**< symmetric int8; K scaled per channel over the page, V per token (KIVI) */
-    IKV_FMT_INT4 = 4,     /**< asymmetric 4-bit, packed; K per channel over the page, V per token in groups of 32 channels */
+    IKV_FMT_INT4 = 4,     /**< asymmetric 4-bit, packed; K per channel over the page, V per token in groups of 32 channels;
+                               minimums and scales are halves, so values beyond +-65504 saturate (docs/FORMATS.md) */
     IKV_FMT_COUNT = 5,
     IKV_FMT_AUTO = 255    /**< "no preference" (layout precision hints; pool default = router's choice) */
 } ikv_format;

@@ -89,9 +89,9 @@ struct Cfg {
     static_assert(kChunkRows % kRowsPerStep == 0, "whole warp steps per chunk");
     // The slot holds the widest format's rows (F16) and every format's scales
     // (INT8: 16 K+V rows of D bytes + D + 16 floats; INT4: rows of D/2 + 2D +
-    // 32G floats); at D = 32: 2048 >= 1216 and 896 bytes.
+    // 32G halves); at D = 32: 2048 >= 1216 and 640 bytes.
     static_assert(2 * kChunkRows * D + 4 * (D + kChunkRows) <= kSlotBytes, "INT8 chunk fits a slot");
-    static_assert(kChunkRows * D + 4 * (2 * D + 2 * kChunkRows * int((D + 31) / 32)) <= kSlotBytes,
+    static_assert(kChunkRows * D + 2 * (2 * D + 2 * kChunkRows * int((D + 31) / 32)) <= kSlotBytes,
                   "INT4 chunk fits a slot");
 };
 
@@ -175,14 +175,12 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
         const float s = Sc[0];
 #pragma unroll
         for (int j = 0; j < 8; ++j) ks[j] = s;
-    } else if (F == IKV_FMT_INT8 || F == IKV_FMT_INT4) {
+    } else if (F == IKV_FMT_INT8) {
         const float4 a = *reinterpret_cast<const float4 *>(Sc + d0), b = *reinterpret_cast<const float4 *>(Sc + d0 + 4);
         ks[0] = a.x, ks[1] = a.y, ks[2] = a.z, ks[3] = a.w, ks[4] = b.x, ks[5] = b.y, ks[6] = b.z, ks[7] = b.w;
-        if (F == IKV_FMT_INT4) {
-            const float4 c = *reinterpret_cast<const float4 *>(Sc + D + d0),
-                         e = *reinterpret_cast<const float4 *>(Sc + D + d0 + 4);
-            km[0] = c.x, km[1] = c.y, km[2] = c.z, km[3] = c.w, km[4] = e.x, km[5] = e.y, km[6] = e.z, km[7] = e.w;
-        }
+    } else if (F == IKV_FMT_INT4) {  // halves (decode_formats.cuh)
+        dec::halves8(slot + M::kScaleOff, d0, ks);
+        dec::halves8(slot + M::kScaleOff, M::kInt4KMin + d0, km);
     }
     constexpr bool kScaled = F != IKV_FMT_F16 && F != IKV_FMT_BF16;
     float qk[R][8], kb[R];
@@ -312,7 +310,8 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
             float vs = vs_chunk;
             if (F == IKV_FMT_INT8) vs = Sc[D + row];
             if (F == IKV_FMT_INT4) {
-                const float a = Sc[2 * D + row * M::kG + g], b = Sc[2 * D + 16 * M::kG + row * M::kG + g];
+                const float a = dec::half_at(slot + M::kScaleOff, M::kInt4VScale + row * M::kG + g),
+                            b = dec::half_at(slot + M::kScaleOff, M::kInt4VMin + row * M::kG + g);
 #pragma unroll
                 for (int j = 0; j < 8; ++j) x[j] = fmaf(x[j], a, b);
             }

@@ -7,10 +7,11 @@
 // A slot holds, for chunk rows 0..15 (page rows c0..c0+15):
 //   K rows  [16][row_bytes]         at 0
 //   V rows  [16][row_bytes]         at 16 * row_bytes
-//   scales  (format dependent)      at 32 * row_bytes, as floats:
-//     FP8   [0] = K scale, [1] = V scale
-//     INT8  [0, D) K scale per channel, [D, D+16) V scale per chunk row
-//     INT4  [0, D) K scale, [D, 2D) K min, [2D, 2D+16G) V scale [row][G], then V min [row][G]
+//   scales  (format dependent)      at 32 * row_bytes, as stored:
+//     FP8   floats [0] = K scale, [1] = V scale
+//     INT8  floats [0, D) K scale per channel, [D, D+16) V scale per chunk row
+//     INT4  halves [0, D) K scale, [D, 2D) K min, [2D, 2D+16G) V scale [row][G], then V min [row][G]
+//           (the kInt4* offsets below)
 // Rows outside the chunk's bounds are zero-filled by the copy (cp.async with
 // source size 0 reads nothing), so every value the kernel reads is finite.
 #pragma once
@@ -55,6 +56,8 @@ struct Fmt {
     static constexpr int kScaleOff = 2 * kChunkRows * kRowBytes;  // bytes from the slot base
     static constexpr int kLaneBytes = kRowBytes / (D / 8);        // bytes of one lane's 8 channels
     static constexpr int kG = int(int4_v_groups(D));
+    // INT4's metadata in a slot, in halves from the scale offset.
+    static constexpr int kInt4KMin = D, kInt4VScale = 2 * D, kInt4VMin = 2 * D + kChunkRows * kG;
     // Every row is whole 16-byte pieces (the cp.async unit): D = 32 gives the
     // narrowest, one piece per INT4 row (D/2 = 16 bytes), two per INT8/FP8
     // row, four per F16/BF16 row. An 8-channel slice of INT4 is 4 bytes.
@@ -143,19 +146,41 @@ __device__ __forceinline__ void copy_chunk(const uint8_t *sub, int P, int c0, in
             }
         }
     } else if (F == IKV_FMT_INT4) {
-        constexpr int kK = D / 4, G = M::kG, kV = 4 * G;  // pieces: K scale, K min; V scale, V min
+        // 16-byte pieces of halves: K scale, K min (D/8 each); V scale, V min
+        // (the chunk's 16 rows x G groups: 2G each).
+        constexpr int kK = D / 8, G = M::kG, kV = 2 * G;
         for (int idx = lane; idx < 2 * kK + 2 * kV; idx += 32) {
             if (idx < 2 * kK) {
                 const uint64_t src = idx < kK ? L.k_scale + idx * 16 : L.k_min + (idx - kK) * 16;
                 cp_async16(s + idx * 16, sub + src);
             } else {
                 const int k = (idx - 2 * kK) % kV, which = (idx - 2 * kK) / kV;
-                const int r = c0 + 4 * k / G;  // first row of the piece's 4 floats
-                const uint64_t src = (which == 0 ? L.v_scale : L.v_min) + 4ull * (uint64_t(c0) * G + 4 * k);
-                cp_async16(s + 8 * D + which * 64 * G + k * 16, sub + (r < P ? src : 0), r < P);
+                const int r = c0 + 8 * k / G;  // first row of the piece's 8 halves
+                const uint64_t src = (which == 0 ? L.v_scale : L.v_min) + 2ull * (uint64_t(c0) * G + 8 * k);
+                cp_async16(s + 2 * (which == 0 ? M::kInt4VScale : M::kInt4VMin) + k * 16, sub + (r < P ? src : 0),
+                           r < P);
             }
         }
     }
+}
+
+// INT4 metadata in a slot (halves, kInt4* offsets from the scale offset):
+// 8 consecutive halves from a 16-byte aligned address, and one half.
+__device__ __forceinline__ void halves8(const uint8_t *scales, int i, float x[8]) {
+    const uint4 w = *reinterpret_cast<const uint4 *>(scales + 2 * i);
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        __half2_raw h;  // through the raw type, as raw<F16> (no type punning of the words)
+        h.x = uint16_t(u[j] & 0xFFFFu);
+        h.y = uint16_t(u[j] >> 16);
+        const float2 f = __half22float2(__half2(h));
+        x[2 * j] = f.x;
+        x[2 * j + 1] = f.y;
+    }
+}
+__device__ __forceinline__ float half_at(const uint8_t *scales, int i) {
+    return __half2float(reinterpret_cast<const __half *>(scales)[i]);
 }
 
 // Exact small-integer to float: the byte / nibble becomes the mantissa of 2^23.

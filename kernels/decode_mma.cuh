@@ -38,8 +38,9 @@
 // FP8 K scale and scale*log2(e) are applied to the fp32 scores, softmax runs
 // in fp32 (base 2), P is rounded to the operand type. Error class: f16/bf16
 // operands with fp32 accumulation (FlashAttention's), see docs/CUDA.md. On
-// the f16 pair paths the INT8 scales and the INT4 scales and minimums are
-// rounded to f16 and applied with one HMUL2 / HFMA2 (INT4: ~2.5x the f16
+// the f16 pair paths the INT8 scales are rounded to f16 (INT4's scales and
+// minimums are stored as halves, page_format.hpp) and applied with one
+// HMUL2 / HFMA2 (INT4: ~2.5x the f16
 // rounding error of one fp32 FMA rounded once, rel. L2 ~1e-3 against 3e-4,
 // still ~30x below INT4's own s/2). On the f16 path K/V values and scales
 // outside f16's normal range lose precision (use F32 or BF16 queries for such
@@ -208,16 +209,17 @@ struct KCoef {
 };
 template <int D, int F, bool BF>
 __device__ __forceinline__ void k_coefs(const float *Sc, int ch, KCoef &k) {
-    if constexpr (fast_path<F, BF>() && (F == IKV_FMT_INT8 || F == IKV_FMT_INT4)) {
+    if constexpr (fast_path<F, BF>() && F == IKV_FMT_INT8) {
         const float4 a = *reinterpret_cast<const float4 *>(Sc + ch), b = *reinterpret_cast<const float4 *>(Sc + ch + 4);
         k.s[0] = pack<false>(a.x, a.y), k.s[1] = pack<false>(a.z, a.w);
         k.s[2] = pack<false>(b.x, b.y), k.s[3] = pack<false>(b.z, b.w);
-        if constexpr (F == IKV_FMT_INT4) {
-            const float4 c = *reinterpret_cast<const float4 *>(Sc + D + ch);
-            const float4 d = *reinterpret_cast<const float4 *>(Sc + D + ch + 4);
-            k.m[0] = pack<false>(c.x, c.y), k.m[1] = pack<false>(c.z, c.w);
-            k.m[2] = pack<false>(d.x, d.y), k.m[3] = pack<false>(d.z, d.w);
-        }
+    } else if constexpr (fast_path<F, BF>() && F == IKV_FMT_INT4) {  // stored as halves: the pairs as they are
+        using M = dec::Fmt<D, F>;
+        const uint8_t *sb = reinterpret_cast<const uint8_t *>(Sc);
+        const uint4 a = *reinterpret_cast<const uint4 *>(sb + 2 * ch);
+        const uint4 b = *reinterpret_cast<const uint4 *>(sb + 2 * (M::kInt4KMin + ch));
+        k.s[0] = a.x, k.s[1] = a.y, k.s[2] = a.z, k.s[3] = a.w;
+        k.m[0] = b.x, k.m[1] = b.y, k.m[2] = b.z, k.m[3] = b.w;
     }
 }
 
@@ -254,9 +256,15 @@ __device__ __forceinline__ void k_pairs(const uint8_t *Karea, const float *Sc, c
     } else {  // through fp32: raw value (x scale (+ min)), one rounding
         float x[8];
         dec::raw8<F>(src, x);
-        if constexpr (F == IKV_FMT_INT8 || F == IKV_FMT_INT4) {
+        if constexpr (F == IKV_FMT_INT8) {
 #pragma unroll
-            for (int j = 0; j < 8; ++j) x[j] = F == IKV_FMT_INT4 ? fmaf(x[j], Sc[ch + j], Sc[D + ch + j]) : x[j] * Sc[ch + j];
+            for (int j = 0; j < 8; ++j) x[j] *= Sc[ch + j];
+        } else if constexpr (F == IKV_FMT_INT4) {
+            float ks[8], km[8];
+            dec::halves8(reinterpret_cast<const uint8_t *>(Sc), ch, ks);
+            dec::halves8(reinterpret_cast<const uint8_t *>(Sc), M::kInt4KMin + ch, km);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) x[j] = fmaf(x[j], ks[j], km[j]);
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j) out[j] = pack<BF>(x[2 * j], x[2 * j + 1]);
@@ -324,12 +332,12 @@ __device__ __forceinline__ void v_pairs(const uint8_t *Varea, const float *Sc, i
         // one 32-channel group, so each token has one (scale, min) here.
         constexpr int G = M::kG;
         const int grp = ch / 32;
+        const __half *sh = reinterpret_cast<const __half *>(Sc);  // halves (decode_formats.cuh)
 #pragma unroll
         for (int hp = 0; hp < 2; ++hp) {
             const int ta = t0 + 2 * hp;
-            const __half2 sc = __floats2half2_rn(Sc[2 * D + ta * G + grp], Sc[2 * D + (ta + 1) * G + grp]);
-            const __half2 mn =
-                __floats2half2_rn(Sc[2 * D + 16 * G + ta * G + grp], Sc[2 * D + 16 * G + (ta + 1) * G + grp]);
+            const __half2 sc = __halves2half2(sh[M::kInt4VScale + ta * G + grp], sh[M::kInt4VScale + (ta + 1) * G + grp]);
+            const __half2 mn = __halves2half2(sh[M::kInt4VMin + ta * G + grp], sh[M::kInt4VMin + (ta + 1) * G + grp]);
             uint32_t wa[1], wb[1];  // NC nibbles: 4 bytes, or 2 at D = 32 (the upper half zero)
             dec::load_words<NC / 2>(at<D, F>(Varea, ta, boff), wa);
             dec::load_words<NC / 2>(at<D, F>(Varea, ta + 1, boff), wb);
@@ -354,7 +362,9 @@ __device__ __forceinline__ void v_pairs(const uint8_t *Varea, const float *Sc, i
             } else if constexpr (F == IKV_FMT_INT4) {
                 constexpr int G = M::kG;
                 const int grp = ch / 32;
-                const float a = Sc[2 * D + (t0 + t) * G + grp], b = Sc[2 * D + 16 * G + (t0 + t) * G + grp];
+                const uint8_t *sb = reinterpret_cast<const uint8_t *>(Sc);
+                const float a = dec::half_at(sb, M::kInt4VScale + (t0 + t) * G + grp),
+                            b = dec::half_at(sb, M::kInt4VMin + (t0 + t) * G + grp);
 #pragma unroll
                 for (int j = 0; j < NC; ++j) x[t][j] = fmaf(x[t][j], a, b);
             }

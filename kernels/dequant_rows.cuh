@@ -17,7 +17,8 @@ __device__ __forceinline__ void dequant8(const uint8_t *sub, uint32_t P, uint32_
     constexpr uint32_t kRow = uint32_t(row_bytes(ikv_format(F), D)), kLane = kRow / (D / 8);
     dec::raw8<F>(sub + (IsK ? L.k : L.v) + uint64_t(row) * kRow + c * kLane, x);
     const float *sc = reinterpret_cast<const float *>(sub + (IsK ? L.k_scale : L.v_scale));
-    const float *mn = reinterpret_cast<const float *>(sub + (IsK ? L.k_min : L.v_min));
+    const __half *sch = reinterpret_cast<const __half *>(sub + (IsK ? L.k_scale : L.v_scale));  // INT4: halves
+    const __half *mnh = reinterpret_cast<const __half *>(sub + (IsK ? L.k_min : L.v_min));
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         const uint32_t d = 8 * c + j;
@@ -25,7 +26,7 @@ __device__ __forceinline__ void dequant8(const uint8_t *sub, uint32_t P, uint32_
         if (F == IKV_FMT_INT8) x[j] *= IsK ? sc[d] : sc[row];
         if (F == IKV_FMT_INT4) {
             const uint32_t i = IsK ? d : row * int4_v_groups(D) + d / kInt4VGroup;
-            x[j] = x[j] * sc[i] + mn[i];
+            x[j] = x[j] * __half2float(sch[i]) + __half2float(mnh[i]);
         }
     }
 }

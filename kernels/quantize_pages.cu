@@ -57,7 +57,6 @@ __device__ __forceinline__ float stored_key(ikv_format f, const SubpageLayout &L
                                             uint32_t t, uint32_t d) {
     const uint8_t *data = sub + L.k + t * row_bytes(f, D);
     const float *sc = reinterpret_cast<const float *>(sub + L.k_scale);
-    const float *mn = reinterpret_cast<const float *>(sub + L.k_min);
     switch (f) {
         case IKV_FMT_F16: return f16_to_f32(reinterpret_cast<const uint16_t *>(data)[d]);
         case IKV_FMT_BF16: return bf16_to_f32(reinterpret_cast<const uint16_t *>(data)[d]);
@@ -65,7 +64,9 @@ __device__ __forceinline__ float stored_key(ikv_format f, const SubpageLayout &L
         case IKV_FMT_INT8: return __fmul_rn(float(int8_t(data[d])), sc[d]);
         case IKV_FMT_INT4: {
             const uint32_t q = d & 1 ? data[d / 2] >> 4 : data[d / 2] & 0xFu;
-            return __fadd_rn(__fmul_rn(float(q), sc[d]), mn[d]);
+            const uint16_t *sch = reinterpret_cast<const uint16_t *>(sub + L.k_scale);
+            const uint16_t *mnh = reinterpret_cast<const uint16_t *>(sub + L.k_min);
+            return __fadd_rn(__fmul_rn(float(q), f16_to_f32(sch[d])), f16_to_f32(mnh[d]));
         }
         default: return 0.0f;
     }
@@ -131,8 +132,8 @@ __device__ void quantize_subpage(const PageShape &shape, ikv_format f_any, uint8
                 }
             }
         } else if (f == IKV_FMT_INT4) {
-            float *scales = reinterpret_cast<float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
-            float *mins = reinterpret_cast<float *>(sub + (which == 0 ? L.k_min : L.v_min));
+            uint16_t *scales = reinterpret_cast<uint16_t *>(sub + (which == 0 ? L.k_scale : L.v_scale));
+            uint16_t *mins = reinterpret_cast<uint16_t *>(sub + (which == 0 ? L.k_min : L.v_min));
             if (which == 0) {  // one thread per channel pair: it owns the packed bytes
                 for (uint32_t j = tid; j < D / 2; j += kThreads) {
                     uint8_t packed[kMaxRowsPerPage];
@@ -144,11 +145,11 @@ __device__ void quantize_subpage(const PageShape &shape, ikv_format f_any, uint8
                             hi = fmaxf(hi, src[t * D + d]);
                         }
                         if (n_valid == 0) lo = hi = 0.0f;
-                        const float s = int4_scale(lo, hi);
-                        scales[d] = s;
-                        mins[d] = lo;
+                        const Int4Params g = int4_params(lo, hi);
+                        scales[d] = g.scale_h;
+                        mins[d] = g.min_h;
                         for (uint32_t t = 0; t < n_valid; ++t) {
-                            const uint8_t q = quant_int4(src[t * D + d], lo, s);
+                            const uint8_t q = quant_int4(src[t * D + d], g.min, g.scale);
                             packed[t] |= uint8_t(d & 1 ? q << 4 : q);
                         }
                     }
@@ -167,9 +168,9 @@ __device__ void quantize_subpage(const PageShape &shape, ikv_format f_any, uint8
                         lo = fminf(lo, __shfl_xor_sync(0xFFFFFFFFu, lo, o));
                         hi = fmaxf(hi, __shfl_xor_sync(0xFFFFFFFFu, hi, o));
                     }
-                    const float s = int4_scale(lo, hi);
-                    if (lane == 0) scales[t * G + g] = s, mins[t * G + g] = lo;
-                    const uint32_t q = d < d1 ? quant_int4(x, lo, s) : 0u;
+                    const Int4Params ip = int4_params(lo, hi);
+                    if (lane == 0) scales[t * G + g] = ip.scale_h, mins[t * G + g] = ip.min_h;
+                    const uint32_t q = d < d1 ? quant_int4(x, ip.min, ip.scale) : 0u;
                     const uint32_t q_odd = __shfl_down_sync(0xFFFFFFFFu, q, 1);  // channel d + 1 (groups are even-sized)
                     if (d < d1 && (lane & 1) == 0) data[t * rb + d / 2] = uint8_t(q | q_odd << 4);
                 }

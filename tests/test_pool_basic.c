@@ -127,7 +127,7 @@ static void test_page_bytes(void **state) {
     assert_true(ikv_pool_page_bytes(pool, IKV_FMT_FP8_E4M3) == LH * (2 * P * D + 16 + summary));
     assert_true(ikv_pool_page_bytes(pool, IKV_FMT_INT8) == LH * (2 * P * D + 4 * D + 4 * P + summary));
     assert_true(ikv_pool_page_bytes(pool, IKV_FMT_INT4) ==
-                LH * (2 * P * D / 2 + 8 * D + 2 * 4 * P * 4 + summary));
+                LH * (2 * P * D / 2 + 4 * D + 2 * 2 * P * 4 + summary)); /* half scales and minimums */
     assert_true(ikv_pool_page_bytes(pool, (ikv_format)9) == 0);
     assert_true(ikv_pool_page_bytes(pool, IKV_FMT_AUTO) == 0);
     assert_true(ikv_pool_page_bytes(NULL, IKV_FMT_F16) == 0);

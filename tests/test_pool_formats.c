@@ -82,7 +82,9 @@ static double bound(ikv_format f, const float *x, int which, uint32_t t, uint32_
                     hi = fmax(hi, AT(x, t, h, dd));
                 }
             }
-            return 0.5 * ((hi - lo) / 15.0) * (1 + 1e-5) + fmax(fabs(lo), fabs(hi)) * 1e-6;
+            float m, s; /* the stored (half) minimum and scale: lo rounded down, (hi - m)/15 up */
+            ikvt_int4_params((float)lo, (float)hi, &m, &s);
+            return 0.5 * s * (1 + 1e-5) + fmax(fabs(lo), fabs(hi)) * 1e-6;
         }
         default: return 0;
     }
@@ -152,7 +154,8 @@ static void test_error_bounds(void **state) {
     (void)state;
     for (int f = 0; f < IKV_FMT_COUNT; ++f)
         for (int kind = 0; kind < KIND_COUNT; ++kind) {
-            if (f == IKV_FMT_F16 && kind == HUGE) continue; /* beyond F16's range: saturates (tested below) */
+            /* beyond F16's range F16 and INT4 (half group parameters) saturate (tested below) */
+            if ((f == IKV_FMT_F16 || f == IKV_FMT_INT4) && kind == HUGE) continue;
             check_against_reference((ikv_format)f, (data_kind)kind, 0);
             check_against_reference((ikv_format)f, (data_kind)kind, 1);
         }
@@ -181,6 +184,40 @@ static void test_f16_saturates(void **state) {
     }
     ikvt_to_f16(v, c, H * D);
     for (int i = 0; i < H * D; ++i) assert_true(rv[i] == ikvt_f16_to_f32(c[i]));
+    ikv_pool_destroy(pool);
+}
+
+/* INT4 keeps its group minimum and scale as halves, so it saturates like F16:
+ * values beyond +-65504 are stored as if they were +-65504 (a group then
+ * spans at most [-65504, 65504 + s]), and every other value of their group
+ * keeps the s/2 bound of the clamped range. */
+static void test_int4_saturates(void **state) {
+    (void)state;
+    ikv_pool *pool = make_pool(IKV_FMT_INT4);
+    float k[H * D], v[H * D], rk[H * D], rv[H * D];
+    for (int i = 0; i < H * D; ++i) {
+        k[i] = (i % 7 == 0 ? 1e30f : i % 7 == 1 ? -7e4f : 0.01f * (float)(i % 5)) * (i % 2 ? 1.0f : -1.0f);
+        v[i] = i % 32 == 3 ? 3e38f : i % 32 == 4 ? -65504.0f : 1e-3f * (float)i;
+    }
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    ikv_append a = ikv_append_default(pool, 1);
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &a));
+    IKVT_OK(ikv_seq_read(pool, s, 0, 0, 1, rk, rv));
+    for (int which = 0; which < 2; ++which) {
+        const float *x = which ? v : k, *y = which ? rv : rk;
+        for (int i = 0; i < H * D; ++i) {
+            /* the group: K one channel (one token here), V 32 channels of the token */
+            const int g0 = which ? i / 32 * 32 : i, g1 = which ? (g0 + 32 < (i / D + 1) * D ? g0 + 32 : (i / D + 1) * D) : i + 1;
+            float lo = INFINITY, hi = -INFINITY, m, sc;
+            for (int j = g0; j < g1; ++j) lo = fminf(lo, x[j]), hi = fmaxf(hi, x[j]);
+            ikvt_int4_params(lo, hi, &m, &sc);
+            const double xc = fmin(fmax((double)x[i], -65504.0), 65504.0);
+            assert_true(isfinite(y[i]) && fabs((double)y[i] - xc) <= 0.5 * sc * (1 + 1e-5) + 65504.0 * 1e-6);
+        }
+    }
     ikv_pool_destroy(pool);
 }
 
@@ -327,6 +364,7 @@ static void test_summaries(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_bounds),
+        cmocka_unit_test(test_int4_saturates),
         cmocka_unit_test(test_f16_saturates),
         cmocka_unit_test(test_promote_after_demote),
         cmocka_unit_test(test_summaries),

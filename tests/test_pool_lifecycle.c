@@ -214,8 +214,12 @@ static void op_truncate(sseq *s) {
         g_evicted++;
         return;
     }
+    /* the pages the rollback releases (dropped, not shared) pay for the copy of a shared tail */
+    uint64_t freed = 0;
+    for (uint32_t p = keep_pages; p < n_pages(s); ++p)
+        if (s->page[p] >= 0 && g_pages[s->page[p]].refs == 1) freed += g_pb[g_pages[s->page[p]].format];
     if (n > 0 && partial && g_pages[s->page[nl / P]].refs > 1 &&
-        used_bytes(NULL) + g_pb[g_pages[s->page[nl / P]].format] > capacity()) {
+        used_bytes(NULL) - freed + g_pb[g_pages[s->page[nl / P]].format] > capacity()) {
         IKVT_EXPECT_STATUS(ikv_seq_truncate(g_pool, s->id, n), IKV_E_NOMEM, "capacity");
         return;
     }

@@ -50,6 +50,7 @@ static float q8(float x, float s) {
 }
 
 static float q4(float x, float lo, float s) {
+    x = x < -65504.0f ? -65504.0f : x > 65504.0f ? 65504.0f : x; /* INT4 saturates like F16 */
     float q = rintf((x - lo) / s);
     q = q > 15 ? 15 : (q < 0 ? 0 : q);
     volatile float p = q * s; /* no fused multiply-add: the library rounds the product first */
@@ -82,8 +83,9 @@ static void expect_int4(const float *x, int n, int D, int is_v, float *out) {
                 lo = x[t * D + d] < lo ? x[t * D + d] : lo;
                 hi = x[t * D + d] > hi ? x[t * D + d] : hi;
             }
-            const float s = hi > lo ? (hi - lo) / 15.0f : 1.0f;
-            for (int t = 0; t < n; ++t) out[t * D + d] = q4(x[t * D + d], lo, s);
+            float m, s;
+            ikvt_int4_params(lo, hi, &m, &s);
+            for (int t = 0; t < n; ++t) out[t * D + d] = q4(x[t * D + d], m, s);
         }
     } else {
         for (int t = 0; t < n; ++t)
@@ -94,8 +96,9 @@ static void expect_int4(const float *x, int n, int D, int is_v, float *out) {
                     lo = x[t * D + d] < lo ? x[t * D + d] : lo;
                     hi = x[t * D + d] > hi ? x[t * D + d] : hi;
                 }
-                const float s = hi > lo ? (hi - lo) / 15.0f : 1.0f;
-                for (int d = d0; d < d1; ++d) out[t * D + d] = q4(x[t * D + d], lo, s);
+                float m, s;
+                ikvt_int4_params(lo, hi, &m, &s);
+                for (int d = d0; d < d1; ++d) out[t * D + d] = q4(x[t * D + d], m, s);
             }
     }
 }

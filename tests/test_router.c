@@ -196,7 +196,7 @@ static uint64_t ref_read_bytes(int f, uint64_t D, uint64_t n) {
         case IKV_FMT_BF16: return 2 * 2 * D * n;
         case IKV_FMT_FP8_E4M3: return 2 * D * n + 8;
         case IKV_FMT_INT8: return 2 * D * n + 4 * D + 4 * n;
-        default: return 2 * (D / 2) * n + 8 * D + 8 * n * ((D + 31) / 32);
+        default: return 2 * (D / 2) * n + 4 * D + 4 * n * ((D + 31) / 32); /* half scales and minimums */
     }
 }
 

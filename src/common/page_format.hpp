@@ -20,7 +20,7 @@
 //   F16, BF16  K[P][D] (2 B each)   V[P][D]
 //   FP8_E4M3   K[P][D] (1 B)        V[P][D]        k_scale (f32), v_scale (f32)   (one per sub-page)
 //   INT8       K[P][D] (int8)       V[P][D]        k_scale[D] (f32, per channel)  v_scale[P] (f32, per token)
-//   INT4       K[P][D/2] (packed)   V[P][D/2]      k_scale[D], k_min[D] (f32)     v_scale[P][G], v_min[P][G] (f32)
+//   INT4       K[P][D/2] (packed)   V[P][D/2]      k_scale[D], k_min[D] (f16)     v_scale[P][G], v_min[P][G] (f16)
 //
 // Numerics (docs/FORMATS.md gives the error bounds):
 //   F16/BF16   round to nearest even; F16 saturates to +-65504.
@@ -30,8 +30,12 @@
 //   INT8       symmetric. s = absmax/127 over the group (1 if 0);
 //              q = clamp(rint(x/s), -127, 127); x' = q*s.
 //              K groups: one channel over the page's tokens. V groups: one token.
-//   INT4       asymmetric. s = (max-min)/15 over the group (1 if 0);
-//              q = clamp(rint((x-min)/s), 0, 15); x' = q*s + min.
+//   INT4       asymmetric, 16-bit group parameters (176 B per token and
+//              kv-head at D = 128, P = 16, against 224 with f32 ones):
+//              m = min rounded down to an IEEE half, s = (max-m)/15 rounded
+//              up to one (1 if max == m), both stored as halves, the inputs
+//              clamped to +-65504 first (INT4 saturates like F16);
+//              q = clamp(rint((x-m)/s), 0, 15); x' = q*s + m (quant.hpp int4_params).
 //              K groups: one channel over the page's tokens. V groups: one token
 //              and G = ceil(D/32) groups of 32 channels (the last may be shorter).
 //              Packing: byte j of a row holds channel 2j in bits 0-3 and 2j+1 in bits 4-7.
@@ -72,10 +76,10 @@ IKV_HD constexpr uint64_t row_bytes(ikv_format f, uint32_t D) {
 struct SubpageLayout {
     uint64_t k;        // K data
     uint64_t v;        // V data
-    uint64_t k_scale;  // FP8: 1 float; INT8/INT4: D floats; F16/BF16: unused (= bytes)
-    uint64_t k_min;    // INT4: D floats; else unused
-    uint64_t v_scale;  // FP8: 1 float; INT8: P floats; INT4: P*G floats
-    uint64_t v_min;    // INT4: P*G floats
+    uint64_t k_scale;  // FP8: 1 float; INT8: D floats; INT4: D halves; F16/BF16: unused (= bytes)
+    uint64_t k_min;    // INT4: D halves; else unused
+    uint64_t v_scale;  // FP8: 1 float; INT8: P floats; INT4: P*G halves
+    uint64_t v_min;    // INT4: P*G halves
     uint64_t bytes;    // total, a multiple of kPageAlign
 };
 
@@ -98,13 +102,13 @@ IKV_HD SubpageLayout subpage_layout(ikv_format f, uint32_t P, uint32_t D) {
     } else if (f == IKV_FMT_INT4) {
         const uint64_t G = int4_v_groups(D);
         s.k_scale = off;
-        off = align_up(off + 4ull * D, kPageAlign);
+        off = align_up(off + 2ull * D, kPageAlign);
         s.k_min = off;
-        off = align_up(off + 4ull * D, kPageAlign);
+        off = align_up(off + 2ull * D, kPageAlign);
         s.v_scale = off;
-        off = align_up(off + 4ull * P * G, kPageAlign);
+        off = align_up(off + 2ull * P * G, kPageAlign);
         s.v_min = off;
-        off = align_up(off + 4ull * P * G, kPageAlign);
+        off = align_up(off + 2ull * P * G, kPageAlign);
     }
     s.bytes = off;
     return s;
@@ -147,7 +151,7 @@ IKV_HD uint64_t subpage_read_bytes(ikv_format f, uint32_t P, uint32_t D, uint32_
     uint64_t scales = 0;
     if (f == IKV_FMT_FP8_E4M3) scales = 8;
     if (f == IKV_FMT_INT8) scales = 4ull * D + 4ull * n_tokens;
-    if (f == IKV_FMT_INT4) scales = 8ull * D + 8ull * n_tokens * int4_v_groups(D);
+    if (f == IKV_FMT_INT4) scales = 4ull * D + 4ull * n_tokens * int4_v_groups(D);
     (void)s;
     return 2ull * row_bytes(f, D) * n_tokens + scales;
 }

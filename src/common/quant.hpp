@@ -51,6 +51,25 @@ IKV_HD float f16_to_f32(uint16_t h) {
     return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
+// ---- IEEE half, directed: the half next to x on one side (INT4's group
+// parameters, int4_params). x finite with |x| <= 65504. Halves are ordered
+// like sign-magnitude integers, so one step is +-1 on the bits (from +-0 to
+// the smallest subnormal of the other sign). ----
+constexpr float kF16Max = 65504.0f;
+IKV_HD uint16_t f16_step(uint16_t h, bool up) {
+    const bool negative = (h & 0x8000u) != 0, zero = (h & 0x7FFFu) == 0;
+    if (zero) return up ? uint16_t(0x0001u) : uint16_t(0x8001u);
+    return uint16_t(up != negative ? h + 1u : h - 1u);  // away from zero: up for +h, down for -h
+}
+IKV_HD uint16_t f16_down(float x) {  // largest half <= x
+    const uint16_t h = f32_to_f16(x);
+    return f16_to_f32(h) > x ? f16_step(h, false) : h;
+}
+IKV_HD uint16_t f16_up(float x) {  // smallest half >= x
+    const uint16_t h = f32_to_f16(x);
+    return f16_to_f32(h) < x ? f16_step(h, true) : h;
+}
+
 // ---- bfloat16: round to nearest even, NaN kept ----
 IKV_HD uint16_t f32_to_bf16(float f) {
     uint32_t x = f32_bits(f);
@@ -131,15 +150,33 @@ IKV_HD float e4m3_to_f32(uint8_t c) {
 // ---- group scales ----
 IKV_HD float int8_scale(float absmax) { return absmax > 0.0f ? absmax / 127.0f : 1.0f; }
 IKV_HD float fp8_scale(float absmax) { return absmax > 0.0f ? absmax / kFp8Max : 1.0f; }
-IKV_HD float int4_scale(float lo, float hi) { return hi > lo ? (hi - lo) / 15.0f : 1.0f; }
+
+// INT4 group parameters, stored as halves: the minimum rounded down and the
+// scale rounded up, so [m, m + 15 s] covers the group and every value is
+// within s/2 of its code's value. Inputs beyond +-65504 are clamped first
+// (INT4 saturates like F16); a group with max == m gets s = 1 (stored exactly).
+struct Int4Params {
+    float scale, min;         // the values the codes are computed with and read back at
+    uint16_t scale_h, min_h;  // their half bits, as stored
+};
+IKV_HD float clamp_f16_range(float x) { return fminf(fmaxf(x, -kF16Max), kF16Max); }
+IKV_HD Int4Params int4_params(float lo, float hi) {
+    Int4Params p;
+    p.min_h = f16_down(clamp_f16_range(lo));
+    p.min = f16_to_f32(p.min_h);
+    const float range = clamp_f16_range(hi) - p.min;  // >= 0, at most 131008
+    p.scale_h = range > 0.0f ? f16_up(range / 15.0f) : uint16_t(0x3C00u);
+    p.scale = f16_to_f32(p.scale_h);
+    return p;
+}
 
 IKV_HD int8_t quant_int8(float x, float s) {
     float q = rintf(x / s);
     q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
     return int8_t(q);
 }
-IKV_HD uint8_t quant_int4(float x, float lo, float s) {
-    float q = rintf((x - lo) / s);
+IKV_HD uint8_t quant_int4(float x, float lo, float s) {  // lo, s: an Int4Params' min and scale
+    float q = rintf((clamp_f16_range(x) - lo) / s);
     q = q > 15.0f ? 15.0f : (q < 0.0f ? 0.0f : q);
     return uint8_t(q);
 }
@@ -190,8 +227,8 @@ inline void write_subpage(ikv_format f, uint32_t P, uint32_t D, const float *k, 
                 }
             }
         } else if (f == IKV_FMT_INT4) {
-            float *scales = reinterpret_cast<float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
-            float *mins = reinterpret_cast<float *>(sub + (which == 0 ? L.k_min : L.v_min));
+            uint16_t *scales = reinterpret_cast<uint16_t *>(sub + (which == 0 ? L.k_scale : L.v_scale));
+            uint16_t *mins = reinterpret_cast<uint16_t *>(sub + (which == 0 ? L.k_min : L.v_min));
             if (which == 0) {  // K: per channel over the page's tokens
                 for (uint32_t d = 0; d < D; ++d) {
                     float lo = INFINITY, hi = -INFINITY;
@@ -200,10 +237,11 @@ inline void write_subpage(ikv_format f, uint32_t P, uint32_t D, const float *k, 
                         hi = fmaxf(hi, src[t * row_stride + d]);
                     }
                     if (n_valid == 0) lo = hi = 0.0f;
-                    scales[d] = int4_scale(lo, hi);
-                    mins[d] = lo;
+                    const Int4Params g = int4_params(lo, hi);
+                    scales[d] = g.scale_h;
+                    mins[d] = g.min_h;
                     for (uint32_t t = 0; t < n_valid; ++t) {
-                        const uint8_t q = quant_int4(src[t * row_stride + d], lo, scales[d]);
+                        const uint8_t q = quant_int4(src[t * row_stride + d], g.min, g.scale);
                         data[t * rb + d / 2] |= uint8_t(d & 1 ? q << 4 : q);
                     }
                 }
@@ -217,11 +255,11 @@ inline void write_subpage(ikv_format f, uint32_t P, uint32_t D, const float *k, 
                             lo = fminf(lo, src[t * row_stride + d]);
                             hi = fmaxf(hi, src[t * row_stride + d]);
                         }
-                        const float s = int4_scale(lo, hi);
-                        scales[t * G + g] = s;
-                        mins[t * G + g] = lo;
+                        const Int4Params p = int4_params(lo, hi);
+                        scales[t * G + g] = p.scale_h;
+                        mins[t * G + g] = p.min_h;
                         for (uint32_t d = d0; d < d1; ++d) {
-                            const uint8_t q = quant_int4(src[t * row_stride + d], lo, s);
+                            const uint8_t q = quant_int4(src[t * row_stride + d], p.min, p.scale);
                             data[t * rb + d / 2] |= uint8_t(d & 1 ? q << 4 : q);
                         }
                     }
@@ -236,7 +274,8 @@ IKV_HD void read_subpage_row(ikv_format f, uint32_t P, uint32_t D, const uint8_t
     const SubpageLayout L = subpage_layout(f, P, D);
     const uint8_t *data = sub + (which == 0 ? L.k : L.v) + t * row_bytes(f, D);
     const float *scales = reinterpret_cast<const float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
-    const float *mins = reinterpret_cast<const float *>(sub + (which == 0 ? L.k_min : L.v_min));
+    const uint16_t *scales_h = reinterpret_cast<const uint16_t *>(sub + (which == 0 ? L.k_scale : L.v_scale));
+    const uint16_t *mins_h = reinterpret_cast<const uint16_t *>(sub + (which == 0 ? L.k_min : L.v_min));
     const uint32_t G = int4_v_groups(D);
     for (uint32_t d = 0; d < D; ++d) {
         float x = 0.0f;
@@ -258,7 +297,7 @@ IKV_HD void read_subpage_row(ikv_format f, uint32_t P, uint32_t D, const uint8_t
             case IKV_FMT_INT4: {
                 const uint32_t q = d & 1 ? data[d / 2] >> 4 : data[d / 2] & 0xFu;
                 const uint32_t i = which == 0 ? d : t * G + d / kInt4VGroup;
-                x = float(q) * scales[i] + mins[i];
+                x = float(q) * f16_to_f32(scales_h[i]) + f16_to_f32(mins_h[i]);
                 break;
             }
             default: break;

@@ -36,18 +36,26 @@ constexpr bool kFoldScales = F == IKV_FMT_INT8 || F == IKV_FMT_FP8_E4M3;
 template <uint32_t F, bool IsK>
 constexpr bool kRawRows = kFoldScales<F> || (IsK && F == IKV_FMT_INT4);
 
+// INT4's group parameters are halves (page_format.hpp): K's are read as
+// vectors (O::f16) where they are folded; V's per-token ones are converted
+// once per span into vmeta (scales [P*G], then minimums [P*G], by token).
 template <uint32_t F, bool IsK>
 struct RowSource {
     const uint8_t *data;  // row 0
-    const float *sc, *mn;
+    const float *sc, *mn;  // FP8/INT8 scales; INT4 V: vmeta's scales and minimums
+    const uint8_t *sch, *mnh;  // INT4: the stored half scales and minimums
     size_t D, G, row_bytes;
-    RowSource(const uint8_t *sub, const SubpageLayout &L, uint32_t D_)
+    RowSource(const uint8_t *sub, const SubpageLayout &L, uint32_t D_, const float *vmeta = nullptr, uint32_t P = 0)
         : data(sub + (IsK ? L.k : L.v)),
           sc(reinterpret_cast<const float *>(sub + (IsK ? L.k_scale : L.v_scale))),
-          mn(reinterpret_cast<const float *>(sub + (IsK ? L.k_min : L.v_min))),
+          mn(nullptr),
+          sch(sub + (IsK ? L.k_scale : L.v_scale)),
+          mnh(sub + (IsK ? L.k_min : L.v_min)),
           D(D_),
           G((D_ + kInt4VGroup - 1) / kInt4VGroup),
-          row_bytes(row_bytes_of(D_)) {}
+          row_bytes(row_bytes_of(D_)) {
+        if (vmeta) sc = vmeta, mn = vmeta + uint64_t(P) * G;
+    }
     static size_t row_bytes_of(size_t D) {
         return F == IKV_FMT_F16 || F == IKV_FMT_BF16 ? 2 * D : F == IKV_FMT_INT4 ? D / 2 : D;
     }
@@ -290,6 +298,28 @@ inline void all_values(const ChunkTask &T, const Rows &rows, uint32_t n, const f
     }
 }
 
+// INT4 V: the group scales and minimums of the span's tokens as floats,
+// vmeta[t*G + g] and vmeta[P*G + t*G + g]: whole vectors, then the rest
+// through a zero-padded copy (no read past the section; and no scalar
+// converter here: quant.hpp's inline functions must not be compiled with an
+// ISA file's flags).
+inline void int4_v_meta(const SpanRef &s, const SubpageLayout &L, uint32_t D, uint32_t P, float *vmeta) {
+    const uint32_t G = int4_v_groups(D), i0 = s.begin * G, i1 = s.end * G;
+    for (int which = 0; which < 2; ++which) {
+        const uint8_t *h = s.sub + (which == 0 ? L.v_scale : L.v_min);
+        float *out = vmeta + which * uint64_t(P) * G;
+        uint32_t i = i0;
+        for (; i + O::W <= i1; i += O::W) O::store(out + i, O::f16(h + 2 * i));
+        if (i < i1) {
+            uint8_t pad[2 * 16] = {};
+            float tmp[16];
+            memcpy(pad, h + 2 * i, 2 * (i1 - i));
+            O::store(tmp, O::f16(pad));
+            memcpy(out + i, tmp, 4 * (i1 - i));
+        }
+    }
+}
+
 template <uint32_t F>
 void attend_span(const ChunkTask &T, const SpanRef &s, SpanPrefetch &pf) {
     const SubpageLayout &L = T.layouts[F];
@@ -303,7 +333,9 @@ void attend_span(const ChunkTask &T, const SpanRef &s, SpanPrefetch &pf) {
     if (kRawRows<F, true>) {  // q' = q * k_scale: per channel (INT8, INT4) or the page's (FP8, times 2^8)
         for (uint32_t r = 0; r < R; ++r)
             for (uint32_t d = 0; d < D; d += O::W) {
-                const typename O::V ks = F == IKV_FMT_FP8_E4M3 ? O::set1(ksrc.sc[0] * 256.0f) : O::load(ksrc.sc + d);
+                const typename O::V ks = F == IKV_FMT_FP8_E4M3 ? O::set1(ksrc.sc[0] * 256.0f)
+                                       : F == IKV_FMT_INT4     ? O::f16(ksrc.sch + 2 * d)
+                                                               : O::load(ksrc.sc + d);
                 O::store(T.qfold + uint64_t(r) * D + d, O::mul(O::load(T.q + uint64_t(r) * D + d), ks));
             }
         q = T.qfold;
@@ -317,7 +349,7 @@ void attend_span(const ChunkTask &T, const SpanRef &s, SpanPrefetch &pf) {
     if (F == IKV_FMT_INT4) {  // q.(c*s + min) = (q*s).c + q.min: add each row's bias q.min
         for (uint32_t r = 0; r < R; ++r) {
             typename O::V b = O::zero();
-            for (uint32_t d = 0; d < D; d += O::W) b = O::fma(O::load(T.q + uint64_t(r) * D + d), O::load(ksrc.mn + d), b);
+            for (uint32_t d = 0; d < D; d += O::W) b = O::fma(O::load(T.q + uint64_t(r) * D + d), O::f16(ksrc.mnh + 2 * d), b);
             const float bias = O::hsum(b);
             for (uint32_t i = 0; i < n; ++i) S[r * SP + i] += bias;
         }
@@ -363,7 +395,9 @@ void attend_span(const ChunkTask &T, const SpanRef &s, SpanPrefetch &pf) {
         T.l[r] += O::hsum(sum);
     }
     // ---- values: every V row dequantized once for all rows ----
-    const RowSource<F, false> vsrc(s.sub, L, D);
+    float vmeta[F == IKV_FMT_INT4 ? 2 * 128 * 8 : 1];  // INT4 V: [P*G] scales, [P*G] minimums (P <= 128, G <= 8)
+    if (F == IKV_FMT_INT4) int4_v_meta(s, L, D, T.P, vmeta);
+    const RowSource<F, false> vsrc(s.sub, L, D, F == IKV_FMT_INT4 ? vmeta : nullptr, T.P);
     if (F == IKV_FMT_INT8) {  // p' = p * v_scale per token: whole vectors, then the tokens left
         const uint32_t nw = n / O::W * O::W;
         for (uint32_t r = 0; r < R; ++r) {

@@ -49,7 +49,8 @@ inline void dequant_rows(ikv_format f, uint32_t P, uint32_t D, const uint8_t *su
     const uint64_t rb = row_bytes(f, D);
     const uint8_t *data = sub + (which == 0 ? L.k : L.v);
     const float *scales = reinterpret_cast<const float *>(sub + (which == 0 ? L.k_scale : L.v_scale));
-    const float *mins = reinterpret_cast<const float *>(sub + (which == 0 ? L.k_min : L.v_min));
+    const uint16_t *scales_h = reinterpret_cast<const uint16_t *>(sub + (which == 0 ? L.k_scale : L.v_scale));
+    const uint16_t *mins_h = reinterpret_cast<const uint16_t *>(sub + (which == 0 ? L.k_min : L.v_min));
     const uint32_t G = int4_v_groups(D);
     for (uint32_t i = 0; i < n; ++i) {
         const uint32_t t = t0 + i;
@@ -82,7 +83,7 @@ inline void dequant_rows(ikv_format f, uint32_t P, uint32_t D, const uint8_t *su
                 for (uint32_t d = 0; d < D; ++d) {
                     const uint32_t q = d & 1 ? row[d / 2] >> 4 : row[d / 2] & 0xFu;
                     const uint32_t j = which == 0 ? d : t * G + d / kInt4VGroup;
-                    o[d] = float(q) * scales[j] + mins[j];
+                    o[d] = float(q) * f16_to_f32(scales_h[j]) + f16_to_f32(mins_h[j]);
                 }
                 break;
             default: break;
@@ -241,6 +242,16 @@ inline void int8_v_rows(const float *src, uint64_t stride, uint32_t D, uint32_t 
         for (uint32_t d = 0; d < D; ++d) data[t * rb + d] = uint8_t(quant_int8(src[t * stride + d], scales[t]));
     }
 }
+// INT4 K group parameters from the per-channel ranges (int4_params): the
+// values the codes use (mins, scales) and the halves stored (mins_h, scales_h).
+// An empty page (n_valid == 0) gets the parameters of an all-zero channel.
+inline void int4_k_params(const float *lo, const float *hi, uint32_t D, uint32_t n_valid, float *mins, float *scales,
+                          uint16_t *mins_h, uint16_t *scales_h) {
+    for (uint32_t d = 0; d < D; ++d) {
+        const Int4Params g = n_valid == 0 ? int4_params(0.0f, 0.0f) : int4_params(lo[d], hi[d]);
+        mins[d] = g.min, scales[d] = g.scale, mins_h[d] = g.min_h, scales_h[d] = g.scale_h;
+    }
+}
 // INT4 K codes of rows [t0, t1) at per-channel minima and scales, two
 // channels per byte (whole bytes written).
 inline void int4_k_rows(const float *src, uint64_t stride, uint32_t D, uint32_t t0, uint32_t t1, const float *mins,
@@ -253,9 +264,9 @@ inline void int4_k_rows(const float *src, uint64_t stride, uint32_t D, uint32_t 
         }
 }
 // INT4 V: each row of [t0, t1) gets per-group minima and scales (groups of
-// kInt4VGroup channels) and codes.
-inline void int4_v_rows(const float *src, uint64_t stride, uint32_t D, uint32_t t0, uint32_t t1, float *scales,
-                        float *mins, uint8_t *data, uint64_t rb) {
+// kInt4VGroup channels, stored as halves) and codes.
+inline void int4_v_rows(const float *src, uint64_t stride, uint32_t D, uint32_t t0, uint32_t t1, uint16_t *scales_h,
+                        uint16_t *mins_h, uint8_t *data, uint64_t rb) {
     const uint32_t G = int4_v_groups(D);
     for (uint32_t t = t0; t < t1; ++t)
         for (uint32_t g = 0; g < G; ++g) {
@@ -265,12 +276,12 @@ inline void int4_v_rows(const float *src, uint64_t stride, uint32_t D, uint32_t 
                 lo = min_exact(lo, src[t * stride + d]);
                 hi = max_exact(hi, src[t * stride + d]);
             }
-            const float s = int4_scale(lo, hi);
-            scales[t * G + g] = s;
-            mins[t * G + g] = lo;
+            const Int4Params p = int4_params(lo, hi);
+            scales_h[t * G + g] = p.scale_h;
+            mins_h[t * G + g] = p.min_h;
             for (uint32_t d = d0; d < d1; d += 2) {
-                const uint8_t q0 = quant_int4(src[t * stride + d], lo, s);
-                const uint8_t q1 = quant_int4(src[t * stride + d + 1], lo, s);
+                const uint8_t q0 = quant_int4(src[t * stride + d], p.min, p.scale);
+                const uint8_t q1 = quant_int4(src[t * stride + d + 1], p.min, p.scale);
                 data[t * rb + d / 2] = uint8_t(q0 | (q1 << 4));
             }
         }
@@ -294,7 +305,9 @@ inline void write_subpage_quant(ikv_format f, uint32_t P, uint32_t D, const floa
     const uint64_t rb = row_bytes(f, D);
     uint8_t *kd = sub + L.k, *vd = sub + L.v;
     float *k_scales = reinterpret_cast<float *>(sub + L.k_scale), *v_scales = reinterpret_cast<float *>(sub + L.v_scale);
-    float *k_mins = reinterpret_cast<float *>(sub + L.k_min), *v_mins = reinterpret_cast<float *>(sub + L.v_min);
+    uint16_t *k_scales_h = reinterpret_cast<uint16_t *>(sub + L.k_scale),
+             *v_scales_h = reinterpret_cast<uint16_t *>(sub + L.v_scale);
+    uint16_t *k_mins_h = reinterpret_cast<uint16_t *>(sub + L.k_min), *v_mins_h = reinterpret_cast<uint16_t *>(sub + L.v_min);
     if (f == IKV_FMT_FP8_E4M3) {
         const float ka = fold_absmax(k, row_stride, D, 0, n_valid, 0.0f);
         const float va = fold_absmax(v, row_stride, D, 0, n_valid, 0.0f);
@@ -323,13 +336,10 @@ inline void write_subpage_quant(ikv_format f, uint32_t P, uint32_t D, const floa
         fold_range_channels(k, row_stride, D, 0, n_valid, lo, hi);
         if (folds && folds->ka) std::memcpy(folds->ka, lo, 4ull * D);
         if (folds && folds->kb) std::memcpy(folds->kb, hi, 4ull * D);
-        for (uint32_t d = 0; d < D; ++d) {
-            if (n_valid == 0) lo[d] = hi[d] = 0.0f;
-            k_scales[d] = int4_scale(lo[d], hi[d]);
-            k_mins[d] = lo[d];
-        }
-        int4_k_rows(k, row_stride, D, 0, n_valid, k_mins, k_scales, kd, rb);
-        int4_v_rows(v, row_stride, D, 0, n_valid, v_scales, v_mins, vd, rb);
+        float mins[256], scales[256];
+        int4_k_params(lo, hi, D, n_valid, mins, scales, k_mins_h, k_scales_h);
+        int4_k_rows(k, row_stride, D, 0, n_valid, mins, scales, kd, rb);
+        int4_v_rows(v, row_stride, D, 0, n_valid, v_scales_h, v_mins_h, vd, rb);
     }
 }
 

@@ -114,7 +114,9 @@ IKV_AVX2_CLONES void tail_write_append(ikv_format f, uint32_t P, uint32_t D, con
     const uint64_t rb = row_bytes(f, D);
     uint8_t *kd = sub + L.k, *vd = sub + L.v;
     float *k_scales = reinterpret_cast<float *>(sub + L.k_scale), *v_scales = reinterpret_cast<float *>(sub + L.v_scale);
-    float *k_mins = reinterpret_cast<float *>(sub + L.k_min), *v_mins = reinterpret_cast<float *>(sub + L.v_min);
+    uint16_t *k_scales_h = reinterpret_cast<uint16_t *>(sub + L.k_scale),
+             *v_scales_h = reinterpret_cast<uint16_t *>(sub + L.v_scale);
+    uint16_t *k_mins_h = reinterpret_cast<uint16_t *>(sub + L.k_min), *v_mins_h = reinterpret_cast<uint16_t *>(sub + L.v_min);
     // Key channels whose stored rows [0, first) changed (re-quantized).
     uint8_t changed[256] = {};
     bool any_changed = false;
@@ -154,22 +156,22 @@ IKV_AVX2_CLONES void tail_write_append(ikv_format f, uint32_t P, uint32_t D, con
         std::memcpy(old_lo, lo, 4ull * D);
         std::memcpy(old_hi, hi, 4ull * D);
         fold_range_channels(k, D, D, first, n_valid, lo, hi);
+        float mins[256], scales[256];  // every channel's (a function of its range: unchanged ones are as stored)
+        int4_k_params(lo, hi, D, n_valid, mins, scales, k_mins_h, k_scales_h);
         for (uint32_t d = 0; d < D; ++d) {
             // Compared as bits: a minimum that went from +0 to -0 is a new minimum.
             if (f32_bits(lo[d]) == f32_bits(old_lo[d]) && f32_bits(hi[d]) == f32_bits(old_hi[d])) continue;
             changed[d] = 1;
             any_changed = true;
-            k_scales[d] = int4_scale(lo[d], hi[d]);
-            k_mins[d] = lo[d];
             const unsigned shift = d & 1 ? 4 : 0;
             for (uint32_t t = 0; t < first; ++t) {
                 uint8_t &byte = kd[t * rb + d / 2];
-                const uint8_t q = quant_int4(k[t * D + d], k_mins[d], k_scales[d]);
+                const uint8_t q = quant_int4(k[t * D + d], mins[d], scales[d]);
                 byte = uint8_t((byte & ~(0xFu << shift)) | (q << shift));
             }
         }
-        int4_k_rows(k, D, D, first, n_valid, k_mins, k_scales, kd, rb);
-        int4_v_rows(v, D, D, first, n_valid, v_scales, v_mins, vd, rb);
+        int4_k_rows(k, D, D, first, n_valid, mins, scales, kd, rb);
+        int4_v_rows(v, D, D, first, n_valid, v_scales_h, v_mins_h, vd, rb);
     }
 
     // The key summary: new rows folded into every channel (vectorizes), then

@@ -101,6 +101,31 @@ float ikvt_f16_to_f32(uint16_t h) {
 
 float ikvt_bf16_to_f32(uint16_t b) { return ikvt_bits_f32((uint32_t)b << 16); }
 
+/* The spacing of IEEE halves at magnitude a (subnormals: 2^-24). */
+static double f16_ulp(double a) {
+    if (a < ldexp(1.0, -14)) return ldexp(1.0, -24);
+    int e;
+    (void)frexp(a, &e); /* a in [2^(e-1), 2^e) */
+    return ldexp(1.0, e - 11);
+}
+
+float ikvt_f16_down(float x) {
+    const double a = fabs((double)x);
+    const double u = f16_ulp(a);
+    return (float)(x >= 0 ? floor(a / u) * u : -ceil(a / u) * u);
+}
+
+float ikvt_f16_up(float x) { return -ikvt_f16_down(-x); }
+
+void ikvt_int4_params(float lo, float hi, float *min, float *scale) {
+    const float lim = 65504.0f;
+    lo = lo < -lim ? -lim : lo > lim ? lim : lo;
+    hi = hi < -lim ? -lim : hi > lim ? lim : hi;
+    *min = ikvt_f16_down(lo);
+    const float range = hi - *min; /* fp32, as documented */
+    *scale = range > 0 ? ikvt_f16_up(range / 15.0f) : 1.0f;
+}
+
 double ikvt_rel_l2(const float *a, const double *b, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; ++i) {

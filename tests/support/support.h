@@ -49,6 +49,14 @@ void ikvt_to_f16(const float *in, uint16_t *out, size_t n);
 void ikvt_to_bf16(const float *in, uint16_t *out, size_t n);
 float ikvt_f16_to_f32(uint16_t h);
 float ikvt_bf16_to_f32(uint16_t b);
+/* Directed rounding to IEEE halves, by float64 arithmetic: the largest half
+ * <= x and the smallest >= x (|x| <= 65504). */
+float ikvt_f16_down(float x);
+float ikvt_f16_up(float x);
+/* INT4 group parameters as docs/FORMATS.md defines them: the minimum
+ * rounded down to a half and (max - min')/15 (fp32) rounded up to one, after
+ * clamping to +-65504; scale 1 where max == min'. */
+void ikvt_int4_params(float lo, float hi, float *min, float *scale);
 /* The bits of an fp32 value and back (memcpy, no aliasing). */
 uint32_t ikvt_f32_bits(float f);
 float ikvt_bits_f32(uint32_t u);
