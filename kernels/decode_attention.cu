@@ -89,7 +89,7 @@ struct Cfg {
     static_assert(kChunkRows % kRowsPerStep == 0, "whole warp steps per chunk");
     // The slot holds the widest format's rows (F16) and every format's scales
     // (INT8: 16 K+V rows of D bytes + D + 16 floats; INT4: rows of D/2 + 2D +
-    // 32G halves); at D = 32: 2048 >= 1216 and 640 bytes.
+    // 32G halves); at D = 32: 2048 >= 1216 and 704 bytes.
     static_assert(2 * kChunkRows * D + 4 * (D + kChunkRows) <= kSlotBytes, "INT8 chunk fits a slot");
     static_assert(kChunkRows * D + 2 * (2 * D + 2 * kChunkRows * int((D + 31) / 32)) <= kSlotBytes,
                   "INT4 chunk fits a slot");

@@ -40,9 +40,8 @@
 // operands with fp32 accumulation (FlashAttention's), see docs/CUDA.md. On
 // the f16 pair paths the INT8 scales are rounded to f16 (INT4's scales and
 // minimums are stored as halves, page_format.hpp) and applied with one
-// HMUL2 / HFMA2 (INT4: ~2.5x the f16
-// rounding error of one fp32 FMA rounded once, rel. L2 ~1e-3 against 3e-4,
-// still ~30x below INT4's own s/2). On the f16 path K/V values and scales
+// HMUL2 / HFMA2 (INT4 on the CPU emulation: rel. L2 ~2e-4 with the stored
+// halves, ~1e-3 while f32 scales were rounded here; far below INT4's own s/2). On the f16 path K/V values and scales
 // outside f16's normal range lose precision (use F32 or BF16 queries for such
 // data).
 #pragma once

@@ -42,13 +42,13 @@ constexpr bool kRawRows = kFoldScales<F> || (IsK && F == IKV_FMT_INT4);
 template <uint32_t F, bool IsK>
 struct RowSource {
     const uint8_t *data;  // row 0
-    const float *sc, *mn;  // FP8/INT8 scales; INT4 V: vmeta's scales and minimums
+    const float *sc, *mn;  // FP8/INT8 scales; INT4 V: vmeta's scales and minimums (else unread)
     const uint8_t *sch, *mnh;  // INT4: the stored half scales and minimums
     size_t D, G, row_bytes;
     RowSource(const uint8_t *sub, const SubpageLayout &L, uint32_t D_, const float *vmeta = nullptr, uint32_t P = 0)
         : data(sub + (IsK ? L.k : L.v)),
           sc(reinterpret_cast<const float *>(sub + (IsK ? L.k_scale : L.v_scale))),
-          mn(nullptr),
+          mn(reinterpret_cast<const float *>(sub + (IsK ? L.k_min : L.v_min))),  // in the page: row() offsets it
           sch(sub + (IsK ? L.k_scale : L.v_scale)),
           mnh(sub + (IsK ? L.k_min : L.v_min)),
           D(D_),
@@ -137,7 +137,7 @@ struct SpanPrefetch {
         const uint64_t n = (s.end - s.begin) * rb;
         k.set(s.sub + L.k + s.begin * rb, n);
         v.set(s.sub + L.v + s.begin * rb, n);
-        meta.set(s.sub + 2 * L.v, L.bytes - 2 * L.v);  // metadata follows the rows (page_format.hpp): INT4 24 lines
+        meta.set(s.sub + 2 * L.v, L.bytes - 2 * L.v);  // metadata follows the rows (page_format.hpp): INT4 12 lines
     }
     void step() {
         meta.issue();
@@ -304,7 +304,8 @@ inline void all_values(const ChunkTask &T, const Rows &rows, uint32_t n, const f
 // converter here: quant.hpp's inline functions must not be compiled with an
 // ISA file's flags).
 inline void int4_v_meta(const SpanRef &s, const SubpageLayout &L, uint32_t D, uint32_t P, float *vmeta) {
-    const uint32_t G = int4_v_groups(D), i0 = s.begin * G, i1 = s.end * G;
+    const uint32_t G = (D + kInt4VGroup - 1) / kInt4VGroup, i0 = s.begin * G, i1 = s.end * G;  // by hand: no shared
+                                                                                                 // inline here
     for (int which = 0; which < 2; ++which) {
         const uint8_t *h = s.sub + (which == 0 ? L.v_scale : L.v_min);
         float *out = vmeta + which * uint64_t(P) * G;
