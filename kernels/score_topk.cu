@@ -1,7 +1,9 @@
 // Device-side query-aware page selection (Quest upper bound + top pages
 // within a token budget), producing the work lists the decode kernel reads.
-// Two launches (programmatic dependent launch on sm_90+: kernels/launch_pdl.cuh),
-// no allocation, no host synchronization (graph capturable):
+// Two launches for Quest bounds, and the hybrid score's and the mass budget's
+// where they need them (hybrid_combine_kernel, mass_budget_kernel, below;
+// programmatic dependent launch on sm_90+: kernels/launch_pdl.cuh), no
+// allocation, no host synchronization (graph capturable):
 //   score_kernel   one block per (8*1024/D candidate pages, kv-head, sequence),
 //                  D/32 lanes per page (ScoreGeom): the upper bound
 //                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's bf16
@@ -40,6 +42,8 @@ namespace {
 constexpr int kScoreWarps = 8;
 constexpr uint32_t kScoreBlocks = 1024;  // score grid target: ~4 waves of 2 blocks on 132 SMs
 constexpr int kSelectThreads = 1024;
+// Score rows per kv-head up to which the one-block select kernel does the hybrid combine itself.
+constexpr uint32_t kMaxFusedRows = 8;
 constexpr uint32_t kSelectCluster = 8;          // blocks per (sequence, kv-head) when clustered
 constexpr uint32_t kSelectClusterMaxHeads = 16;  // clustered up to this many (sequence, kv-head) pairs: one block per SM each
 constexpr uint32_t kSelectClusterMinCandidates = 4097;  // ... with more candidates than this (> 64K tokens at page 16)
@@ -259,7 +263,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
 // fmaxf), then score = max_r (rows_r - top_r + offset_r), as
 // decode/selection.cpp's combine_rows computes it on the CPU (offset: 0 for
 // the current queries, mem_offset or -inf for a query memory's rows).
-constexpr int kCombineThreads = 256;
+constexpr int kCombineThreads = 1024;  // one block per (sequence, kv-head): at B = 1 only n_kv_heads blocks
 __global__ void __launch_bounds__(kCombineThreads) hybrid_combine_kernel(const TopkParams p) {
     __shared__ float part[kCombineThreads / 32];
     __shared__ float top[kMaxHybridGroup];
@@ -345,92 +349,258 @@ __device__ __forceinline__ uint32_t order_key(float score);
 // IKV_TOPK_MASS, one block per (kv-head, sequence): the candidates' weights
 // n_i * exp(scale * (s_i - max s)) in double; the smallest order key K whose
 // candidates (keys <= K, i.e. scores >= the K-th) reach mass_share of the
-// total, by bisection over the 32-bit key (32 block reductions over the
-// candidates; the weights are computed once into p.weights); then, as the
+// total, by radix select over the 32-bit key (4 passes of 8 bits, weights in
+// fixed point; the weights are computed once into p.weights); then, as the
 // CPU takes candidates one by one in rank order
 // (ties: candidate order), the candidates of key K are walked by one warp in
 // candidate order while the weight before each is short of the share (the
 // hybrid score makes ties common: every query head's best page scores 0).
 // The budget is the mandatory tokens plus the candidates taken, clamped to
 // [min_tokens, token_budget or unlimited].
-constexpr int kMassThreads = 256;
-__global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkParams p) {
+// 1024 threads, each holding its candidates (c = thread + k * 1024) in
+// registers from one load: at B = 1 there are only n_kv_heads blocks, and
+// with 256 threads walking their candidates through memory in every pass
+// the kernel waited on one dependent load after another (~60 us of a
+// 32K step on the H100).
+constexpr int kMassThreads = 1024;
+constexpr int kMassPer = int(kMaxTopkCandidates) / kMassThreads;
+__global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkParams p, uint32_t fused_rows) {
     __shared__ double dsum[32];
     __shared__ float fmax_sh[32];
     __shared__ uint32_t usum[32];
     const uint32_t head = blockIdx.x, seq = blockIdx.y, Hkv = p.shape.n_kv_heads;
+    const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     pdl_wait();
     pdl_launch_dependents();
     const uint32_t count = p.candidates.counts[seq];
     const DevPage *cands = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
-    const float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
-    auto candidate = [&](uint32_t c) { return !(cands[c].flags & IKV_PAGE_MANDATORY); };
-    auto tokens = [&](uint32_t c) { return uint32_t(cands[c].end) - cands[c].begin; };
-    float top = -INFINITY;
-    uint32_t mand = 0;
-    for (uint32_t c = threadIdx.x; c < count; c += blockDim.x) {
-        if (candidate(c)) top = fmaxf(top, scores[c]);  // NaN never wins
-        else mand += tokens(c);
+    float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
+    auto at = [&](int k) { return tid + uint32_t(k) * kMassThreads; };
+    // Steps k that hold candidates at all (block-uniform): the loops below are
+    // unrolled over kMassPer, and running the empty steps' code cost most of
+    // the kernel at B = 1 (8 blocks on 8 SMs, every thread's instructions in turn).
+    const int kn = int((count + kMassThreads - 1) / kMassThreads);
+    float sc[kMassPer];
+    uint32_t tk[kMassPer];  // tokens of a candidate (0: mandatory or absent)
+    uint32_t mand = 0, cand_tokens = 0;
+#pragma unroll
+    for (int k = 0; k < kMassPer; ++k) {
+        if (k >= kn) break;
+        sc[k] = 0.0f, tk[k] = 0;
+        if (at(k) >= count) continue;
+        const DevPage pg = cands[at(k)];
+        const uint32_t n = uint32_t(pg.end) - pg.begin;
+        if (pg.flags & IKV_PAGE_MANDATORY) {
+            mand += n;
+        } else {
+            if (fused_rows == 0) sc[k] = scores[at(k)];
+            tk[k] = n;
+            cand_tokens += n;
+        }
     }
+    // fused_rows > 0 (IKV_TOPK_SCORE_HYBRID, no feedback prior): the hybrid
+    // combine happens here, as hybrid_combine_kernel does it, and the scores are
+    // written for the select kernel: one kernel boundary fewer.
+    if (fused_rows > 0) {
+        __shared__ float part[kMaxFusedRows][32];
+        const float *rows = p.rows + (uint64_t(seq) * Hkv + head) * fused_rows * p.max_candidates;
+        const uint32_t G = p.n_q_heads / Hkv;
+        const float mem_off = p.mem_rows == nullptr ? 0.0f : p.mem_ok[uint64_t(seq) * Hkv + head] ? p.mem_offset
+                                                                                                    : -INFINITY;
+        float m[kMaxFusedRows];
+#pragma unroll
+        for (uint32_t g = 0; g < kMaxFusedRows; ++g) {
+            m[g] = -INFINITY;
+#pragma unroll
+            for (int k = 0; k < kMassPer; ++k)
+                if (k < kn && g < fused_rows && tk[k] != 0) m[g] = fmaxf(m[g], rows[uint64_t(g) * p.max_candidates + at(k)]);
+            for (int o = 16; o > 0; o >>= 1) m[g] = fmaxf(m[g], __shfl_xor_sync(0xFFFFFFFFu, m[g], o));
+            if (lane == 0) part[g][warp] = m[g];
+        }
+        __syncthreads();
+        if (warp < fused_rows) {
+            float t = part[warp][lane];
+            for (int o = 16; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(0xFFFFFFFFu, t, o));
+            __syncwarp();  // every lane read its word before lane 0 overwrites the first
+            if (lane == 0) part[warp][0] = t;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < kMassPer; ++k) {
+            if (k >= kn) break;
+            if (at(k) >= count) continue;
+            float best = -INFINITY;
+            if (tk[k] != 0)
+#pragma unroll
+                for (uint32_t g = 0; g < kMaxFusedRows; ++g)
+                    if (g < fused_rows) {
+                        const float x = rows[uint64_t(g) * p.max_candidates + at(k)] - part[g][0] + (g < G ? 0.0f : mem_off);
+                        if (x > best) best = x;
+                    }
+            sc[k] = best;
+            scores[at(k)] = best;
+        }
+    }
+    float top = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kMassPer; ++k)
+        if (k < kn && tk[k] != 0) top = fmaxf(top, sc[k]);  // NaN never wins
+    auto usum_op = [](uint32_t a, uint32_t b) { return a + b; };
     top = block_reduce(top, fmax_sh, [](float a, float b) { return fmaxf(a, b); });
-    mand = block_reduce(mand, usum, [](uint32_t a, uint32_t b) { return a + b; });
+    mand = block_reduce(mand, usum, usum_op);
+    cand_tokens = block_reduce(cand_tokens, usum, usum_op);
     const bool inf_top = isinf(top) && top > 0;
-    // Each candidate's weight, as decode/selection.cpp's mass_budget computes it, once
-    // (the bisection below reads them 33 times).
+    // Each candidate's weight, as decode/selection.cpp's mass_budget computes it
+    // (also kept in p.weights for the tie walk below).
     double *weights = p.weights + (uint64_t(seq) * Hkv + head) * p.max_candidates;
+    double wt[kMassPer];
     double w = 0.0;
-    for (uint32_t c = threadIdx.x; c < count; c += blockDim.x) {
-        const float s = scores[c];
+#pragma unroll
+    for (int k = 0; k < kMassPer; ++k) {
+        if (k >= kn) break;
+        const float s = sc[k];
         double wc = 0.0;
-        if (!candidate(c) || s != s || top == -INFINITY) wc = 0.0;
-        else if (inf_top) wc = s == top ? double(tokens(c)) : 0.0;
-        else wc = double(tokens(c)) * exp(double(p.scale) * (double(s) - double(top)));
-        weights[c] = wc;
+        if (tk[k] == 0 || s != s || top == -INFINITY) wc = 0.0;
+        else if (inf_top) wc = s == top ? double(tk[k]) : 0.0;
+        else wc = double(tk[k]) * exp(double(p.scale) * (double(s) - double(top)));
+        wt[k] = wc;
+        if (at(k) < count) weights[at(k)] = wc;
         w += wc;
     }
-    __syncthreads();  // the weights are read by other threads below
-    auto weight = [&](uint32_t c) { return weights[c]; };
     auto add = [](double a, double b) { return a + b; };
     const double target = double(p.mass_share) * block_reduce(w, dsum, add);
     uint64_t taken = 0;
     if (target > 0.0) {
-        uint32_t lo = 1, hi = 0xFFFFFFFEu;  // the answer lies in [lo, hi]: all finite keys reach the total
-        while (lo < hi) {
-            const uint32_t mid = lo + (hi - lo) / 2;
-            double s = 0.0;
-            for (uint32_t c = threadIdx.x; c < count; c += blockDim.x)
-                if (candidate(c) && order_key(scores[c]) <= mid) s += weight(c);
-            if (block_reduce(s, dsum, add) >= target) hi = mid;
-            else lo = mid + 1;
+        // K by radix select on the key, 8 bits a pass (4 passes; a bisection took 32
+        // block reductions): each pass adds the weights of the candidates under the
+        // digits fixed so far into 256 bins and fixes the first digit whose bins,
+        // with everything below, reach the target. The weights are summed as
+        // fixed-point integers (w * 2^S, S chosen so that the candidates' tokens,
+        // which bound the total, stay below 2^63): integer sums do not depend on
+        // the order the atomics land in, so a replay selects what the eager call
+        // selected.
+        __shared__ unsigned long long hist[256];
+        __shared__ uint32_t prefix_sh;
+        __shared__ unsigned long long below_sh;
+        const int S = 63 - (64 - __clzll((unsigned long long)cand_tokens + 1));
+        uint32_t key[kMassPer];
+        unsigned long long fq[kMassPer];
+        unsigned long long total_q = 0;
+#pragma unroll
+        for (int k = 0; k < kMassPer; ++k) {
+            if (k >= kn) break;
+            key[k] = order_key(sc[k]);
+            fq[k] = tk[k] ? (unsigned long long)(ldexp(wt[k], S)) : 0ull;
+            total_q += fq[k];
         }
+        total_q = block_reduce(total_q, reinterpret_cast<unsigned long long *>(dsum),
+                               [](unsigned long long a, unsigned long long b) { return a + b; });
+        const double tq = ceil(double(p.mass_share) * double(total_q));
+        const unsigned long long target_q = tq >= double(total_q) ? total_q : (unsigned long long)tq;
+        if (tid == 0) prefix_sh = 0, below_sh = 0;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            __syncthreads();  // the last pass's bins are read, its prefix_sh and below_sh written
+            for (uint32_t i = tid; i < 256; i += kMassThreads) hist[i] = 0;
+            __syncthreads();  // bins cleared
+            const uint32_t prefix = prefix_sh;
+            // A warp whose candidates all fall into one bin (the first pass, mostly:
+            // one step's scores share their top bits) adds them up and makes one
+            // shared-memory atomic; 32 atomics on one address serialize (the
+            // select kernel below does the same with its token counts).
+#pragma unroll
+            for (int k = 0; k < kMassPer; ++k) {
+                if (k >= kn) break;
+                const bool under = shift == 24 || (key[k] >> (shift + 8)) == (prefix >> (shift + 8));
+                const uint32_t bin = under && tk[k] != 0 ? (key[k] >> shift) & 255u : 256u;
+                if (__match_any_sync(0xFFFFFFFFu, bin) == 0xFFFFFFFFu) {  // warp-uniform
+                    if (bin < 256) {
+                        unsigned long long v = fq[k];
+                        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+                        if (lane == 0) atomicAdd(&hist[bin], v);
+                    }
+                } else if (bin < 256) {
+                    atomicAdd(&hist[bin], fq[k]);
+                }
+            }
+            __syncthreads();
+            if (warp == 0) {  // the first bin whose running sum reaches the target
+                unsigned long long mine = 0;
+                for (int k = 0; k < 8; ++k) mine += hist[8 * lane + k];
+                unsigned long long scan = mine;  // inclusive over the lanes
+                for (int o = 1; o < 32; o <<= 1) {
+                    const unsigned long long n = __shfl_up_sync(0xFFFFFFFFu, scan, o);
+                    if (lane >= uint32_t(o)) scan += n;
+                }
+                unsigned long long run = below_sh + (scan - mine);
+                int bin = -1;
+                unsigned long long before = 0;
+                for (int k = 0; k < 8 && bin < 0; ++k) {
+                    before = run;
+                    run += hist[8 * lane + k];
+                    if (run >= target_q) bin = 8 * int(lane) + k;
+                }
+                const uint32_t found = __ballot_sync(0xFFFFFFFFu, bin >= 0);
+                const int first = found ? __ffs(found) - 1 : 31;
+                const int b = __shfl_sync(0xFFFFFFFFu, found ? bin : 255, first);
+                const unsigned long long bb = __shfl_sync(0xFFFFFFFFu, before, first);
+                if (lane == 0) {
+                    prefix_sh = prefix | (uint32_t(b) << shift);
+                    if (found) below_sh = bb;  // else (never: the keys' bins reach the total) the last bin
+                }
+            }
+        }
+        __syncthreads();
+        uint32_t lo = prefix_sh;
+        if (lo == 0) lo = 1;  // keys start at 1 (order_key)
         // Keys below K are all taken; K's candidates while the weight before each is short.
         double wb = 0.0;
         uint32_t t = 0;
-        for (uint32_t c = threadIdx.x; c < count; c += blockDim.x)
-            if (candidate(c) && order_key(scores[c]) < lo) wb += weight(c), t += tokens(c);
+#pragma unroll
+        for (int k = 0; k < kMassPer; ++k)
+            if (k < kn && tk[k] != 0 && key[k] < lo) wb += weights[at(k)], t += tk[k];  // (wt[] is not kept: registers)
         const double before = block_reduce(wb, dsum, add);
-        taken = block_reduce(t, usum, [](uint32_t a, uint32_t b) { return a + b; });
-        __shared__ uint32_t tie_tokens;
-        if (threadIdx.x < 32) {
-            const uint32_t lane = threadIdx.x;
-            double acc = before;
-            uint32_t tk = 0;
-            for (uint32_t base = 0; base < count && acc < target; base += 32) {
-                const uint32_t c = base + lane;
-                const bool tie = c < count && candidate(c) && order_key(scores[c]) == lo;
-                const double w = tie ? weight(c) : 0.0;
-                double scan = w;  // inclusive prefix sum over the lanes
-                for (int o = 1; o < 32; o <<= 1) {
-                    const double n = __shfl_up_sync(0xFFFFFFFFu, scan, o);
-                    if (lane >= uint32_t(o)) scan += n;
-                }
-                const bool take = tie && acc + (scan - w) < target;
-                tk += __reduce_add_sync(0xFFFFFFFFu, take ? tokens(c) : 0u);
-                acc += __shfl_sync(0xFFFFFFFFu, scan, 31);
+        taken = block_reduce(t, usum, usum_op);
+        // K's candidates in candidate order while the weight before each is short
+        // of the target: an exclusive scan of their weights over the block, in
+        // candidate order (at(k) = thread + k * 1024: per k a block scan, carried
+        // to the next k), each tie taken iff what precedes it is still short. (A
+        // warp walking the candidates 32 at a time waited on each chunk's loads
+        // in turn: where every page scored the same, 90% of the chunks, ~35 us at
+        // 8K on the H100.) k steps without a tie are skipped.
+        __shared__ double wscan[32];
+        __shared__ double carry_sh;
+        double carry = before;
+        uint32_t tie_taken = 0;
+#pragma unroll
+        for (int k = 0; k < kMassPer; ++k) {
+            if (k >= kn) break;
+            const bool tie = tk[k] != 0 && key[k] == lo;
+            if (!__syncthreads_or(tie)) continue;  // block-uniform
+            const double wv = tie ? weights[at(k)] : 0.0;
+            double incl = wv;  // inclusive scan over the warp
+            for (int o = 1; o < 32; o <<= 1) {
+                const double n = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+                if (lane >= uint32_t(o)) incl += n;
             }
-            if (lane == 0) tie_tokens = tk;
+            if (lane == 31) wscan[warp] = incl;
+            __syncthreads();
+            if (warp == 0) {  // the warps' totals, scanned (exclusive), and the step's total
+                const double t = wscan[lane];
+                double x = t;
+                for (int o = 1; o < 32; o <<= 1) {
+                    const double n = __shfl_up_sync(0xFFFFFFFFu, x, o);
+                    if (lane >= uint32_t(o)) x += n;
+                }
+                wscan[lane] = x - t;
+                if (lane == 31) carry_sh = x;
+            }
+            __syncthreads();
+            const double excl = carry + wscan[warp] + (incl - wv);
+            if (tie && excl < target) tie_taken += tk[k];
+            carry += carry_sh;
+            __syncthreads();  // wscan and carry_sh are rewritten by the next step
         }
-        __syncthreads();
+        const uint32_t tie_tokens = block_reduce(tie_taken, usum, usum_op);
         taken += tie_tokens;
     }
     uint64_t budget = std::max<uint64_t>(uint64_t(mand) + taken, p.min_tokens);
@@ -597,7 +767,8 @@ __device__ uint32_t block_sum(uint32_t count, uint32_t *warp_sums, Value value) 
 }
 
 template <uint32_t C>
-__global__ void __launch_bounds__(kSelectThreads, C == 1 ? 2 : 1) select_kernel(const TopkParams p, uint32_t npad) {
+__global__ void __launch_bounds__(kSelectThreads, C == 1 ? 2 : 1)
+    select_kernel(const TopkParams p, uint32_t npad, uint32_t fused_rows) {
     using Team = SelectTeam<C>;
     extern __shared__ __align__(16) uint8_t smem[];
     uint32_t *keys = reinterpret_cast<uint32_t *>(smem);  // this block's candidates; 0 = mandatory
@@ -626,11 +797,59 @@ __global__ void __launch_bounds__(kSelectThreads, C == 1 ? 2 : 1) select_kernel(
     const float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates + lo;
     const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
+    // fused_rows > 0 (one block, IKV_TOPK_SCORE_HYBRID with nothing between the
+    // score and this kernel): the hybrid combine is done here, as
+    // hybrid_combine_kernel does it (same operations, same scores), one kernel
+    // boundary fewer. Each row's largest sum over the non-mandatory candidates
+    // goes through the second histogram buffer ([8 rows][32 warps]; warp g
+    // then leaves row g's maximum in its first word), which the first pass
+    // clears after the barriers below.
+    const float *rows = p.rows + (uint64_t(seq) * Hkv + head) * fused_rows * p.max_candidates;
+    const uint32_t G = p.n_q_heads / Hkv;
+    float *top = reinterpret_cast<float *>(hist[1]);  // row g's maximum at top[32 * g]
+    const float mem_off = fused_rows == 0 || p.mem_rows == nullptr ? 0.0f
+                        : p.mem_ok[uint64_t(seq) * Hkv + head] ? p.mem_offset
+                                                                : -INFINITY;
+    static_assert(kMaxFusedRows * 32 <= 256 && kSelectThreads / 32 == 32, "[8 rows][32 warps] in one buffer");
+    if (C == 1 && fused_rows > 0) {
+        float m[kMaxFusedRows];
+#pragma unroll
+        for (uint32_t g = 0; g < kMaxFusedRows; ++g) m[g] = -INFINITY;
+        for (uint32_t i = tid; i < count; i += kSelectThreads)
+            if (!(cand[i].flags & IKV_PAGE_MANDATORY))
+#pragma unroll
+                for (uint32_t g = 0; g < kMaxFusedRows; ++g)
+                    if (g < fused_rows) m[g] = fmaxf(m[g], rows[uint64_t(g) * p.max_candidates + i]);
+#pragma unroll
+        for (uint32_t g = 0; g < kMaxFusedRows; ++g) {
+            for (int o = 16; o > 0; o >>= 1) m[g] = fmaxf(m[g], __shfl_xor_sync(0xFFFFFFFFu, m[g], o));
+            if (lane == 0) top[32 * g + warp] = m[g];
+        }
+        __syncthreads();
+        if (warp < fused_rows) {
+            float t = top[32 * warp + lane];
+            for (int o = 16; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(0xFFFFFFFFu, t, o));
+            __syncwarp();  // every lane read its word before lane 0 overwrites the first
+            if (lane == 0) top[32 * warp] = t;
+        }
+        __syncthreads();
+    }
+    auto score = [&](uint32_t i) {
+        if (C != 1 || fused_rows == 0) return scores[i];
+        float best = -INFINITY;
+#pragma unroll
+        for (uint32_t g = 0; g < kMaxFusedRows; ++g)
+            if (g < fused_rows) {
+                const float s = rows[uint64_t(g) * p.max_candidates + i] - top[32 * g] + (g < G ? 0.0f : mem_off);
+                if (s > best) best = s;
+            }
+        return best;
+    };
     uint32_t my_mand = 0;
     for (uint32_t i = tid; i < count; i += kSelectThreads) {
         const DevPage pg = cand[i];
         const bool mandatory = pg.flags & IKV_PAGE_MANDATORY;
-        keys[i] = mandatory ? 0u : order_key(scores[i]);
+        keys[i] = mandatory ? 0u : order_key(score(i));
         tok[i] = uint8_t(uint32_t(pg.end) - pg.begin);
         keep[i] = mandatory ? 1 : 0;
         if (mandatory) my_mand += uint32_t(pg.end) - pg.begin;
@@ -792,7 +1011,8 @@ bool select_on_clusters(const TopkParams &p) {
 }
 
 template <int D, bool kHybrid>
-cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, cudaStream_t stream) {
+cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, bool fuse_select, bool fuse_mass,
+                         cudaStream_t stream) {
     // Blocks per (kv-head, sequence): about kScoreBlocks in all, so that a
     // block walks several groups with the next one's loads in flight (B >= 8),
     // but never fewer than one group each (B = 1 keeps every SM busy).
@@ -814,7 +1034,7 @@ cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, cudaStrea
                          stream, p, *mem);
     if (err == cudaSuccess)
         err = launch_pdl(score_kernel<D, kHybrid>, grid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
-    if (err == cudaSuccess && kHybrid)
+    if (err == cudaSuccess && kHybrid && !fuse_select && !fuse_mass)
         err = launch_pdl(hybrid_combine_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kCombineThreads), size_t(0),
                          stream, p);
     if (err == cudaSuccess && p.prior)
@@ -822,13 +1042,15 @@ cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, cudaStrea
                          stream, p);
     if (err == cudaSuccess && p.budgets)
         err = launch_pdl(mass_budget_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kMassThreads), size_t(0), stream,
-                         p);
+                         p, fuse_mass ? rows : 0u);
     return err;
 }
 
 template <int D>
-cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, cudaStream_t stream) {
-    return p.hybrid ? launch_score<D, true>(p, mem, stream) : launch_score<D, false>(p, mem, stream);
+cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, bool fuse_select, bool fuse_mass,
+                         cudaStream_t stream) {
+    return p.hybrid ? launch_score<D, true>(p, mem, fuse_select, fuse_mass, stream)
+                    : launch_score<D, false>(p, mem, false, false, stream);
 }
 
 }  // namespace
@@ -843,23 +1065,29 @@ cudaError_t launch_score_topk(const TopkParams &p, const MemoryRecall *mem, cuda
     uint32_t npad = 1;
     while (npad < p.max_candidates) npad <<= 1;
     const uint32_t D = p.shape.head_dim;
-    cudaError_t err = D == 32    ? launch_score<32>(p, mem, stream)
-                      : D == 64  ? launch_score<64>(p, mem, stream)
-                      : D == 128 ? launch_score<128>(p, mem, stream)
-                      : D == 256 ? launch_score<256>(p, mem, stream)
+    const bool clusters = select_on_clusters(p);
+    // The one-block select does the hybrid combine itself when nothing reads the
+    // scores in between (no feedback prior, no mass budget) and the rows fit.
+    const bool fuse = p.hybrid && !clusters && p.prior == nullptr && p.budgets == nullptr && rows <= kMaxFusedRows;
+    // ... or, with a mass budget, the mass kernel does it (it reads every score first).
+    const bool fuse_mass = p.hybrid && p.prior == nullptr && p.budgets != nullptr && rows <= kMaxFusedRows;
+    cudaError_t err = D == 32    ? launch_score<32>(p, mem, fuse, fuse_mass, stream)
+                      : D == 64  ? launch_score<64>(p, mem, fuse, fuse_mass, stream)
+                      : D == 128 ? launch_score<128>(p, mem, fuse, fuse_mass, stream)
+                      : D == 256 ? launch_score<256>(p, mem, fuse, fuse_mass, stream)
                                  : cudaErrorInvalidValue;
     if (err != cudaSuccess) return err;
-    if (select_on_clusters(p)) {
+    if (clusters) {
         uint32_t share = 1;  // candidates one block of the cluster holds, padded
         while (share < (p.max_candidates + kSelectCluster - 1) / kSelectCluster) share <<= 1;
         return launch_ex(pdl_supported(), kSelectCluster, select_kernel<kSelectCluster>,
                          dim3(p.shape.n_kv_heads * kSelectCluster, p.n_seqs), dim3(kSelectThreads),
-                         size_t(share * 6), stream, p, share);
+                         size_t(share * 6), stream, p, share, 0u);
     }
     err = allow_select_smem();
     if (err != cudaSuccess) return err;
     return launch_pdl(select_kernel<1>, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kSelectThreads), size_t(npad * 6),
-                      stream, p, npad);
+                      stream, p, npad, fuse ? rows : 0u);
 }
 
 }  // namespace cuda
