@@ -213,8 +213,9 @@ constexpr uint64_t mem_block_header_bytes(uint32_t n_layers) { return (uint64_t(
 
 // Quest upper bound per candidate page and kv-head (max over the group's
 // query heads of sum_d max(q_d*kmin_d, q_d*kmax_d); with p.hybrid the
-// header's IKV_TOPK_SCORE_HYBRID score: a third kernel shifts each head's
-// sums by its best over the non-mandatory candidates), then per (seq, kv-head)
+// header's IKV_TOPK_SCORE_HYBRID score: each head's sums shifted by its best
+// over the non-mandatory candidates, in the select or mass kernel or a kernel
+// of its own), then per (seq, kv-head)
 // the mandatory pages plus the best others in descending bound order (ties:
 // lower list index first) while the running token count (mandatory first)
 // stays within token_budget; the first page that does not fit ends the

@@ -171,7 +171,8 @@ __global__ void __launch_bounds__(kRecallWarps * 32) memory_recall_kernel(const 
 // cycle and DRAM at 59%. The q staging is also paid once per block now.
 // kHybrid (IKV_TOPK_SCORE_HYBRID): the query is staged halved with a third
 // part, q/2 against k_mean, and each head's sum goes to p.rows (the shift
-// that makes the score is hybrid_combine_kernel's).
+// that makes the score happens in the select or mass kernel, or in
+// hybrid_combine_kernel: launch_score_topk).
 template <int D, bool kHybrid>
 __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkParams p) {
     using Geo = ScoreGeom<D>;
@@ -350,11 +351,12 @@ __device__ __forceinline__ uint32_t order_key(float score);
 // n_i * exp(scale * (s_i - max s)) in double; the smallest order key K whose
 // candidates (keys <= K, i.e. scores >= the K-th) reach mass_share of the
 // total, by radix select over the 32-bit key (4 passes of 8 bits, weights in
-// fixed point; the weights are computed once into p.weights); then, as the
-// CPU takes candidates one by one in rank order
-// (ties: candidate order), the candidates of key K are walked by one warp in
-// candidate order while the weight before each is short of the share (the
-// hybrid score makes ties common: every query head's best page scores 0).
+// fixed point; at mass_share 1 by bisection on double sums; the weights are
+// computed once into p.weights); then, as the CPU takes candidates one by one
+// in rank order (ties: candidate order), the candidates of key K are taken in
+// candidate order by a block-wide scan while the weight before each is short
+// of the share (the hybrid score makes ties common: every query head's best
+// page scores 0).
 // The budget is the mandatory tokens plus the candidates taken, clamped to
 // [min_tokens, token_budget or unlimited].
 // 1024 threads, each holding its candidates (c = thread + k * 1024) in
@@ -497,61 +499,83 @@ __global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkPar
                                [](unsigned long long a, unsigned long long b) { return a + b; });
         const double tq = ceil(double(p.mass_share) * double(total_q));
         const unsigned long long target_q = tq >= double(total_q) ? total_q : (unsigned long long)tq;
-        if (tid == 0) prefix_sh = 0, below_sh = 0;
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            __syncthreads();  // the last pass's bins are read, its prefix_sh and below_sh written
-            for (uint32_t i = tid; i < 256; i += kMassThreads) hist[i] = 0;
-            __syncthreads();  // bins cleared
-            const uint32_t prefix = prefix_sh;
-            // A warp whose candidates all fall into one bin (the first pass, mostly:
-            // one step's scores share their top bits) adds them up and makes one
-            // shared-memory atomic; 32 atomics on one address serialize (the
-            // select kernel below does the same with its token counts).
+        // mass_share 1 (cover everything): the CPU stops where its running double
+        // sum stops growing, which the exact integer sums do not see (they count
+        // weights ~1e-16 of the top that doubles drop, and drop below 2^-S ones that
+        // doubles keep); there K comes from a bisection on double sums, as before
+        // the radix select (32 block reductions, for this one setting).
+        const bool cover_all = p.mass_share >= 1.0f;
+        uint32_t lo = 1;
+        if (cover_all) {
+            uint32_t hi = 0xFFFFFFFEu;  // the answer lies in [lo, hi]: all finite keys reach the total
+            while (lo < hi) {
+                const uint32_t mid = lo + (hi - lo) / 2;
+                double sum = 0.0;
 #pragma unroll
-            for (int k = 0; k < kMassPer; ++k) {
-                if (k >= kn) break;
-                const bool under = shift == 24 || (key[k] >> (shift + 8)) == (prefix >> (shift + 8));
-                const uint32_t bin = under && tk[k] != 0 ? (key[k] >> shift) & 255u : 256u;
-                if (__match_any_sync(0xFFFFFFFFu, bin) == 0xFFFFFFFFu) {  // warp-uniform
-                    if (bin < 256) {
-                        unsigned long long v = fq[k];
-                        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
-                        if (lane == 0) atomicAdd(&hist[bin], v);
+                for (int k = 0; k < kMassPer; ++k) {
+                    if (k >= kn) break;
+                    if (tk[k] != 0 && key[k] <= mid) sum += weights[at(k)];
+                }
+                if (block_reduce(sum, dsum, add) >= target) hi = mid;
+                else lo = mid + 1;
+            }
+        } else {
+            if (tid == 0) prefix_sh = 0, below_sh = 0;
+            for (int shift = 24; shift >= 0; shift -= 8) {
+                __syncthreads();  // the last pass's bins are read, its prefix_sh and below_sh written
+                for (uint32_t i = tid; i < 256; i += kMassThreads) hist[i] = 0;
+                __syncthreads();  // bins cleared
+                const uint32_t prefix = prefix_sh;
+                // A warp whose candidates all fall into one bin (the first pass, mostly:
+                // one step's scores share their top bits) adds them up and makes one
+                // shared-memory atomic; 32 atomics on one address serialize (the
+                // select kernel below does the same with its token counts).
+    #pragma unroll
+                for (int k = 0; k < kMassPer; ++k) {
+                    if (k >= kn) break;
+                    const bool under = shift == 24 || (key[k] >> (shift + 8)) == (prefix >> (shift + 8));
+                    const uint32_t bin = under && tk[k] != 0 ? (key[k] >> shift) & 255u : 256u;
+                    if (__match_any_sync(0xFFFFFFFFu, bin) == 0xFFFFFFFFu) {  // warp-uniform
+                        if (bin < 256) {
+                            unsigned long long v = fq[k];
+                            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+                            if (lane == 0) atomicAdd(&hist[bin], v);
+                        }
+                    } else if (bin < 256) {
+                        atomicAdd(&hist[bin], fq[k]);
                     }
-                } else if (bin < 256) {
-                    atomicAdd(&hist[bin], fq[k]);
+                }
+                __syncthreads();
+                if (warp == 0) {  // the first bin whose running sum reaches the target
+                    unsigned long long mine = 0;
+                    for (int k = 0; k < 8; ++k) mine += hist[8 * lane + k];
+                    unsigned long long scan = mine;  // inclusive over the lanes
+                    for (int o = 1; o < 32; o <<= 1) {
+                        const unsigned long long n = __shfl_up_sync(0xFFFFFFFFu, scan, o);
+                        if (lane >= uint32_t(o)) scan += n;
+                    }
+                    unsigned long long run = below_sh + (scan - mine);
+                    int bin = -1;
+                    unsigned long long before = 0;
+                    for (int k = 0; k < 8 && bin < 0; ++k) {
+                        before = run;
+                        run += hist[8 * lane + k];
+                        if (run >= target_q) bin = 8 * int(lane) + k;
+                    }
+                    const uint32_t found = __ballot_sync(0xFFFFFFFFu, bin >= 0);
+                    const int first = found ? __ffs(found) - 1 : 31;
+                    const int b = __shfl_sync(0xFFFFFFFFu, found ? bin : 255, first);
+                    const unsigned long long bb = __shfl_sync(0xFFFFFFFFu, before, first);
+                    if (lane == 0) {
+                        prefix_sh = prefix | (uint32_t(b) << shift);
+                        if (found) below_sh = bb;  // else (never: the keys' bins reach the total) the last bin
+                    }
                 }
             }
             __syncthreads();
-            if (warp == 0) {  // the first bin whose running sum reaches the target
-                unsigned long long mine = 0;
-                for (int k = 0; k < 8; ++k) mine += hist[8 * lane + k];
-                unsigned long long scan = mine;  // inclusive over the lanes
-                for (int o = 1; o < 32; o <<= 1) {
-                    const unsigned long long n = __shfl_up_sync(0xFFFFFFFFu, scan, o);
-                    if (lane >= uint32_t(o)) scan += n;
-                }
-                unsigned long long run = below_sh + (scan - mine);
-                int bin = -1;
-                unsigned long long before = 0;
-                for (int k = 0; k < 8 && bin < 0; ++k) {
-                    before = run;
-                    run += hist[8 * lane + k];
-                    if (run >= target_q) bin = 8 * int(lane) + k;
-                }
-                const uint32_t found = __ballot_sync(0xFFFFFFFFu, bin >= 0);
-                const int first = found ? __ffs(found) - 1 : 31;
-                const int b = __shfl_sync(0xFFFFFFFFu, found ? bin : 255, first);
-                const unsigned long long bb = __shfl_sync(0xFFFFFFFFu, before, first);
-                if (lane == 0) {
-                    prefix_sh = prefix | (uint32_t(b) << shift);
-                    if (found) below_sh = bb;  // else (never: the keys' bins reach the total) the last bin
-                }
-            }
+            lo = prefix_sh;
+            if (lo == 0) lo = 1;  // keys start at 1 (order_key)
         }
-        __syncthreads();
-        uint32_t lo = prefix_sh;
-        if (lo == 0) lo = 1;  // keys start at 1 (order_key)
         // Keys below K are all taken; K's candidates while the weight before each is short.
         double wb = 0.0;
         uint32_t t = 0;

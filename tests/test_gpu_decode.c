@@ -162,7 +162,7 @@ typedef struct {
     uint32_t topk;
     ikv_dtype q_dtype; /* F32 or F16 (q must then hold f16-representable values) */
     int hybrid;        /* top-k ranks by IKV_TOPK_SCORE_HYBRID */
-    int mass;          /* IKV_TOPK_MASS at share 0.8 (topk: the cap; 0 = none) */
+    int mass;          /* IKV_TOPK_MASS at share 0.8, 2: at share 1 (topk: the cap; 0 = none) */
     const ikv_query_memory *mem_cpu, *mem_gpu; /* query memories of the two pools (optional) */
     ikv_page_feedback *fb_cpu, *fb_gpu;        /* attention feedback of the two pools (optional) */
     float prior;                               /* topk_feedback_weight (with feedback and top-k) */
@@ -233,7 +233,7 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     a.topk_feedback_weight = cfg.prior;
     if (cfg.mass) {
         a.topk_mode = IKV_TOPK_MASS;
-        a.topk_mass = 0.8f;
+        a.topk_mass = cfg.mass == 2 ? 1.0f : 0.8f;
         a.topk_min_tokens = 16;
     }
     float *out_cpu = malloc(4 * n_out), *lse_cpu = malloc(4 * n_lse);
@@ -306,18 +306,20 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
          * F32 queries and F16 queries (these short steps run SIMT by default; CTest forces
          * each compute path through IKV_CUDA_DECODE_COMPUTE). */
         /* Variants 8-9: top-k by IKV_TOPK_SCORE_HYBRID, dense and inside the plan;
-         * 10-11: IKV_TOPK_MASS (Quest capped, hybrid uncapped inside the plan). */
-        for (int variant = 0; variant < 12; ++variant) {
+         * 10-11: IKV_TOPK_MASS (Quest capped, hybrid uncapped inside the plan);
+         * 12-13: the same at mass share 1 (the device takes its threshold from double sums there). */
+        for (int variant = 0; variant < 14; ++variant) {
             step_cfg cfg = {variant % 4 == 1 && variant < 8 ? 3u : 1u, NULL, 0,
-                            variant < 4 || variant == 8 || variant == 10 ? IKV_DTYPE_F32 : IKV_DTYPE_F16,
-                            variant == 8 || variant == 9 || variant == 11, variant >= 10, NULL, NULL, NULL, NULL, 0.0f};
+                            variant < 4 || variant == 8 || variant == 10 || variant == 12 ? IKV_DTYPE_F32 : IKV_DTYPE_F16,
+                            variant == 8 || variant == 9 || variant == 11 || variant == 13,
+                            variant >= 12 ? 2 : variant >= 10, NULL, NULL, NULL, NULL, 0.0f};
             ikv_plan *plan = NULL;
             ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
-            if (variant % 4 == 2 || variant == 9 || variant == 11) {
+            if (variant % 4 == 2 || variant == 9 || variant == 11 || variant == 13) {
                 IKVT_OK(ikv_plan_from_ranges(ranges, 3, 97, P, fmts[fi], &plan));
                 cfg.plan = plan;
             }
-            if (variant % 4 == 3 || (variant >= 8 && variant != 11)) cfg.topk = variant == 9 ? 40 : 64;
+            if (variant % 4 == 3 || (variant >= 8 && variant != 11 && variant != 13)) cfg.topk = variant == 9 ? 40 : 64;
             const size_t n_out = (size_t)B * cfg.T * HQ * D;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * cfg.T * HQ);
             ikvt_fill_normal(&rng, q, n_out, 1.0f);
