@@ -161,6 +161,17 @@ static void test_error_bounds(void **state) {
         }
 }
 
+/* One token (H kv-heads of D channels) appended to a new sequence, read back. */
+static void append_one_and_read(ikv_pool *pool, const float *k, const float *v, float *rk, float *rv) {
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    ikv_append a = ikv_append_default(pool, 1);
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &a));
+    IKVT_OK(ikv_seq_read(pool, s, 0, 0, 1, rk, rv));
+}
+
 static void test_f16_saturates(void **state) {
     (void)state;
     ikv_pool *pool = make_pool(IKV_FMT_F16);
@@ -169,13 +180,7 @@ static void test_f16_saturates(void **state) {
         k[i] = (i % 2 ? -1.0f : 1.0f) * (60000.0f + 100.0f * (float)i);
         v[i] = 1e-9f * (float)i; /* subnormal halves */
     }
-    ikv_seq_id s;
-    IKVT_OK(ikv_seq_create(pool, &s));
-    ikv_append a = ikv_append_default(pool, 1);
-    a.k = k;
-    a.v = v;
-    IKVT_OK(ikv_pool_append(pool, s, &a));
-    IKVT_OK(ikv_seq_read(pool, s, 0, 0, 1, rk, rv));
+    append_one_and_read(pool, k, v, rk, rv);
     uint16_t c[H * D];
     ikvt_to_f16(k, c, H * D);
     for (int i = 0; i < H * D; ++i) {
@@ -199,13 +204,7 @@ static void test_int4_saturates(void **state) {
         k[i] = (i % 7 == 0 ? 1e30f : i % 7 == 1 ? -7e4f : 0.01f * (float)(i % 5)) * (i % 2 ? 1.0f : -1.0f);
         v[i] = i % 32 == 3 ? 3e38f : i % 32 == 4 ? -65504.0f : 1e-3f * (float)i;
     }
-    ikv_seq_id s;
-    IKVT_OK(ikv_seq_create(pool, &s));
-    ikv_append a = ikv_append_default(pool, 1);
-    a.k = k;
-    a.v = v;
-    IKVT_OK(ikv_pool_append(pool, s, &a));
-    IKVT_OK(ikv_seq_read(pool, s, 0, 0, 1, rk, rv));
+    append_one_and_read(pool, k, v, rk, rv);
     for (int which = 0; which < 2; ++which) {
         const float *x = which ? v : k, *y = which ? rv : rk;
         for (int i = 0; i < H * D; ++i) {
