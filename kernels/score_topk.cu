@@ -259,6 +259,45 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
     }
 }
 
+// IKV_TOPK_SCORE_HYBRID's shift, shared by the kernels that apply it (the
+// combine kernel below, and the select and mass kernels where they do the
+// combine themselves), as decode/selection.cpp's combine_rows: row g's offset
+// is 0 for the current queries, the memory's offset (or -inf where it recalled
+// nothing) for a query memory's rows; candidate i's score is the max over the
+// rows of (sum - the row's best + offset), a NaN never winning.
+__device__ __forceinline__ float hybrid_mem_offset(const TopkParams &p, uint64_t bh) {
+    return p.mem_rows == nullptr ? 0.0f : p.mem_ok[bh] ? p.mem_offset : -INFINITY;
+}
+template <class Top>
+__device__ __forceinline__ float hybrid_score(const float *rows, uint64_t stride, uint32_t i, uint32_t R, uint32_t G,
+                                              float mem_off, Top top) {
+    float best = -INFINITY;
+    for (uint32_t g = 0; g < R; ++g) {
+        const float s = rows[uint64_t(g) * stride + i] - top(g) + (g < G ? 0.0f : mem_off);
+        if (s > best) best = s;
+    }
+    return best;
+}
+// Each of R (<= kMaxFusedRows) rows' maximum over a 1024-thread block, from
+// every thread's m[g]: left at part[g][0] ([rows][warps] scratch). Every
+// thread calls it; two barriers.
+__device__ __forceinline__ void block_row_max(float (&m)[kMaxFusedRows], uint32_t R, float (*part)[32]) {
+    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (uint32_t g = 0; g < kMaxFusedRows; ++g) {
+        for (int o = 16; o > 0; o >>= 1) m[g] = fmaxf(m[g], __shfl_xor_sync(0xFFFFFFFFu, m[g], o));
+        if (lane == 0) part[g][warp] = m[g];
+    }
+    __syncthreads();
+    if (warp < R) {
+        float t = part[warp][lane];
+        for (int o = 16; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(0xFFFFFFFFu, t, o));
+        __syncwarp();  // every lane read its word before lane 0 overwrites the first
+        if (lane == 0) part[warp][0] = t;
+    }
+    __syncthreads();
+}
+
 // IKV_TOPK_SCORE_HYBRID's shift, one block per (kv-head, sequence): each
 // row's largest sum over the non-mandatory candidates (a NaN never wins:
 // fmaxf), then score = max_r (rows_r - top_r + offset_r), as
@@ -276,7 +315,7 @@ __global__ void __launch_bounds__(kCombineThreads) hybrid_combine_kernel(const T
     const DevPage *cands = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
     const uint64_t bh = uint64_t(seq) * Hkv + head;
     const float *rows = p.rows + bh * R * p.max_candidates;
-    const float mem_off = p.mem_rows == nullptr ? 0.0f : p.mem_ok[bh] ? p.mem_offset : -INFINITY;
+    const float mem_off = hybrid_mem_offset(p, bh);
     for (uint32_t g = 0; g < R; ++g) {
         float m = -INFINITY;
         for (uint32_t c = threadIdx.x; c < count; c += blockDim.x)
@@ -292,15 +331,10 @@ __global__ void __launch_bounds__(kCombineThreads) hybrid_combine_kernel(const T
         __syncthreads();
     }
     float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
-    for (uint32_t c = threadIdx.x; c < count; c += blockDim.x) {
-        float best = -INFINITY;
-        if (!(cands[c].flags & IKV_PAGE_MANDATORY))
-            for (uint32_t g = 0; g < R; ++g) {
-                const float s = rows[uint64_t(g) * p.max_candidates + c] - top[g] + (g < G ? 0.0f : mem_off);
-                if (s > best) best = s;
-            }
-        scores[c] = best;
-    }
+    for (uint32_t c = threadIdx.x; c < count; c += blockDim.x)
+        scores[c] = cands[c].flags & IKV_PAGE_MANDATORY
+                        ? -INFINITY
+                        : hybrid_score(rows, p.max_candidates, c, R, G, mem_off, [&](uint32_t g) { return top[g]; });
 }
 
 // Block-wide reductions of one value per thread (blockDim.x a multiple of 32,
@@ -360,10 +394,9 @@ __device__ __forceinline__ uint32_t order_key(float score);
 // The budget is the mandatory tokens plus the candidates taken, clamped to
 // [min_tokens, token_budget or unlimited].
 // 1024 threads, each holding its candidates (c = thread + k * 1024) in
-// registers from one load: at B = 1 there are only n_kv_heads blocks, and
-// with 256 threads walking their candidates through memory in every pass
-// the kernel waited on one dependent load after another (~60 us of a
-// 32K step on the H100).
+// registers from one load: at B = 1 there are only n_kv_heads blocks, and 256
+// threads walked their candidates through memory in every pass. (At B = 1, 8K
+// the kernel still takes ~36 us on the H100: bench/RESULTS.md 6z.)
 constexpr int kMassThreads = 1024;
 constexpr int kMassPer = int(kMaxTopkCandidates) / kMassThreads;
 __global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkParams p, uint32_t fused_rows) {
@@ -379,8 +412,8 @@ __global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkPar
     float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates;
     auto at = [&](int k) { return tid + uint32_t(k) * kMassThreads; };
     // Steps k that hold candidates at all (block-uniform): the loops below are
-    // unrolled over kMassPer, and running the empty steps' code cost most of
-    // the kernel at B = 1 (8 blocks on 8 SMs, every thread's instructions in turn).
+    // unrolled over kMassPer; skipping the empty steps took the kernel from
+    // ~41 to ~36 us at B = 1, 8K (H100, ncu).
     const int kn = int((count + kMassThreads - 1) / kMassThreads);
     float sc[kMassPer];
     uint32_t tk[kMassPer];  // tokens of a candidate (0: mandatory or absent)
@@ -406,9 +439,7 @@ __global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkPar
     if (fused_rows > 0) {
         __shared__ float part[kMaxFusedRows][32];
         const float *rows = p.rows + (uint64_t(seq) * Hkv + head) * fused_rows * p.max_candidates;
-        const uint32_t G = p.n_q_heads / Hkv;
-        const float mem_off = p.mem_rows == nullptr ? 0.0f : p.mem_ok[uint64_t(seq) * Hkv + head] ? p.mem_offset
-                                                                                                    : -INFINITY;
+        const float mem_off = hybrid_mem_offset(p, uint64_t(seq) * Hkv + head);
         float m[kMaxFusedRows];
 #pragma unroll
         for (uint32_t g = 0; g < kMaxFusedRows; ++g) {
@@ -416,31 +447,16 @@ __global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkPar
 #pragma unroll
             for (int k = 0; k < kMassPer; ++k)
                 if (k < kn && g < fused_rows && tk[k] != 0) m[g] = fmaxf(m[g], rows[uint64_t(g) * p.max_candidates + at(k)]);
-            for (int o = 16; o > 0; o >>= 1) m[g] = fmaxf(m[g], __shfl_xor_sync(0xFFFFFFFFu, m[g], o));
-            if (lane == 0) part[g][warp] = m[g];
         }
-        __syncthreads();
-        if (warp < fused_rows) {
-            float t = part[warp][lane];
-            for (int o = 16; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(0xFFFFFFFFu, t, o));
-            __syncwarp();  // every lane read its word before lane 0 overwrites the first
-            if (lane == 0) part[warp][0] = t;
-        }
-        __syncthreads();
+        block_row_max(m, fused_rows, part);
 #pragma unroll
         for (int k = 0; k < kMassPer; ++k) {
             if (k >= kn) break;
             if (at(k) >= count) continue;
-            float best = -INFINITY;
-            if (tk[k] != 0)
-#pragma unroll
-                for (uint32_t g = 0; g < kMaxFusedRows; ++g)
-                    if (g < fused_rows) {
-                        const float x = rows[uint64_t(g) * p.max_candidates + at(k)] - part[g][0] + (g < G ? 0.0f : mem_off);
-                        if (x > best) best = x;
-                    }
-            sc[k] = best;
-            scores[at(k)] = best;
+            sc[k] = tk[k] == 0 ? -INFINITY
+                               : hybrid_score(rows, p.max_candidates, at(k), fused_rows, p.n_q_heads / Hkv, mem_off,
+                                              [&](uint32_t g) { return part[g][0]; });
+            scores[at(k)] = sc[k];
         }
     }
     float top = -INFINITY;
@@ -484,21 +500,12 @@ __global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkPar
         __shared__ unsigned long long hist[256];
         __shared__ uint32_t prefix_sh;
         __shared__ unsigned long long below_sh;
-        const int S = 63 - (64 - __clzll((unsigned long long)cand_tokens + 1));
         uint32_t key[kMassPer];
-        unsigned long long fq[kMassPer];
-        unsigned long long total_q = 0;
 #pragma unroll
         for (int k = 0; k < kMassPer; ++k) {
             if (k >= kn) break;
             key[k] = order_key(sc[k]);
-            fq[k] = tk[k] ? (unsigned long long)(ldexp(wt[k], S)) : 0ull;
-            total_q += fq[k];
         }
-        total_q = block_reduce(total_q, reinterpret_cast<unsigned long long *>(dsum),
-                               [](unsigned long long a, unsigned long long b) { return a + b; });
-        const double tq = ceil(double(p.mass_share) * double(total_q));
-        const unsigned long long target_q = tq >= double(total_q) ? total_q : (unsigned long long)tq;
         // mass_share 1 (cover everything): the CPU stops where its running double
         // sum stops growing, which the exact integer sums do not see (they count
         // weights ~1e-16 of the top that doubles drop, and drop below 2^-S ones that
@@ -520,6 +527,19 @@ __global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkPar
                 else lo = mid + 1;
             }
         } else {
+            const int S = 63 - (64 - __clzll((unsigned long long)cand_tokens + 1));
+            unsigned long long fq[kMassPer];
+            unsigned long long total_q = 0;
+#pragma unroll
+            for (int k = 0; k < kMassPer; ++k) {
+                if (k >= kn) break;
+                fq[k] = tk[k] ? (unsigned long long)(ldexp(wt[k], S)) : 0ull;
+                total_q += fq[k];
+            }
+            total_q = block_reduce(total_q, reinterpret_cast<unsigned long long *>(dsum),
+                                   [](unsigned long long a, unsigned long long b) { return a + b; });
+            const double tq = ceil(double(p.mass_share) * double(total_q));
+            const unsigned long long target_q = tq >= double(total_q) ? total_q : (unsigned long long)tq;
             if (tid == 0) prefix_sh = 0, below_sh = 0;
             for (int shift = 24; shift >= 0; shift -= 8) {
                 __syncthreads();  // the last pass's bins are read, its prefix_sh and below_sh written
@@ -530,7 +550,7 @@ __global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkPar
                 // one step's scores share their top bits) adds them up and makes one
                 // shared-memory atomic; 32 atomics on one address serialize (the
                 // select kernel below does the same with its token counts).
-    #pragma unroll
+#pragma unroll
                 for (int k = 0; k < kMassPer; ++k) {
                     if (k >= kn) break;
                     const bool under = shift == 24 || (key[k] >> (shift + 8)) == (prefix >> (shift + 8));
@@ -587,10 +607,9 @@ __global__ void __launch_bounds__(kMassThreads) mass_budget_kernel(const TopkPar
         // K's candidates in candidate order while the weight before each is short
         // of the target: an exclusive scan of their weights over the block, in
         // candidate order (at(k) = thread + k * 1024: per k a block scan, carried
-        // to the next k), each tie taken iff what precedes it is still short. (A
-        // warp walking the candidates 32 at a time waited on each chunk's loads
-        // in turn: where every page scored the same, 90% of the chunks, ~35 us at
-        // 8K on the H100.) k steps without a tie are skipped.
+        // to the next k), each tie taken iff what precedes it is still short,
+        // instead of one warp walking the candidates 32 at a time in turn. k
+        // steps without a tie are skipped.
         __shared__ double wscan[32];
         __shared__ double carry_sh;
         double carry = before;
@@ -829,12 +848,9 @@ __global__ void __launch_bounds__(kSelectThreads, C == 1 ? 2 : 1)
     // then leaves row g's maximum in its first word), which the first pass
     // clears after the barriers below.
     const float *rows = p.rows + (uint64_t(seq) * Hkv + head) * fused_rows * p.max_candidates;
-    const uint32_t G = p.n_q_heads / Hkv;
-    float *top = reinterpret_cast<float *>(hist[1]);  // row g's maximum at top[32 * g]
-    const float mem_off = fused_rows == 0 || p.mem_rows == nullptr ? 0.0f
-                        : p.mem_ok[uint64_t(seq) * Hkv + head] ? p.mem_offset
-                                                                : -INFINITY;
-    static_assert(kMaxFusedRows * 32 <= 256 && kSelectThreads / 32 == 32, "[8 rows][32 warps] in one buffer");
+    float(*top)[32] = reinterpret_cast<float(*)[32]>(hist[1]);  // row g's maximum at top[g][0]
+    static_assert(kMaxFusedRows * 32 <= 256 && kSelectThreads == 1024, "[8 rows][32 warps] in one buffer");
+    const float mem_off = C == 1 && fused_rows > 0 ? hybrid_mem_offset(p, uint64_t(seq) * Hkv + head) : 0.0f;
     if (C == 1 && fused_rows > 0) {
         float m[kMaxFusedRows];
 #pragma unroll
@@ -844,30 +860,12 @@ __global__ void __launch_bounds__(kSelectThreads, C == 1 ? 2 : 1)
 #pragma unroll
                 for (uint32_t g = 0; g < kMaxFusedRows; ++g)
                     if (g < fused_rows) m[g] = fmaxf(m[g], rows[uint64_t(g) * p.max_candidates + i]);
-#pragma unroll
-        for (uint32_t g = 0; g < kMaxFusedRows; ++g) {
-            for (int o = 16; o > 0; o >>= 1) m[g] = fmaxf(m[g], __shfl_xor_sync(0xFFFFFFFFu, m[g], o));
-            if (lane == 0) top[32 * g + warp] = m[g];
-        }
-        __syncthreads();
-        if (warp < fused_rows) {
-            float t = top[32 * warp + lane];
-            for (int o = 16; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(0xFFFFFFFFu, t, o));
-            __syncwarp();  // every lane read its word before lane 0 overwrites the first
-            if (lane == 0) top[32 * warp] = t;
-        }
-        __syncthreads();
+        block_row_max(m, fused_rows, top);
     }
     auto score = [&](uint32_t i) {
         if (C != 1 || fused_rows == 0) return scores[i];
-        float best = -INFINITY;
-#pragma unroll
-        for (uint32_t g = 0; g < kMaxFusedRows; ++g)
-            if (g < fused_rows) {
-                const float s = rows[uint64_t(g) * p.max_candidates + i] - top[32 * g] + (g < G ? 0.0f : mem_off);
-                if (s > best) best = s;
-            }
-        return best;
+        return hybrid_score(rows, p.max_candidates, i, fused_rows, p.n_q_heads / Hkv, mem_off,
+                            [&](uint32_t g) { return top[g][0]; });
     };
     uint32_t my_mand = 0;
     for (uint32_t i = tid; i < count; i += kSelectThreads) {
