@@ -61,14 +61,23 @@ IKV_HD uint16_t f16_step(uint16_t h, bool up) {
     if (zero) return up ? uint16_t(0x0001u) : uint16_t(0x8001u);
     return uint16_t(up != negative ? h + 1u : h - 1u);  // away from zero: up for +h, down for -h
 }
-IKV_HD uint16_t f16_down(float x) {  // largest half <= x
-    const uint16_t h = f32_to_f16(x);
-    return f16_to_f32(h) > x ? f16_step(h, false) : h;
+// Normal halves straight from the fp32 bits (the mantissa truncated toward
+// zero, one step away from it where bits were dropped and the direction asks
+// for it, as f32_to_bf16_toward); below 2^-14 by a nearest rounding and a step.
+IKV_HD uint16_t f16_toward(float x, bool up) {
+    const uint32_t b = f32_bits(x), ax = b & 0x7FFFFFFFu;
+    const bool negative = (b >> 31) != 0;
+    if (ax < 0x38800000u) {  // the subnormal halves
+        const uint16_t h = f32_to_f16(x);
+        const float back = f16_to_f32(h);
+        return (up ? back < x : back > x) ? f16_step(h, up) : h;
+    }
+    uint32_t h = (ax - 0x38000000u) >> 13;            // rebias the exponent, truncate
+    if ((ax & 0x1FFFu) != 0 && up != negative) ++h;  // away from zero: up for +x, down for -x
+    return uint16_t((negative ? 0x8000u : 0u) | h);
 }
-IKV_HD uint16_t f16_up(float x) {  // smallest half >= x
-    const uint16_t h = f32_to_f16(x);
-    return f16_to_f32(h) < x ? f16_step(h, true) : h;
-}
+IKV_HD uint16_t f16_down(float x) { return f16_toward(x, false); }  // largest half <= x
+IKV_HD uint16_t f16_up(float x) { return f16_toward(x, true); }     // smallest half >= x
 
 // ---- bfloat16: round to nearest even, NaN kept ----
 IKV_HD uint16_t f32_to_bf16(float f) {
@@ -159,7 +168,9 @@ struct Int4Params {
     float scale, min;         // the values the codes are computed with and read back at
     uint16_t scale_h, min_h;  // their half bits, as stored
 };
-IKV_HD float clamp_f16_range(float x) { return fminf(fmaxf(x, -kF16Max), kF16Max); }
+// Comparisons, not fminf/fmaxf: those are library calls on x86-64 without
+// fast-math, and this runs per element of an INT4 append (inputs are finite).
+IKV_HD float clamp_f16_range(float x) { return x < -kF16Max ? -kF16Max : x > kF16Max ? kF16Max : x; }
 IKV_HD Int4Params int4_params(float lo, float hi) {
     Int4Params p;
     p.min_h = f16_down(clamp_f16_range(lo));

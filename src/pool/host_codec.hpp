@@ -52,6 +52,14 @@ inline void dequant_rows(ikv_format f, uint32_t P, uint32_t D, const uint8_t *su
     const uint16_t *scales_h = reinterpret_cast<const uint16_t *>(sub + (which == 0 ? L.k_scale : L.v_scale));
     const uint16_t *mins_h = reinterpret_cast<const uint16_t *>(sub + (which == 0 ? L.k_min : L.v_min));
     const uint32_t G = int4_v_groups(D);
+    // INT4's half scales and minimums as floats, converted once: K's per channel
+    // for every row, V's per row below (a conversion per element cost a CPU
+    // one-token append most of its time).
+    float i4s[256], i4m[256];
+    if (f == IKV_FMT_INT4 && which == 0 && n > 0) {
+        decode_row_f16(scales_h, D, i4s);
+        decode_row_f16(mins_h, D, i4m);
+    }
     for (uint32_t i = 0; i < n; ++i) {
         const uint32_t t = t0 + i;
         const uint8_t *row = data + t * rb;
@@ -80,10 +88,13 @@ inline void dequant_rows(ikv_format f, uint32_t P, uint32_t D, const uint8_t *su
                     for (uint32_t d = 0; d < D; ++d) o[d] = float(int8_t(row[d])) * scales[t];
                 break;
             case IKV_FMT_INT4:
+                if (which == 1)
+                    for (uint32_t g = 0; g < G; ++g)
+                        for (uint32_t d = g * kInt4VGroup; d < D && d < (g + 1) * kInt4VGroup; ++d)
+                            i4s[d] = f16_to_f32(scales_h[t * G + g]), i4m[d] = f16_to_f32(mins_h[t * G + g]);
                 for (uint32_t d = 0; d < D; ++d) {
                     const uint32_t q = d & 1 ? row[d / 2] >> 4 : row[d / 2] & 0xFu;
-                    const uint32_t j = which == 0 ? d : t * G + d / kInt4VGroup;
-                    o[d] = float(q) * f16_to_f32(scales_h[j]) + f16_to_f32(mins_h[j]);
+                    o[d] = float(q) * i4s[d] + i4m[d];
                 }
                 break;
             default: break;
@@ -293,6 +304,7 @@ inline void int4_v_rows(const float *src, uint64_t stride, uint32_t D, uint32_t 
 struct QuantFolds {
     float k_amax = 0.0f, v_amax = 0.0f;
     float *ka = nullptr, *kb = nullptr;  // D floats each, written when set
+    float *km = nullptr, *ks = nullptr;  // INT4 K: the stored minimums and scales as floats, when set
 };
 
 // write_subpage for FP8, INT8 and INT4 with the loops in row order (same
@@ -336,7 +348,8 @@ inline void write_subpage_quant(ikv_format f, uint32_t P, uint32_t D, const floa
         fold_range_channels(k, row_stride, D, 0, n_valid, lo, hi);
         if (folds && folds->ka) std::memcpy(folds->ka, lo, 4ull * D);
         if (folds && folds->kb) std::memcpy(folds->kb, hi, 4ull * D);
-        float mins[256], scales[256];
+        float mins_buf[256], scales_buf[256];
+        float *mins = folds && folds->km ? folds->km : mins_buf, *scales = folds && folds->ks ? folds->ks : scales_buf;
         int4_k_params(lo, hi, D, n_valid, mins, scales, k_mins_h, k_scales_h);
         int4_k_rows(k, row_stride, D, 0, n_valid, mins, scales, kd, rb);
         int4_v_rows(v, row_stride, D, 0, n_valid, v_scales_h, v_mins_h, vd, rb);

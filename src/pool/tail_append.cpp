@@ -86,6 +86,8 @@ IKV_AVX2_CLONES void tail_write_full(ikv_format f, uint32_t P, uint32_t D, const
     float ka[256], kb[256];
     folds.ka = stats ? stats->ka() : ka;
     folds.kb = stats ? stats->kb() : kb;
+    folds.km = stats ? stats->km() : nullptr;
+    folds.ks = stats ? stats->ks() : nullptr;
     if (f == IKV_FMT_F16 || f == IKV_FMT_BF16)
         encode_rows_16(f, P, D, k, v, D, 0, n_valid, sub);
     else
@@ -156,13 +158,14 @@ IKV_AVX2_CLONES void tail_write_append(ikv_format f, uint32_t P, uint32_t D, con
         std::memcpy(old_lo, lo, 4ull * D);
         std::memcpy(old_hi, hi, 4ull * D);
         fold_range_channels(k, D, D, first, n_valid, lo, hi);
-        float mins[256], scales[256];  // every channel's (a function of its range: unchanged ones are as stored)
-        int4_k_params(lo, hi, D, n_valid, mins, scales, k_mins_h, k_scales_h);
+        float *mins = stats.km(), *scales = stats.ks();  // as stored; recomputed where the range changed
         for (uint32_t d = 0; d < D; ++d) {
             // Compared as bits: a minimum that went from +0 to -0 is a new minimum.
             if (f32_bits(lo[d]) == f32_bits(old_lo[d]) && f32_bits(hi[d]) == f32_bits(old_hi[d])) continue;
             changed[d] = 1;
             any_changed = true;
+            const Int4Params g = int4_params(lo[d], hi[d]);
+            mins[d] = g.min, scales[d] = g.scale, k_mins_h[d] = g.min_h, k_scales_h[d] = g.scale_h;
             const unsigned shift = d & 1 ? 4 : 0;
             for (uint32_t t = 0; t < first; ++t) {
                 uint8_t &byte = kd[t * rb + d / 2];

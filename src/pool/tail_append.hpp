@@ -28,12 +28,12 @@ namespace ikv {
 
 // The running state of one (layer, kv-head) of a partial tail page, in raw
 // memory the store allocates after the staging floats: a 16-byte header, then
-// double sum[D], float mn[D], mx[D], ka[D], kb[D] (8-byte aligned when the
-// base is).
+// double sum[D], float mn[D], mx[D], ka[D], kb[D], km[D], ks[D] (8-byte
+// aligned when the base is).
 class TailStats {
 public:
     static constexpr uint32_t kInvalid = 0xFFFFFFFFu;
-    static constexpr uint64_t bytes(uint32_t D) { return 16 + 24ull * D; }
+    static constexpr uint64_t bytes(uint32_t D) { return 16 + 32ull * D; }
 
     TailStats(uint8_t *base, uint32_t D) : p_(base), D_(D) {}
     uint32_t &rows() const { return *reinterpret_cast<uint32_t *>(p_); }    // rows described, or kInvalid
@@ -45,6 +45,10 @@ public:
     float *mx() const { return mn() + D_; }
     float *ka() const { return mn() + 2ull * D_; }  // INT8 K: max |x|; INT4 K: min
     float *kb() const { return mn() + 3ull * D_; }  // INT4 K: max
+    // INT4 K: each channel's stored minimum and scale as floats (int4_params of
+    // ka, kb), so an append derives them only where the range changed.
+    float *km() const { return mn() + 4ull * D_; }
+    float *ks() const { return mn() + 5ull * D_; }
     bool describes(ikv_format f, uint32_t n) const { return rows() == n && format() == uint32_t(f); }
 
 private:
