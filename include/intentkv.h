@@ -1359,6 +1359,33 @@ typedef struct ikv_decode_args {
      * below the best (pages without feedback: unchanged). In [0, 1]; default 0 (off).
      */
     float topk_feedback_weight;
+    /**
+     * Optional: the step's new tokens, appended to args->layer of each of
+     * args->seqs before the decode reads them (a decode that appends).
+     * Same effect, byte for byte (pages, key summaries, outputs), as
+     * ikv_pool_append_batch(pool, seqs, n_seqs, append) followed by this call
+     * with append NULL, with these differences:
+     *  - append->layer must be args->layer and append->stream args->stream
+     *    (IKV_E_INVALID otherwise);
+     *  - the decode's arguments are checked first (its n_query_tokens against
+     *    the length after the append), so a rejected call appended nothing;
+     *    only IKV_E_NOMEM or IKV_E_DEVICE met after the append has been
+     *    enqueued leave the tokens appended;
+     *  - on a CUDA pool, when every sequence has room (ikv_pool_reserve), the
+     *    append carries one token per sequence with IKV_APPEND_ASYNC, the
+     *    pages the rooms hold are F16 or BF16, there is no query-aware
+     *    selection (topk_token_budget 0 and IKV_TOPK_FIXED), no feedback
+     *    and at most 8 query rows per kv-head (n_query_tokens x n_q_heads /
+     *    n_kv_heads), and each sequence's list reads every position of its
+     *    room (a dense decode, or a plan whose entries cover the room), the
+     *    decode's own kernels write the token: an engine's captured layer is
+     *    then two kernel launches instead of four (no append and no room
+     *    clip kernel; bench/RESULTS.md section 7c). Otherwise the append is
+     *    enqueued first, as by ikv_pool_append_batch.
+     * Errors: those of ikv_pool_append_batch, named "ikv_decode (args->append)".
+     * Default NULL.
+     */
+    const ikv_append *append;
 } ikv_decode_args;
 
 /**
@@ -1367,12 +1394,14 @@ typedef struct ikv_decode_args {
  * IKV_TOPK_SCORE_QUEST, all else 0/NULL). A struct returned by value cannot
  * grow under a program built with an older header (its return slot is the
  * older size), so each version of the struct has its own symbol and
- * ikv_decode_args_default() names this header's: ikv_decode_args_default_v2.
+ * ikv_decode_args_default() names this header's: ikv_decode_args_default_v3.
  * The unversioned symbol stays exported for programs built against the first
- * header and fills only that version's fields (struct_size 104 on 64-bit).
+ * header and fills only that version's fields (struct_size 104 on 64-bit);
+ * ikv_decode_args_default_v2 likewise for the header before `append`
+ * (through topk_feedback_weight).
  */
-IKV_API ikv_decode_args ikv_decode_args_default_v2(void);
-#define ikv_decode_args_default() ikv_decode_args_default_v2()
+IKV_API ikv_decode_args ikv_decode_args_default_v3(void);
+#define ikv_decode_args_default() ikv_decode_args_default_v3()
 
 /**
  * Run the step. Errors (nothing is written on error): IKV_E_NULL,
@@ -1451,6 +1480,7 @@ typedef struct ikv_decoder_stats {
     uint64_t lists_built;    /**< of them, calls that built their page lists */
     uint64_t lists_reused;   /**< calls that reused the previous call's lists */
     uint64_t last_bytes_read;/**< as ikv_decoder_last_bytes_read */
+    uint64_t appends_fused;  /**< calls whose args->append the decode's own kernels wrote (see ikv_decode_args.append) */
 } ikv_decoder_stats;
 
 IKV_API ikv_status ikv_decoder_get_stats(const ikv_decoder *decoder, ikv_decoder_stats *out);

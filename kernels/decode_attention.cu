@@ -49,12 +49,15 @@
 #include <atomic>
 #include <type_traits>
 
+#include "append_f16_rows.cuh"
+#include "stage_rows.cuh"
 #include "common/quant.hpp"
 #include "decode_formats.cuh"
 #include "decode_mma.cuh"
 #include "ikv_kernels.h"
 #include "load_elem.cuh"
 #include "launch_pdl.cuh"
+#include "room_lists.cuh"
 
 namespace ikv {
 namespace cuda {
@@ -335,7 +338,152 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
     }
 }
 
-template <int D, int R, int kMode>
+// A decode that appends its step's token first (FusedAppend, sequences with
+// room): what room_clip_kernel computes for the sequence, at the length the
+// layer has once this step's token is in, read by every CTA of the sequence
+// (the block's threads test the room's entries in parallel), and where the
+// token goes. Its loads take two round trips (the tail record, then the
+// device record and the room's entries together): under a decode's full
+// memory traffic each round trip costs microseconds.
+struct RoomView {
+    uint32_t old_len, len, count;
+    uint32_t first;        // list index of the first entry from the full copies
+    uint32_t offset;       // where those copies start in p.room_full
+    uint32_t tail_idx;     // list index of the entry the token lands in (UINT32_MAX: nothing is written)
+    const uint8_t *tail_page;  // that entry's page, and its format
+    uint32_t tail_format;
+    float *stage;          // the layer's staging (RoomRecord::stages)
+    uint32_t seq_id;       // the sequence (AppendError)
+};
+
+// Sequence seq's tail: from the parameters when it is among the first kInlineRoomTails.
+__device__ __forceinline__ RoomTail room_tail(const DecodeParams &p, uint32_t seq) {
+    return seq < kInlineRoomTails ? p.room_inline[seq] : p.room_tails[seq];
+}
+// A layer's length and staging pointer in a record, by the record's layout (no pointer loads).
+__device__ __forceinline__ uint32_t *room_length(const RoomRecord *r, uint32_t layer) {
+    return reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(const_cast<RoomRecord *>(r)) + room_lengths_offset()) + layer;
+}
+__device__ __forceinline__ float *room_stage(const RoomRecord *r, uint32_t layer, uint32_t n_layers) {
+    return reinterpret_cast<float *const *>(reinterpret_cast<const uint8_t *>(r) + room_stages_offset(n_layers))[layer];
+}
+
+__device__ RoomView room_view(const DecodeParams &p, uint32_t seq) {
+    __shared__ uint32_t found;
+    __shared__ const uint8_t *found_page;
+    __shared__ uint32_t found_format;
+    const RoomTail t = room_tail(p, seq);
+    const RoomRecord &r = *t.record;
+    DevPage e{};  // the first pass's entry, loaded with the record's fields
+    if (threadIdx.x < t.n) e = p.room_full[t.offset + threadIdx.x];
+    const uint32_t gen = r.generation, old = *room_length(t.record, p.layer), end = r.end;
+    RoomView v{old, old, 0, t.first, t.offset, UINT32_MAX, nullptr, 0, room_stage(t.record, p.layer, p.shape.n_layers),
+               r.seq};
+    if (gen != t.generation) return v;  // lists of an earlier room: read nothing (the merge reports it)
+    const bool fits = uint64_t(old) + 1 <= end;  // else nothing is written (the merge reports the overrun)
+    v.len = fits ? old + 1 : old;
+    uint32_t kept = 0;  // entries come in position order: the kept ones are a prefix
+    bool any = false;   // one entry holds the token's position (when the room covers it)
+    for (uint32_t j0 = 0; j0 < t.n; j0 += blockDim.x) {
+        const uint32_t j = j0 + threadIdx.x;
+        if (j0 > 0 && j < t.n) e = p.room_full[t.offset + j];
+        const bool keep = j < t.n && e.pos0 + e.begin < v.len;
+        const bool hit = j < t.n && fits && e.pos0 + e.begin <= old && old < e.pos0 + e.end;
+        if (hit) found = j, found_page = e.base, found_format = e.format;
+        kept += uint32_t(__syncthreads_count(keep));
+        any = __syncthreads_or(hit) || any;  // its barrier publishes `found`
+    }
+    v.count = t.first + kept;
+    if (any) v.tail_idx = t.first + found, v.tail_page = found_page, v.tail_format = found_format;
+    return v;
+}
+
+// The step's token of sequence `seq`, kv-head h, as this thread's share of
+// the whole block: channels threadIdx.x + i * kThreads of K and V, loaded from
+// the engine's input before anything else so their round trip overlaps the
+// record's.
+template <int D>
+struct TokenPart {
+    static constexpr int kPer = (D + kThreads - 1) / kThreads;
+    float k[kPer], v[kPer];
+};
+template <int D>
+__device__ __forceinline__ TokenPart<D> load_token(const DecodeParams &p, uint32_t seq, uint32_t h) {
+    TokenPart<D> x;
+    const int64_t base = input_offset(p.fused.in, p.layer, seq, h);
+#pragma unroll
+    for (int i = 0; i < TokenPart<D>::kPer; ++i) {
+        const uint32_t d = threadIdx.x + i * kThreads;
+        x.k[i] = d < D ? load_input(p.fused.in.k, p.fused.in.dtype, base + d) : 0.0f;
+        x.v[i] = d < D ? load_input(p.fused.in.v, p.fused.in.dtype, base + d) : 0.0f;
+    }
+    return x;
+}
+
+// The token written by the CTA that reads its page: what the room append
+// kernel's block of kv-head h writes (quantize_pages.cu append_rows_f16 on the
+// staged row), from registers: staging row, F16/BF16 page rows, the key
+// summary's folds continued (their earlier values loaded together). Where the
+// folds do not cover the page's earlier rows the page is re-encoded from its
+// staging (append_rows_f16's from_start). The stores are fenced to L2 before
+// the CTA's copies (cp.async reads L2) read the page. fold.rows is advanced by
+// the caller once every thread has read it.
+template <int D>
+__device__ void write_token_f16(const DecodeParams &p, const RoomView &v, uint32_t seq, uint32_t h,
+                                const TokenPart<D> &x) {
+    const PageShape &shape = p.shape;
+    const uint32_t P = shape.page_size, H = shape.n_kv_heads, row = v.old_len % P;
+    const ikv_format f = ikv_format(v.tail_format);
+    const bool f16 = f == IKV_FMT_F16;
+    const StageFold fold = stage_fold(shape, v.stage);
+    const AppendJob j{const_cast<uint8_t *>(v.tail_page), v.stage, p.layer, seq, row, 1u, uint32_t(f), v.seq_id};
+    const SubpageLayout L = subpage_layout(f, P, D);
+    uint8_t *sub = j.page + subpage_offset(shape, f, p.layer, h);
+    uint16_t *rec = reinterpret_cast<uint16_t *>(j.page + summary_offset(shape, f, p.layer, h));
+    const uint64_t head_floats = uint64_t(P) * D;
+    // Loaded together: whether the folds cover rows [0, row), and their values.
+    const uint32_t fold_rows = fold.rows[h];
+    constexpr int kPer = TokenPart<D>::kPer;
+    float mn[kPer], mx[kPer];
+    double sum[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        const uint32_t d = threadIdx.x + i * kThreads;
+        mn[i] = INFINITY, mx[i] = -INFINITY, sum[i] = 0.0;
+        if (row > 0 && d < D) mn[i] = fold.mn[h * D + d], mx[i] = fold.mx[h * D + d], sum[i] = fold.sum[h * D + d];
+    }
+    const bool continued = row == 0 || fold_rows == row;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+        const uint32_t d = threadIdx.x + i * kThreads;
+        if (d >= D) continue;
+        const float k = finite_or_record(x.k[i], j, p.fused.in, 0, h, d, 0, p.fused.error);
+        const float vv = finite_or_record(x.v[i], j, p.fused.in, 0, h, d, 1, p.fused.error);
+        v.stage[uint64_t(h) * head_floats + uint64_t(row) * D + d] = k;
+        v.stage[(uint64_t(H) + h) * head_floats + uint64_t(row) * D + d] = vv;
+        const uint16_t bk = f16 ? f32_to_f16(k) : f32_to_bf16(k);
+        reinterpret_cast<uint16_t *>(sub + L.k)[row * D + d] = bk;
+        reinterpret_cast<uint16_t *>(sub + L.v)[row * D + d] = f16 ? f32_to_f16(vv) : f32_to_bf16(vv);
+        if (continued) {
+            const float xk = f16 ? f16_to_f32(bk) : bf16_to_f32(bk);
+            mn[i] = fminf(mn[i], xk);
+            mx[i] = fmaxf(mx[i], xk);
+            sum[i] += double(xk);
+            fold.mn[h * D + d] = mn[i], fold.mx[h * D + d] = mx[i], fold.sum[h * D + d] = sum[i];
+            encode_summary(rec, D, d, mn[i], mx[i], float(sum[i] / double(row + 1)));
+        }
+    }
+    if (!continued) {     // uniform: every thread read the same fold_rows
+        __syncthreads();  // the staged row is visible to the block
+        append_rows_f16<-1>(shape, j, h, fold, true);
+    }
+    __threadfence();
+}
+
+// kAppend: the decode that appends its step's token (FusedAppend; its own
+// instantiations, so that the others keep their code and registers: the
+// branches compiled into every variant made plain decodes 10-24% slower).
+template <int D, int R, int kMode, bool kAppend>
 __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
     decode_kernel(const DecodeParams p, uint32_t rows_total, float *part_acc, float *part_ml) {
     constexpr bool kTc = kMode != kSimt, kBF = kMode == kTcBF16;
@@ -359,8 +507,14 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
     // earlier kernels (lists, lengths, q) is read (kernels/launch_pdl.cuh).
     pdl_wait();
     pdl_launch_dependents();  // the merge's CTAs may take slots this grid leaves free
-    const uint32_t len = p.seq_len[seq];
-    const uint32_t count = p.lists.counts[li];
+    RoomView room{};
+    TokenPart<D> token{};
+    if constexpr (kAppend) {
+        token = load_token<D>(p, seq, head);
+        room = room_view(p, seq);
+    }
+    const uint32_t len = kAppend ? room.len : p.seq_len[seq];
+    const uint32_t count = kAppend ? room.count : p.lists.counts[li];
 
     // The CTA's slice of its list (balanced on the list's own count), then the warp's part of it.
     const uint32_t max_pos = len - T + (row0 + uint32_t(nrows) - 1) / G;
@@ -373,6 +527,33 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
     const int cb = nchunks * warp / kWarps, ce = nchunks * (warp + 1) / kWarps;
 
     auto entry = [&](int i) { return list[first + uint32_t(i / cpp)]; };
+    if constexpr (kAppend) {
+        // The room's entries of this CTA's slice, clipped to the length as
+        // room_clip_kernel clips them, written over the list before it is read
+        // (the list holds an earlier step's clip there). The CTAs of every
+        // kv-head that share the slice write the same bytes; the main loop
+        // stays the plain decode's (a branch in its entry load to read them
+        // from the full copies instead cost 10% of every step: the slowdown
+        // the per-variant instantiations above were first made for).
+        DevPage *own = const_cast<DevPage *>(list);
+        const uint32_t r0 = max(first, room.first), r1 = first + npages;
+        for (uint32_t k = r0 + threadIdx.x; k < r1; k += kThreads) {
+            DevPage e = p.room_full[room.offset + (k - room.first)];
+            if (e.pos0 + e.end > len) {
+                e.end = uint8_t(len - e.pos0);
+                e.flags |= IKV_PAGE_PARTIAL;
+            }
+            own[k] = e;
+        }
+        // The CTA whose slice holds the page the appended token lands in writes
+        // the token there first (row chunk 0 of its kv-head: the only CTA that
+        // reads that sub-page, cuda_decode.cpp asks for one row chunk), then
+        // reads the page as every other one.
+        const bool writer = room.tail_idx >= first && room.tail_idx < first + npages && row_chunk == 0;
+        if (writer) write_token_f16<D>(p, room, seq, head, token);
+        __syncthreads();  // the slice's entries (and the token) are written before any thread reads them
+        if (writer && threadIdx.x == 0) stage_fold(p.shape, room.stage).rows[head] = room.old_len % p.shape.page_size + 1;
+    }
     // Copy chunk i (entry pg) into ring stage st; lane 0 records what the slot holds.
     auto issue = [&](int i, const DevPage &pg, int st) {
         const int c0 = (i % cpp) * kChunkRows;
@@ -534,6 +715,32 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float *tmp) 
     return v;
 }
 
+// After the decode grid of a decode that appended (FusedAppend), by a block
+// of the merge grid of its own (beside the merge's, not before their work):
+// every decode CTA has read the old length,
+// so it advances now (RoomJobs::done's work), and the sequence's list, count
+// and length take the form room_clip_kernel leaves them in (what
+// ikv_decoder_last_selection reads back).
+__device__ void commit_room(const DecodeParams &p, uint32_t seq) {
+    const RoomTail t = room_tail(p, seq);
+    RoomRecord &r = *t.record;
+    uint32_t *counts = const_cast<uint32_t *>(p.lists.counts);
+    if (r.generation != t.generation) {  // the decode read nothing: report the stale graph
+        if (threadIdx.x == 0) counts[seq] = 0, r.stale_read = 1;
+        return;
+    }
+    const uint32_t old = *room_length(t.record, p.layer), len = uint64_t(old) + 1 <= r.end ? old + 1 : old;
+    const uint32_t kept =
+        clip_room_entries(t, p.room_full, const_cast<DevPage *>(p.lists.pages) + uint64_t(seq) * p.lists.stride, len);
+    __syncthreads();  // every thread has read the old length
+    if (threadIdx.x == 0) {
+        counts[seq] = t.first + kept;
+        const_cast<uint32_t *>(p.seq_len)[seq] = len;
+        advance_room_length(r, p.layer, old, 1);
+        if (len > t.list_end) r.stale_read = 1;  // a graph captured before the room grew
+    }
+}
+
 constexpr int kMergeThreads = 128;
 // Every head dim's float4 columns (D/4 = 8 at D = 32 ... 64 at D = 256) tile the block.
 static_assert(kMergeThreads % (256 / 4) == 0 && kMergeThreads % (32 / 4) == 0, "whole column groups");
@@ -552,6 +759,12 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams
     __shared__ float tmp[32];
     __shared__ float4 red[kMergeThreads];
     const uint32_t D = p.shape.head_dim, Hkv = p.shape.n_kv_heads;
+    const uint32_t merge_blocks = p.n_seqs * Hkv * rows_total;
+    if (blockIdx.x >= merge_blocks) {  // a decode that appended: one more block per sequence (launch_decode)
+        pdl_wait();  // every decode CTA has read the old length
+        commit_room(p, blockIdx.x - merge_blocks);
+        return;
+    }
     const uint32_t row = blockIdx.x % rows_total, head = (blockIdx.x / rows_total) % Hkv;
     const uint32_t seq = blockIdx.x / (rows_total * Hkv);
     const uint32_t G = p.n_q_heads / Hkv, t = row / G, g = row % G;
@@ -641,27 +854,32 @@ using DecodeFn = void (*)(const DecodeParams, uint32_t, float *, float *);
 struct KernelEntry {
     uint32_t D, R;
     int mode;
+    bool append;  // the decode that appends (FusedAppend): one row chunk, so R <= 8
     DecodeFn fn;
     int smem;
 };
 
 // The dispatch table: head_dim x row-chunk size x compute mode.
-#define IKV_DECODE_ENTRY(D, R, M) {D, R, M, decode_kernel<D, R, M>, Smem<D, R>::kBytes}
-#define IKV_DECODE_D(D)                                                                                     \
-    IKV_DECODE_ENTRY(D, 1, kSimt), IKV_DECODE_ENTRY(D, 4, kSimt), IKV_DECODE_ENTRY(D, 8, kSimt),           \
-        IKV_DECODE_ENTRY(D, 8, kTcF16), IKV_DECODE_ENTRY(D, 16, kTcF16), IKV_DECODE_ENTRY(D, 8, kTcBF16), \
-        IKV_DECODE_ENTRY(D, 16, kTcBF16)
+#define IKV_DECODE_ENTRY(D, R, M, A) {D, R, M, A, decode_kernel<D, R, M, A>, Smem<D, R>::kBytes}
+#define IKV_DECODE_R8(D, A)                                                                                 \
+    IKV_DECODE_ENTRY(D, 1, kSimt, A), IKV_DECODE_ENTRY(D, 4, kSimt, A), IKV_DECODE_ENTRY(D, 8, kSimt, A), \
+        IKV_DECODE_ENTRY(D, 8, kTcF16, A), IKV_DECODE_ENTRY(D, 8, kTcBF16, A)
+#define IKV_DECODE_D(D) \
+    IKV_DECODE_R8(D, false), IKV_DECODE_ENTRY(D, 16, kTcF16, false), IKV_DECODE_ENTRY(D, 16, kTcBF16, false), \
+        IKV_DECODE_R8(D, true)
 // D = 32 (small models, MiniLM-sized heads): the same templates; SIMT with 4
 // lanes per row, tensor cores with 2 k-steps for S and 4 n-tiles for P V.
 const KernelEntry kTable[] = {IKV_DECODE_D(32), IKV_DECODE_D(64), IKV_DECODE_D(128), IKV_DECODE_D(256)};
 #undef IKV_DECODE_D
+#undef IKV_DECODE_R8
 #undef IKV_DECODE_ENTRY
 
 const KernelEntry *find_kernel(const DecodeParams &p, uint32_t rows_total) {
     const int mode = decode_mode(p);
     const uint32_t R = rows_per_cta(mode, rows_total);
+    const bool append = p.room_tails != nullptr;
     for (const KernelEntry &e : kTable)
-        if (e.D == p.shape.head_dim && e.R == R && e.mode == mode) return &e;
+        if (e.D == p.shape.head_dim && e.R == R && e.mode == mode && e.append == append) return &e;
     return nullptr;
 }
 
@@ -707,6 +925,8 @@ uint64_t ctas_per_sm(const DecodeParams &p) {
 }
 
 }  // namespace
+
+uint32_t decode_row_chunks(const DecodeParams &p) { return row_chunks(p); }
 
 uint32_t decode_choose_splits(const DecodeParams &p, int n_sms) {
     const uint64_t base = uint64_t(p.n_seqs) * p.shape.n_kv_heads * row_chunks(p);
@@ -780,7 +1000,9 @@ cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream) {
     const dim3 grid(splits, p.shape.n_kv_heads * row_chunks(p), p.n_seqs);
     err = launch_pdl(k->fn, grid, dim3(kThreads), size_t(k->smem), stream, p, rows, part_acc, part_ml);
     if (err != cudaSuccess) return err;
-    return launch_pdl(merge_kernel, dim3(p.n_seqs * p.shape.n_kv_heads * rows), dim3(kMergeThreads),
+    // A decode that appended: one block per sequence besides, which advances its length (commit_room).
+    const uint32_t commits = p.room_tails != nullptr ? p.n_seqs : 0;
+    return launch_pdl(merge_kernel, dim3(p.n_seqs * p.shape.n_kv_heads * rows + commits), dim3(kMergeThreads),
                       splits * sizeof(float), stream, p, splits, rows, static_cast<const float *>(part_acc),
                       static_cast<const float *>(part_ml));
 }

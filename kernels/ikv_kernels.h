@@ -43,6 +43,49 @@ struct DevLists {
 inline bool head_dim_supported(uint32_t D) { return D == 32 || D == 64 || D == 128 || D == 256; }
 
 // ---------------------------------------------------------------- decode --
+// An append's engine rows (ikv_append addressing, strides in elements):
+// element (t, h, d) of layer l at k[(all_layers ? l*layer_stride : 0) +
+// t*token_stride + h*head_stride + d], dtype F32/F16/BF16.
+struct AppendRows {
+    const void *k;
+    const void *v;
+    ikv_dtype dtype;
+    uint32_t all_layers;
+    uint32_t seq_tokens;  // tokens per sequence of a batch (token t is token t % seq_tokens of sequence t / seq_tokens)
+    int64_t token_stride, head_stride, layer_stride, seq_stride;
+};
+
+// A decode's lists for sequences with room: the host listed each room to its
+// end; before every decode (eager or captured) the entries from `first` on are
+// rewritten from their full copies, clipped to the layer's device length, and
+// the sequence's count and length set. One per sequence with room.
+struct RoomRecord;
+struct RoomTail {
+    RoomRecord *record;
+    uint32_t seq;         // index of the sequence in the call
+    uint32_t first;       // list index of the first entry that may be clipped
+    uint32_t n;           // full entries from `first` (at full + offset)
+    uint32_t offset;
+    uint32_t list_end;    // positions the full list covers (a longer device length: stale_read)
+    uint32_t generation;  // the record's when the lists were built (another: nothing is read, stale_read)
+};
+struct AppendError;
+constexpr uint32_t kInlineRoomTails = 8;
+// A decode that appends one token per sequence first (ikv_decode_args.append;
+// cuda_decode.cpp decides when it applies: every sequence has room, F16/BF16
+// pages, no top-k, one row chunk per kv-head). The decode kernel reads each
+// sequence's device length itself (the clip kernel's work, from the tails'
+// full entries), and the CTA whose slice holds the page the token lands in
+// writes the token's rows first (as the room append kernel's block of that
+// kv-head: staging, page row, key summary), then reads that page as usual;
+// the merge kernel, which runs after every decode CTA read the length,
+// advances it. So a step of the engine's layer loop is the decode's two
+// launches instead of four (append, clip, decode, merge).
+struct FusedAppend {
+    AppendRows in;       // the engine's rows, batch numbering: token b is sequence b's
+    AppendError *error;  // the pool's record of a non-finite input (stored as 0)
+};
+
 struct DecodeParams {
     PageShape shape;
     uint32_t layer;
@@ -63,6 +106,14 @@ struct DecodeParams {
     void *workspace;          // device scratch of decode_workspace_bytes() bytes
     uint32_t compute;         // DecodeCompute
     uint32_t formats;         // bit (1u << ikv_format) per page format the lists hold (decode_resolve_compute reads it)
+    // A decode that appends the step's token first (FusedAppend above):
+    // room_tails non-null, otherwise nullptr.
+    const RoomTail *room_tails;  // device [n_seqs]: sequence b's tail is room_tails[b]
+    const DevPage *room_full;    // device: the tails' full entries
+    FusedAppend fused;           // the append's input
+    // The first kInlineRoomTails tails again, in the parameters: a decode
+    // CTA then reads its sequence's length in its first round trip.
+    RoomTail room_inline[kInlineRoomTails];
 };
 
 // How the fused decode computes. F32 queries always use fp32 FMAs; F16/BF16
@@ -103,6 +154,9 @@ uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_
 uint32_t decode_choose_splits(const DecodeParams &p, int n_sms);
 // Scratch bytes decode needs for p with n_splits splits (partials of the split-K merge).
 uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits);
+// CTAs per (sequence, kv-head) that take the query rows (p.compute settled):
+// a decode that appends needs 1 (FusedAppend).
+uint32_t decode_row_chunks(const DecodeParams &p);
 // Enqueue the fused decode (+ merge). p.n_splits must be set (>= 1).
 // Returns cudaErrorInvalidValue for an unsupported head_dim.
 cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream);
@@ -243,17 +297,6 @@ cudaError_t launch_quantize_layer(const PageShape &shape, ikv_format f, uint8_t 
                                   cudaStream_t stream);
 
 // ------------------------------------------------ appends from the device --
-// An append's engine rows (ikv_append addressing, strides in elements):
-// element (t, h, d) of layer l at k[(all_layers ? l*layer_stride : 0) +
-// t*token_stride + h*head_stride + d], dtype F32/F16/BF16.
-struct AppendRows {
-    const void *k;
-    const void *v;
-    ikv_dtype dtype;
-    uint32_t all_layers;
-    uint32_t seq_tokens;  // tokens per sequence of a batch (token t is token t % seq_tokens of sequence t / seq_tokens)
-    int64_t token_stride, head_stride, layer_stride, seq_stride;
-};
 
 // A CUDA store's staging buffer (one per sequence and layer with a partial
 // tail page): K [H][P][D] then V [H][P][D] fp32 rows, then the running folds
@@ -345,6 +388,15 @@ struct RoomRecord {
     uint32_t *tickets;        // [n_layers] zero between appends: an append's blocks count in (quantize_pages.cu)
 };
 
+// A record is one allocation (src/cuda/device_rooms.hpp): the header, then
+// lengths [n_layers], tickets [n_layers] and stages [n_layers] (8-aligned) at
+// these offsets, so a kernel that knows the record's address reaches a
+// layer's length or staging pointer in one load instead of two.
+IKV_HD uint64_t room_lengths_offset() { return sizeof(RoomRecord); }
+IKV_HD uint64_t room_tickets_offset(uint32_t n_layers) { return room_lengths_offset() + 4ull * n_layers; }
+IKV_HD uint64_t room_stages_offset(uint32_t n_layers) { return (room_tickets_offset(n_layers) + 4ull * n_layers + 7) / 8 * 8; }
+IKV_HD uint64_t room_record_bytes(uint32_t n_layers) { return room_stages_offset(n_layers) + 8ull * n_layers; }
+
 // One append to sequences with room: n_tokens (<= page_size) tokens per
 // sequence to layers [l0, l0 + n_layers), sequence i's rows numbered from
 // i * n_tokens in `in` (batch numbering). n_seqs <= kMaxRoomSeqs.
@@ -362,22 +414,10 @@ struct RoomAppend {
 cudaError_t launch_room_append(const PageShape &shape, const AppendRows &in, const RoomAppend &a, int only_format,
                                AppendError *error, cudaStream_t stream);
 
-// A decode's lists for sequences with room: the host listed each room to its
-// end; before every decode (eager or captured) the entries from `first` on are
-// rewritten from their full copies, clipped to the layer's device length, and
-// the sequence's count and length set. One per sequence with room.
-struct RoomTail {
-    RoomRecord *record;
-    uint32_t seq;         // index of the sequence in the call
-    uint32_t first;       // list index of the first entry that may be clipped
-    uint32_t n;           // full entries from `first` (at full + offset)
-    uint32_t offset;
-    uint32_t list_end;    // positions the full list covers (a longer device length: stale_read)
-    uint32_t generation;  // the record's when the lists were built (another: nothing is read, stale_read)
-};
 cudaError_t launch_room_clip(const RoomTail *tails, uint32_t n_tails, const DevPage *full, DevPage *pages,
                              uint32_t stride, uint32_t *counts, uint32_t *seq_len, uint32_t layer,
                              cudaStream_t stream);
+
 
 }  // namespace cuda
 }  // namespace ikv

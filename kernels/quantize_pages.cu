@@ -11,9 +11,11 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
+#include "append_f16_rows.cuh"
 #include "common/quant.hpp"
 #include "ikv_kernels.h"
 #include "launch_pdl.cuh"
+#include "room_lists.cuh"
 #include "stage_rows.cuh"
 
 namespace ikv {
@@ -275,11 +277,7 @@ struct RoomJobs {
         __threadfence();  // this block's reads of the length come first
         if (atomicAdd(&r.tickets[layer], 1u) != H - 1) return;
         r.tickets[layer] = 0;
-        const uint32_t pos = *static_cast<volatile uint32_t *>(&r.lengths[layer]);
-        if (uint64_t(pos) + n_tokens <= r.end)
-            r.lengths[layer] = pos + n_tokens;
-        else
-            atomicCAS(&r.overrun, 0u, layer + 1);
+        advance_room_length(r, layer, *static_cast<volatile uint32_t *>(&r.lengths[layer]), n_tokens);
     }
 };
 
@@ -300,48 +298,6 @@ __global__ void __launch_bounds__(kThreads, 3) quantize_jobs_kernel(PageShape sh
 // launch where there were two (a staging kernel over (job, head, K|V) blocks,
 // then this quantizer) plus their dependency: at B = 1 an asynchronous
 // one-token append cost 15-27 us of a layer (bench/RESULTS.md 1j).
-// An append's rows [row0, row0 + rows) of an F16/BF16 sub-page (one block),
-// from its staging, when the staging's folds (StageFold) cover rows [0, row0)
-// or row0 is 0: the new rows are encoded and the key summaries' folds
-// continued in token order, which is the full rewrite's arithmetic step for
-// step, so the bytes equal quantize_subpage's (the rows past the valid ones
-// are zero already: every write leaves them so). A one-token append then
-// touches one row instead of re-encoding the page and re-reading its keys.
-template <int kFmt>
-__device__ void append_rows_f16(const PageShape &shape, const AppendJob &j, uint32_t h, const StageFold &fold) {
-    const ikv_format f = kFmt >= 0 ? ikv_format(kFmt) : ikv_format(j.format);
-    const bool f16 = f == IKV_FMT_F16;
-    const uint32_t P = shape.page_size, D = shape.head_dim, H = shape.n_kv_heads;
-    const SubpageLayout L = subpage_layout(f, P, D);
-    uint8_t *sub = j.page + subpage_offset(shape, f, j.layer, h);
-    uint16_t *rec = reinterpret_cast<uint16_t *>(j.page + summary_offset(shape, f, j.layer, h));
-    const uint64_t half = uint64_t(H) * P * D;
-    for (uint32_t e = threadIdx.x; e < 2 * D; e += blockDim.x) {
-        const uint32_t which = e / D, d = e % D;
-        const float *src = j.stage + which * half + uint64_t(h) * P * D;
-        uint16_t *out = reinterpret_cast<uint16_t *>(sub + (which == 0 ? L.k : L.v));
-        const uint32_t fi = h * D + d;
-        float mn = INFINITY, mx = -INFINITY;
-        double sum = 0.0;
-        if (which == 0 && j.row0 > 0) mn = fold.mn[fi], mx = fold.mx[fi], sum = fold.sum[fi];
-        for (uint32_t t = j.row0; t < j.row0 + j.rows; ++t) {
-            const uint16_t b = f16 ? f32_to_f16(src[t * D + d]) : f32_to_bf16(src[t * D + d]);
-            out[t * D + d] = b;
-            if (which == 0) {
-                const float x = f16 ? f16_to_f32(b) : bf16_to_f32(b);
-                mn = fminf(mn, x);
-                mx = fmaxf(mx, x);
-                sum += double(x);
-            }
-        }
-        if (which == 0) {
-            fold.mn[fi] = mn, fold.mx[fi] = mx, fold.sum[fi] = sum;
-            encode_summary(rec, D, d, mn, mx, float(sum / double(j.row0 + j.rows)));
-        }
-    }
-    if (threadIdx.x == 0) fold.rows[h] = j.row0 + j.rows;
-}
-
 template <int kVec, class Jobs, int kFmt>
 __global__ void __launch_bounds__(kThreads, 3)
     append_jobs_kernel(PageShape shape, AppendRows in, const __grid_constant__ Jobs jobs, AppendError *error) {

@@ -11,6 +11,7 @@
 
 #include "ikv_kernels.h"
 #include "launch_pdl.cuh"
+#include "room_lists.cuh"
 
 namespace ikv {
 namespace cuda {
@@ -32,24 +33,7 @@ __global__ void __launch_bounds__(kClipThreads) room_clip_kernel(const RoomTail 
         return;
     }
     const uint32_t len = t.record->lengths[layer];
-    DevPage *out = pages + uint64_t(t.seq) * stride + t.first;
-    uint32_t kept = 0;  // entries come in position order: the kept ones are a prefix
-    for (uint32_t j0 = 0; j0 < t.n; j0 += kClipThreads) {
-        const uint32_t j = j0 + threadIdx.x;
-        bool keep = false;
-        if (j < t.n) {
-            DevPage e = full[t.offset + j];
-            keep = e.pos0 + e.begin < len;
-            if (keep) {
-                if (e.pos0 + e.end > len) {
-                    e.end = uint8_t(len - e.pos0);
-                    e.flags |= IKV_PAGE_PARTIAL;
-                }
-                out[j] = e;
-            }
-        }
-        kept += uint32_t(__syncthreads_count(keep));
-    }
+    const uint32_t kept = clip_room_entries(t, full, pages + uint64_t(t.seq) * stride, len);
     if (threadIdx.x == 0) {
         counts[t.seq] = t.first + kept;
         seq_len[t.seq] = len;

@@ -12,6 +12,9 @@
  *   step-eager         appends + decodes, eager, sequences without room;
  *   step-room-eager    the same with room reserved (ikv_pool_reserve);
  *   step-graph         the whole step (room) captured once and replayed;
+ *   step-fused-eager, step-fused-graph: the room steps with each layer's
+ *                      append passed to its decode (ikv_decode_args.append:
+ *                      the decode's kernels write the token);
  *   append-only[-room][-graph], decode-only-room[-graph]: the parts alone.
  * Lines `STEP <B> <ctx> <column> <ms>`, then the ratios to decode-only.
  * IKV_STEP_SHAPE=<i> runs shape i alone (for a profiler).
@@ -35,6 +38,7 @@ typedef struct step {
     void *dk, *dv, *dq, *dout; /* one step's input and output, every layer */
     void *stream;
     int appends, decodes;
+    int fused; /* appends through the decodes' args->append */
 } step;
 
 static int cmp_double(const void *a, const void *b) {
@@ -44,16 +48,15 @@ static int cmp_double(const void *a, const void *b) {
 
 static void run_step(const step *s) {
     for (uint32_t l = 0; l < L; ++l) {
-        if (s->appends) {
-            ikv_append a = ikv_append_default(s->pool, 1);
-            a.layer = l;
-            a.k = (const uint16_t *)s->dk + (size_t)l * s->B * HKV * D;
-            a.v = (const uint16_t *)s->dv + (size_t)l * s->B * HKV * D;
-            a.src_on_device = 1;
-            a.stream = s->stream;
-            a.flags = IKV_APPEND_ASYNC;
-            IKVT_OK(ikv_pool_append_batch(s->pool, s->seqs, s->B, &a));
-        }
+        ikv_append a = ikv_append_default(s->pool, 1);
+        a.layer = l;
+        a.k = (const uint16_t *)s->dk + (size_t)l * s->B * HKV * D;
+        a.v = (const uint16_t *)s->dv + (size_t)l * s->B * HKV * D;
+        a.src_on_device = 1;
+        a.stream = s->stream;
+        a.flags = IKV_APPEND_ASYNC;
+        const int fused = s->fused && s->appends && s->decodes;
+        if (s->appends && !fused) IKVT_OK(ikv_pool_append_batch(s->pool, s->seqs, s->B, &a));
         if (!s->decodes) continue;
         ikv_decode_args d = ikv_decode_args_default();
         d.layer = l;
@@ -65,6 +68,7 @@ static void run_step(const step *s) {
         d.out = (uint16_t *)s->dout + (size_t)l * s->B * HQ * D;
         d.out_dtype = IKV_DTYPE_F16;
         d.stream = s->stream;
+        d.append = fused ? &a : NULL;
         IKVT_OK(ikv_decode(s->dec, s->pool, &d));
     }
 }
@@ -157,17 +161,18 @@ static void test_engine_step(void **state) {
         ikv_decoder *dec = NULL;
         IKVT_OK(ikv_decoder_create(&dc, &dec));
         step s = {pool, dec, seqs, B, ikvt_dev_upload(NULL, 2 * n_kv), ikvt_dev_upload(NULL, 2 * n_kv),
-                  ikvt_dev_upload(qh, 2 * n_q), ikvt_dev_upload(NULL, 2 * n_q), NULL, 0, 1};
+                  ikvt_dev_upload(qh, 2 * n_q), ikvt_dev_upload(NULL, 2 * n_q), NULL, 0, 1, 0};
         assert_int_equal(ikvt_rt.memset_(s.dk, 0x3C, 2 * n_kv), 0); /* the steps' K/V: f16 0x3C3C = 1.06 */
         assert_int_equal(ikvt_rt.memset_(s.dv, 0x3C, 2 * n_kv), 0);
         assert_int_equal(ikvt_rt.stream_create_(&s.stream), 0);
 
         /* Columns that append start at ctx tokens and end GROWTH later; the
          * decode-only columns run at ctx + GROWTH/2, their mean length. */
-        enum { C = 10 };
+        enum { C = 12 };
         double ms[C];
-        const int appends[C] = {0, 0, 1, 1, 1, 1, 1, 1, 0, 0}, decodes[C] = {1, 1, 1, 1, 1, 0, 0, 0, 1, 1};
-        const int room[C] = {0, 0, 0, 1, 1, 0, 1, 1, 1, 1}, graph[C] = {0, 1, 0, 0, 1, 0, 0, 1, 0, 1};
+        const int appends[C] = {0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1}, decodes[C] = {1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1};
+        const int room[C] = {0, 0, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1}, graph[C] = {0, 1, 0, 0, 1, 0, 0, 1, 0, 1, 0, 1};
+        const int fused[C] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
         for (int c = 0; c < C; ++c) {
             reset(&s, ctx);
             if (!appends[c]) { /* to the mean length of an appending column */
@@ -175,18 +180,21 @@ static void test_engine_step(void **state) {
                 for (uint32_t t = 0; t < GROWTH / 2; ++t) run_step(&s);
             }
             if (room[c]) IKVT_OK(ikv_pool_reserve(pool, seqs, B, ROOM));
-            s.appends = appends[c], s.decodes = decodes[c];
+            s.appends = appends[c], s.decodes = decodes[c], s.fused = fused[c];
             ms[c] = graph[c] ? time_graph(&s) : time_steps(&s, NULL);
             IKVT_OK(ikv_pool_sync(pool)); /* takes the lengths replays reached; reports an overrun */
         }
         static const char *const names[C] = {"decode-only", "decode-only-graph", "step-eager", "step-room-eager",
                                               "step-graph", "append-only", "append-only-room", "append-only-room-graph",
-                                              "decode-only-room", "decode-only-room-graph"};
-        s.appends = 1, s.decodes = 1;
+                                              "decode-only-room", "decode-only-room-graph", "step-fused-eager",
+                                              "step-fused-graph"};
+        s.appends = 1, s.decodes = 1, s.fused = 0;
         for (int c = 0; c < C; ++c) printf("STEP %u %u %s %.4f\n", B, ctx, names[c], ms[c]);
-        printf("  B=%u ctx=%u: step-eager %.3fx, step-room-eager %.3fx, step-graph %.3fx the eager decodes alone; "
-               "step-graph %.3fx the decode-only graph\n",
-               B, ctx, ms[2] / ms[0], ms[3] / ms[0], ms[4] / ms[0], ms[4] / ms[1]);
+        printf("  B=%u ctx=%u: step-eager %.3fx, step-room-eager %.3fx, step-graph %.3fx, step-fused-eager %.3fx, "
+               "step-fused-graph %.3fx the eager decodes alone; step-graph %.3fx, step-fused-graph %.3fx the "
+               "decode-only graph\n",
+               B, ctx, ms[2] / ms[0], ms[3] / ms[0], ms[4] / ms[0], ms[10] / ms[0], ms[11] / ms[0], ms[4] / ms[1],
+               ms[11] / ms[1]);
         fflush(stdout);
         ikvt_rt.stream_destroy_(s.stream);
         ikvt_rt.free_(s.dk), ikvt_rt.free_(s.dv), ikvt_rt.free_(s.dq), ikvt_rt.free_(s.dout);

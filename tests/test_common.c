@@ -23,6 +23,12 @@ typedef struct first_decode_args {
 #undef ikv_decode_args_default
 first_decode_args ikv_decode_args_default(void);
 
+/* The second header's ikv_decode_args (before `append`) and its default. */
+typedef struct second_decode_args {
+    unsigned char bytes[offsetof(ikv_decode_args, append)];
+} second_decode_args;
+second_decode_args ikv_decode_args_default_v2(void);
+
 /* The first header's ikv_pool_config (through kv_dtype) and its unversioned default. */
 typedef struct first_pool_config {
     uint32_t struct_size;
@@ -135,6 +141,18 @@ static void test_first_header_decode_args(void **state) {
     ikv_pool_destroy(pool);
 }
 
+/* The second header's default writes its struct's bytes: today's defaults up
+ * to `append`, with that version's struct_size (a decode reads `append` as NULL). */
+static void test_second_header_decode_args(void **state) {
+    (void)state;
+    second_decode_args old = ikv_decode_args_default_v2();
+    ikv_decode_args now = ikv_decode_args_default_v3();
+    uint32_t size = 0;
+    memcpy(&size, old.bytes, sizeof size);
+    assert_int_equal(size, offsetof(ikv_decode_args, append));
+    assert_memory_equal(old.bytes + 4, (const unsigned char *)&now + 4, sizeof old.bytes - 4);
+}
+
 /* The same for ikv_query_memory_config: the old default writes exactly its
  * struct, and a memory created from it takes the first version's form (no
  * turns kept apart: `turns` 0). The new default keeps 4. */
@@ -203,6 +221,7 @@ int main(void) {
         cmocka_unit_test(test_first_header_pool_config),
         cmocka_unit_test(test_first_header_query_memory_config),
         cmocka_unit_test(test_first_header_decode_args),
+        cmocka_unit_test(test_second_header_decode_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1611,6 +1611,76 @@ static int teardown(void **state) {
     return 0;
 }
 
+/* A decode that appends (ikv_decode_args.append) on a CPU pool: the same
+ * pages and outputs, byte for byte, as ikv_pool_append_batch then
+ * ikv_decode, over a page boundary; arguments checked before anything is
+ * appended (a query longer than the sequence becomes counts its new tokens). */
+static void test_decode_with_append(void **state) {
+    (void)state;
+    enum { L = 2, H = 2, D = 64, P = 16, HQ = 4, B = 2, STEPS = 20 };
+    ikv_pool *pa = make_pool(L, H, D, P, IKV_FMT_INT8, 8u << 20), *pb = make_pool(L, H, D, P, IKV_FMT_INT8, 8u << 20);
+    ikv_seq_id sa[B], sb[B];
+    ikvt_rng rng = {4242};
+    for (uint32_t b = 0; b < B; ++b) {
+        IKVT_OK(ikv_seq_create(pa, &sa[b]));
+        IKVT_OK(ikv_seq_create(pb, &sb[b]));
+    }
+    float k[L * B * H * D], v[L * B * H * D], q[B * HQ * D], oa[B * HQ * D], ob[B * HQ * D];
+    for (uint32_t t = 0; t < STEPS; ++t) {
+        ikvt_fill_normal(&rng, k, L * B * H * D, 1.0f);
+        ikvt_fill_normal(&rng, v, L * B * H * D, 1.0f);
+        ikvt_fill_normal(&rng, q, B * HQ * D, 1.0f);
+        for (uint32_t l = 0; l < L; ++l) {
+            ikv_append a = ikv_append_default(pa, 1);
+            a.layer = l;
+            a.k = k + (size_t)l * B * H * D;
+            a.v = v + (size_t)l * B * H * D;
+            ikv_decode_args d = ikv_decode_args_default();
+            d.layer = l;
+            d.n_seqs = B;
+            d.n_q_heads = HQ;
+            d.q = q;
+            d.seqs = sb;
+            d.out = ob;
+            IKVT_OK(ikv_pool_append_batch(pb, sb, B, &a));
+            IKVT_OK(ikv_decode(g_dec1, pb, &d));
+            d.seqs = sa;
+            d.out = oa;
+            d.append = &a;
+            if (t == 0) { /* the first token: the query needs the appended one */
+                d.n_query_tokens = 2;
+                IKVT_EXPECT_STATUS(ikv_decode(g_dec3, pa, &d), IKV_E_INVALID, "n_query_tokens");
+                d.n_query_tokens = 1;
+                a.layer = 1 - l;
+                IKVT_EXPECT_STATUS(ikv_decode(g_dec3, pa, &d), IKV_E_INVALID, "args->append->layer");
+                a.layer = l;
+                a.token_stride = 1;
+                IKVT_EXPECT_STATUS(ikv_decode(g_dec3, pa, &d), IKV_E_INVALID, "ikv_decode (args->append)");
+                a.token_stride = H * D;
+                uint32_t len = 99;
+                IKVT_OK(ikv_seq_layer_length(pa, sa[0], l, &len));
+                assert_int_equal(len, 0); /* nothing appended */
+            }
+            IKVT_OK(ikv_decode(g_dec3, pa, &d));
+            if (memcmp(oa, ob, sizeof oa) != 0) fail_msg("step %u layer %u: outputs differ", t, l);
+        }
+    }
+    for (uint32_t b = 0; b < B; ++b)
+        for (uint32_t l = 0; l < L; ++l) {
+            float ka[STEPS * H * D], va[STEPS * H * D], kb[STEPS * H * D], vb[STEPS * H * D];
+            IKVT_OK(ikv_seq_read(pa, sa[b], l, 0, STEPS, ka, va));
+            IKVT_OK(ikv_seq_read(pb, sb[b], l, 0, STEPS, kb, vb));
+            assert_memory_equal(ka, kb, sizeof ka);
+            assert_memory_equal(va, vb, sizeof va);
+        }
+    ikv_decoder_stats st;
+    st.struct_size = sizeof st;
+    IKVT_OK(ikv_decoder_get_stats(g_dec3, &st));
+    assert_int_equal(st.appends_fused, 0); /* a CPU decode appends first, as the separate call */
+    ikv_pool_destroy(pa);
+    ikv_pool_destroy(pb);
+}
+
 int main(void) {
     ikv_runtime_info info;
     info.struct_size = sizeof info;
@@ -1648,6 +1718,7 @@ int main(void) {
         cmocka_unit_test(test_bytes_read_dense_f16),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_page_lists_reused_across_layers),
+        cmocka_unit_test(test_decode_with_append),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

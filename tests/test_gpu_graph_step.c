@@ -86,9 +86,10 @@ static ikv_decode_args decode_args(const ikv_seq_id *seqs, uint32_t l, const voi
 }
 
 /* One engine step on a CUDA pool: per layer, the batch append of one token
- * per sequence from device memory, then the decode. */
+ * per sequence from device memory, then the decode; with `fused`, the
+ * decode's args->append instead of a separate append call. */
 static ikv_status cuda_step(ikv_pool *pool, ikv_decoder *dec, const ikv_seq_id *seqs, const bufs *bf, void *stream,
-                            const ikv_plan *const *plans, enum kind kind) {
+                            const ikv_plan *const *plans, enum kind kind, int fused) {
     for (uint32_t l = 0; l < L; ++l) {
         ikv_append a = ikv_append_default(pool, 1);
         a.layer = l;
@@ -97,14 +98,23 @@ static ikv_status cuda_step(ikv_pool *pool, ikv_decoder *dec, const ikv_seq_id *
         a.src_on_device = 1;
         a.stream = stream;
         a.flags = IKV_APPEND_ASYNC;
-        ikv_status st = ikv_pool_append_batch(pool, seqs, B, &a);
+        ikv_status st = fused ? IKV_OK : ikv_pool_append_batch(pool, seqs, B, &a);
         if (st != IKV_OK) return st;
-        const ikv_decode_args d = decode_args(seqs, l, (const float *)bf->dq + (size_t)l * B * HQ * D,
-                                              (float *)bf->dout + (size_t)l * B * HQ * D, stream, plans, kind);
+        ikv_decode_args d = decode_args(seqs, l, (const float *)bf->dq + (size_t)l * B * HQ * D,
+                                        (float *)bf->dout + (size_t)l * B * HQ * D, stream, plans, kind);
+        d.append = fused ? &a : NULL;
         st = ikv_decode(dec, pool, &d);
         if (st != IKV_OK) return st;
     }
     return IKV_OK;
+}
+
+/* Calls of dec whose args->append its kernels wrote (ikv_decoder_stats). */
+static uint64_t appends_fused(const ikv_decoder *dec) {
+    ikv_decoder_stats st;
+    st.struct_size = sizeof st;
+    IKVT_OK(ikv_decoder_get_stats(dec, &st));
+    return st.appends_fused;
 }
 
 /* The same step on a CPU pool from host memory. */
@@ -160,7 +170,9 @@ static double rel_l2_f(const float *a, const float *b, size_t n) {
     return sqrt(num / (den > 0 ? den : 1));
 }
 
-static void run_case(ikv_format f, enum kind kind) {
+/* fused: pool A's captured step appends through its decodes (ikv_decode_args.append);
+ * pool B's eager step stays two calls a layer, so the replay equals them too. */
+static void run_case(ikv_format f, enum kind kind, int fused) {
     ikv_pool *ga = make_pool(IKV_BACKEND_CUDA, f), *gb = make_pool(IKV_BACKEND_CUDA, f);
     ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, f);
     ikv_seq_id sa[B], sb[B], sc[B];
@@ -197,9 +209,12 @@ static void run_case(ikv_format f, enum kind kind) {
     assert_int_equal(ikvt_rt.stream_sync_(stream_a), 0);
     void *graph = NULL, *exec = NULL;
     assert_int_equal(ikvt_rt.begin_capture_(stream_a, IKVT_CAPTURE_GLOBAL), 0);
-    const ikv_status captured = cuda_step(ga, da, sa, &bf, stream_a, plans, kind);
+    const ikv_status captured = cuda_step(ga, da, sa, &bf, stream_a, plans, kind, fused);
     assert_int_equal(ikvt_rt.end_capture_(stream_a, &graph), 0);
     if (captured != IKV_OK) fail_msg("capture: %s: %s", ikv_status_name(captured), ikv_last_error());
+    /* The decode's kernels write the token where ikv_decode_args.append says they do. */
+    const int in_kernels = fused && (f == IKV_FMT_F16 || f == IKV_FMT_BF16) && kind != TOPK;
+    assert_int_equal(appends_fused(da), in_kernels ? L : 0);
     assert_int_equal(ikvt_rt.graph_instantiate_(&exec, graph, 0), 0);
     uint32_t len = 0;
     IKVT_OK(ikv_seq_length(ga, sa[0], &len));
@@ -215,11 +230,12 @@ static void run_case(ikv_format f, enum kind kind) {
         assert_int_equal(ikvt_rt.graph_launch_(exec, stream_a), 0);
         assert_int_equal(ikvt_rt.stream_sync_(stream_a), 0);
         assert_int_equal(ikvt_rt.memcpy_(out_a, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
-        IKVT_OK(cuda_step(gb, db, sb, &bf, stream_b, plans, kind));
+        IKVT_OK(cuda_step(gb, db, sb, &bf, stream_b, plans, kind, 0));
         assert_int_equal(ikvt_rt.stream_sync_(stream_b), 0);
         assert_int_equal(ikvt_rt.memcpy_(out_b, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
         if (memcmp(out_a, out_b, 4 * Q_STEP) != 0)
-            fail_msg("format %d kind %d step %u: the replay's output differs from the eager step's", f, kind, t);
+            fail_msg("format %d kind %d fused %d step %u: the replay's output differs from the eager step's", f, kind,
+                     fused, t);
         cpu_step(cpu, dcpu, sc, k, v, q, out_c, plans, kind);
         if (kind != TOPK) { /* top-k may break near-ties of its bf16 scores differently on the CPU */
             const double e = rel_l2_f(out_b, out_c, Q_STEP);
@@ -283,17 +299,33 @@ static void run_case(ikv_format f, enum kind kind) {
 
 static const ikv_format kFormats[] = {IKV_FMT_F16, IKV_FMT_BF16, IKV_FMT_FP8_E4M3, IKV_FMT_INT8, IKV_FMT_INT4};
 
+static void run_formats(enum kind kind, int fused) {
+    for (size_t i = 0; i < sizeof kFormats / sizeof kFormats[0]; ++i) run_case(kFormats[i], kind, fused);
+}
 static void test_dense_step_replayed(void **state) {
     (void)state;
-    for (size_t i = 0; i < sizeof kFormats / sizeof kFormats[0]; ++i) run_case(kFormats[i], DENSE);
+    run_formats(DENSE, 0);
 }
 static void test_plan_step_replayed(void **state) {
     (void)state;
-    for (size_t i = 0; i < sizeof kFormats / sizeof kFormats[0]; ++i) run_case(kFormats[i], PLAN);
+    run_formats(PLAN, 0);
 }
 static void test_topk_step_replayed(void **state) {
     (void)state;
-    for (size_t i = 0; i < sizeof kFormats / sizeof kFormats[0]; ++i) run_case(kFormats[i], TOPK);
+    run_formats(TOPK, 0);
+}
+/* The same steps with the appends passed to the decodes (ikv_decode_args.append). */
+static void test_dense_step_fused(void **state) {
+    (void)state;
+    run_formats(DENSE, 1);
+}
+static void test_plan_step_fused(void **state) {
+    (void)state;
+    run_formats(PLAN, 1);
+}
+static void test_topk_step_fused(void **state) {
+    (void)state;
+    run_formats(TOPK, 1);
 }
 
 /* Appends a room refuses, on a CUDA pool: more than a page of tokens, a batch
@@ -360,6 +392,89 @@ static void test_room_append_refusals(void **state) {
     ikv_pool_destroy(pool);
 }
 
+/* Eager decodes that append (ikv_decode_args.append) on F16 pools with room:
+ * each step's outputs and the pools equal the same tokens appended by
+ * separate calls; the fused path is taken; bad arguments are refused with a
+ * sentence and append nothing; a NaN input is stored as 0 and reported by
+ * ikv_pool_sync, as an asynchronous append's. */
+static void test_fused_append_eager(void **state) {
+    (void)state;
+    ikv_pool *ga = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16), *gb = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16);
+    ikv_seq_id sa[B], sb[B];
+    prefill(ga, sa);
+    prefill(gb, sb);
+    IKVT_OK(ikv_pool_reserve(ga, sa, B, ROOM));
+    IKVT_OK(ikv_pool_reserve(gb, sb, B, ROOM));
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    ikv_decoder *da = NULL, *db = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &da));
+    IKVT_OK(ikv_decoder_create(&dc, &db));
+    void *stream = NULL;
+    assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
+    bufs bf = {ikvt_dev_upload(NULL, 2 * KV_STEP), ikvt_dev_upload(NULL, 2 * KV_STEP), ikvt_dev_upload(NULL, 4 * Q_STEP),
+               ikvt_dev_upload(NULL, 4 * Q_STEP)};
+    uint16_t *k = malloc(2 * KV_STEP), *v = malloc(2 * KV_STEP);
+    float *q = malloc(4 * Q_STEP), *out_a = malloc(4 * Q_STEP), *out_b = malloc(4 * Q_STEP);
+    enum { STEPS = 20 };
+    for (uint32_t t = 0; t < STEPS; ++t) {
+        step_input(t, k, v, q);
+        assert_int_equal(ikvt_rt.memcpy_(bf.dk, k, 2 * KV_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(bf.dv, v, 2 * KV_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(bf.dq, q, 4 * Q_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.sync_(), 0);
+        IKVT_OK(cuda_step(ga, da, sa, &bf, stream, NULL, DENSE, 1));
+        assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_(out_a, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
+        IKVT_OK(cuda_step(gb, db, sb, &bf, stream, NULL, DENSE, 0));
+        assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_(out_b, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
+        if (memcmp(out_a, out_b, 4 * Q_STEP) != 0) fail_msg("step %u: the fused step's output differs", t);
+    }
+    assert_int_equal(appends_fused(da), (uint64_t)L * STEPS);
+    IKVT_OK(ikv_pool_sync(ga));
+    IKVT_OK(ikv_pool_sync(gb));
+    assert_same_pools(ga, sa, gb, sb);
+
+    /* Refused before anything is appended: the append's layer or stream not the
+     * decode's, a query longer than the sequence would be, a bad append argument. */
+    ikv_append a = ikv_append_default(ga, 1);
+    a.k = bf.dk;
+    a.v = bf.dv;
+    a.src_on_device = 1;
+    a.stream = stream;
+    a.flags = IKV_APPEND_ASYNC;
+    ikv_decode_args d = decode_args(sa, 0, bf.dq, bf.dout, stream, NULL, DENSE);
+    d.append = &a;
+    a.layer = 1;
+    IKVT_EXPECT_STATUS(ikv_decode(da, ga, &d), IKV_E_INVALID, "args->append->layer");
+    a.layer = 0;
+    a.stream = NULL;
+    IKVT_EXPECT_STATUS(ikv_decode(da, ga, &d), IKV_E_INVALID, "args->append->stream");
+    a.stream = stream;
+    d.n_query_tokens = 1000;
+    IKVT_EXPECT_STATUS(ikv_decode(da, ga, &d), IKV_E_INVALID, "n_query_tokens");
+    d.n_query_tokens = 1;
+    a.n_tokens = 0;
+    IKVT_EXPECT_STATUS(ikv_decode(da, ga, &d), IKV_E_INVALID, "ikv_decode (args->append)");
+    a.n_tokens = 1;
+    IKVT_OK(ikv_pool_sync(ga));
+    assert_same_pools(ga, sa, gb, sb); /* nothing was appended */
+
+    /* A NaN: stored as 0, reported by the sync, the length advanced (as an asynchronous append). */
+    assert_int_equal(ikvt_rt.memset_(bf.dk, 0xFF, 2 * (size_t)H * D), 0); /* f16 0xFFFF: NaN */
+    IKVT_OK(ikv_decode(da, ga, &d));
+    IKVT_EXPECT_STATUS(ikv_pool_sync(ga), IKV_E_INVALID, "NaN");
+    uint32_t len = 0;
+    IKVT_OK(ikv_seq_layer_length(ga, sa[0], 0, &len));
+    assert_int_equal(len, kPrefill[0] + STEPS + 1);
+
+    ikvt_rt.stream_destroy_(stream);
+    ikvt_rt.free_(bf.dk), ikvt_rt.free_(bf.dv), ikvt_rt.free_(bf.dq), ikvt_rt.free_(bf.dout);
+    free(k), free(v), free(q), free(out_a), free(out_b);
+    ikv_decoder_destroy(da), ikv_decoder_destroy(db);
+    ikv_pool_destroy(ga), ikv_pool_destroy(gb);
+}
+
 int main(void) {
     ikvt_require_cuda_device();
     const char *filter = getenv("IKVT_TEST_FILTER"); /* e.g. for compute-sanitizer runs of one test */
@@ -369,6 +484,10 @@ int main(void) {
         cmocka_unit_test(test_dense_step_replayed),
         cmocka_unit_test(test_plan_step_replayed),
         cmocka_unit_test(test_topk_step_replayed),
+        cmocka_unit_test(test_dense_step_fused),
+        cmocka_unit_test(test_plan_step_fused),
+        cmocka_unit_test(test_topk_step_fused),
+        cmocka_unit_test(test_fused_append_eager),
     };
     return cmocka_run_group_tests_name("gpu_graph_step", tests, NULL, NULL);
 }

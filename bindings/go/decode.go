@@ -174,7 +174,7 @@ func (d *Decoder) Step(p *Pool, r DecodeRequest) (DecodeResult, error) {
 	for i, s := range r.Seqs {
 		unsafe.Slice(seqs, len(r.Seqs))[i] = C.ikv_seq_id(s)
 	}
-	a := C.ikv_decode_args_default_v2()
+	a := C.ikv_decode_args_default_v3()
 	if len(r.Plans) > 0 {
 		if len(r.Plans) != len(r.Seqs) {
 			return DecodeResult{}, bindErr(ErrInvalid, "%s: %d plans for %d sequences", m, len(r.Plans), len(r.Seqs))

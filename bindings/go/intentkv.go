@@ -254,7 +254,7 @@ type TokenRange struct{ Begin, End uint32 }
 // compare them: a binding built with another header would differ).
 func structSizes() map[string][2]uintptr {
 	return map[string][2]uintptr{
-		"ikv_decode_args":          {uintptr(C.ikv_decode_args_default_v2().struct_size), C.sizeof_ikv_decode_args},
+		"ikv_decode_args":          {uintptr(C.ikv_decode_args_default_v3().struct_size), C.sizeof_ikv_decode_args},
 		"ikv_pool_config":          {uintptr(C.ikv_pool_default_config_v2().struct_size), C.sizeof_ikv_pool_config},
 		"ikv_router_config":        {uintptr(C.ikv_router_default_config().struct_size), C.sizeof_ikv_router_config},
 		"ikv_block_desc":           {uintptr(C.ikv_block_desc_default().struct_size), C.sizeof_ikv_block_desc},

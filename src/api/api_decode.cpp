@@ -18,8 +18,10 @@
 #include "common/config.hpp"
 #include "common/error.hpp"
 #include "common/raw_enum.hpp"
+#include "api/api_append.hpp"
 #include "decode/decoder.hpp"
 #include "feedback/page_feedback.hpp"
+#include "pool/room_append.hpp"
 #include "query_memory/query_memory.hpp"
 
 namespace {
@@ -31,7 +33,8 @@ constexpr size_t kDecodeArgsV1Size = offsetof(ikv_decode_args, stream) + sizeof(
 
 bool valid_dtype(int dt) { return dt == IKV_DTYPE_F32 || dt == IKV_DTYPE_F16 || dt == IKV_DTYPE_BF16; }
 
-ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListMemory &lists) {
+// extra: tokens args->append adds to each sequence before the decode reads it.
+ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListMemory &lists, uint32_t extra = 0) {
     const char *fn = "ikv_decode";
     const ikv::PageShape &shape = ikv::pool_shape(pool);
     IKV_CHECK_NULL_AS(a.seqs, "args->seqs", fn);
@@ -100,10 +103,28 @@ ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListM
     ikv_status st = lists.observe(pool, a);
     if (st != IKV_OK) return st;
     for (uint32_t b = 0; b < a.n_seqs; ++b)
-        if (a.n_query_tokens > lists.state(b).length)
+        if (a.n_query_tokens > uint64_t(lists.state(b).length) + extra)
             return ikv::fail(IKV_E_INVALID,
-                             "%s: args->n_query_tokens %u exceeds the %u tokens stored in layer %u of sequence %u", fn,
-                             a.n_query_tokens, lists.state(b).length, a.layer, a.seqs[b]);
+                             "%s: args->n_query_tokens %u exceeds the %llu tokens layer %u of sequence %u holds%s", fn,
+                             a.n_query_tokens, (unsigned long long)(uint64_t(lists.state(b).length) + extra), a.layer,
+                             a.seqs[b], extra ? " with args->append's" : "");
+    return IKV_OK;
+}
+
+// args->append: what ikv_pool_append_batch would check, plus that it appends
+// to the decode's layer on the decode's stream.
+ikv_status check_append_arg(const ikv_decode_args &a) {
+    const char *fn = "ikv_decode";
+    const ikv_append &ap = *a.append;
+    if (ap.struct_size < offsetof(ikv_append, seq_stride))
+        return ikv::fail(IKV_E_INVALID, "%s: args->append->struct_size %u is smaller than any ikv_append", fn,
+                         ap.struct_size);
+    if (ap.layer != a.layer)
+        return ikv::fail(IKV_E_INVALID, "%s: args->append->layer is %u, args->layer %u; a decode appends to its own layer",
+                         fn, ap.layer, a.layer);
+    if (ap.stream != a.stream)
+        return ikv::fail(IKV_E_INVALID, "%s: args->append->stream differs from args->stream; a decode appends on its "
+                         "own stream", fn);
     return IKV_OK;
 }
 
@@ -146,7 +167,7 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder) {
     mi_free(decoder);
 }
 
-IKV_API ikv_decode_args ikv_decode_args_default_v2(void) {
+IKV_API ikv_decode_args ikv_decode_args_default_v3(void) {
     ikv_decode_args a{};
     a.struct_size = sizeof a;
     a.n_seqs = 1;
@@ -166,13 +187,24 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
     IKV_CHECK_NULL(pool, fn);
     IKV_CHECK_NULL(args, fn);
     IKV_CHECK_STRUCT(args, kDecodeArgsV1Size, fn);
-    const ikv_decode_args a = ikv::read_config(*args, ikv_decode_args_default_v2());
+    const ikv_decode_args a = ikv::read_config(*args, ikv_decode_args_default_v3());
     ikv::ListMemory &mem = decoder->lists;
     decoder->last.valid = false;  // a failed call may have rewritten what the last one left
     try {
-        ikv_status st = check_args(pool, a, mem);
+        ikv::RoomAppendReady ready;  // args->append to sequences with room, not yet enqueued
+        ikv_status st = IKV_OK;
+        if (a.append != nullptr) {  // checked as a whole first: a rejected call appends nothing
+            st = check_append_arg(a);
+            if (st == IKV_OK) st = check_args(pool, a, mem, a.append->n_tokens);
+            if (st == IKV_OK) st = ikv::append_entry(pool, a.seqs, a.n_seqs, a.append, "ikv_decode (args->append)", &ready);
+            if (st == IKV_OK && ready.pending && ikv::pool_backend(pool) != IKV_BACKEND_CUDA)
+                st = ikv::room_append_run(pool, ready);  // only a CUDA decode does it in its own kernels
+            if (st != IKV_OK) return st;
+        }
+        st = check_args(pool, a, mem);  // after an append, at the lengths it left
         if (st != IKV_OK) return st;
         ikv::StepLists lists;
+        lists.append = ready.pending ? &ready : nullptr;
         lists.reuse = mem.reusable();
         mem.forget();  // until this call succeeds: a failed one may have rewritten the lists
         lists.snaps = &mem.snaps;
@@ -184,7 +216,10 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
         else
             st = ikv::cpu_decode(decoder->threads, decoder->scratch, pool, a, lists, &bytes);
         if (st != IKV_OK) return st;
+        if (ready.pending)  // every backend path enqueues a ready append or fails
+            return ikv::fail(IKV_E_INTERNAL, "%s: args->append was neither enqueued nor done by the decode", fn);
         mem.finish(lists.reuse, lists.keep);
+        decoder->appends_fused += lists.append_fused ? 1 : 0;
         decoder->last_bytes = bytes;
         decoder->last = {true, ikv::pool_backend(pool) == IKV_BACKEND_CUDA, lists.captured,
                          a.n_seqs, ikv::pool_shape(pool).n_kv_heads};
@@ -249,6 +284,7 @@ IKV_API ikv_status ikv_decoder_get_stats(const ikv_decoder *decoder, ikv_decoder
     v.lists_built = decoder->lists.built;
     v.lists_reused = decoder->lists.reused;
     v.last_bytes_read = decoder->last_bytes;
+    v.appends_fused = decoder->appends_fused;
     ikv::write_versioned(out, v);
     return IKV_OK;
 }
@@ -279,7 +315,24 @@ static_assert(offsetof(ikv_decode_args_v1, stream) == offsetof(ikv_decode_args, 
 
 #undef ikv_decode_args_default
 IKV_API ikv_decode_args_v1 ikv_decode_args_default(void) {
-    return ikv::first_layout<ikv_decode_args_v1>(ikv_decode_args_default_v2());
+    return ikv::first_layout<ikv_decode_args_v1>(ikv_decode_args_default_v3());
 }
+
+// The second header's ikv_decode_args (through topk_feedback_weight; today's
+// up to `append`) and its default, for programs and bindings built against
+// it: the same bytes as today's default, struct_size that version's.
+struct alignas(ikv_decode_args) ikv_decode_args_v2 {
+    unsigned char bytes[offsetof(ikv_decode_args, append)];
+};
+static_assert(offsetof(ikv_decode_args, append) % alignof(ikv_decode_args) == 0, "no padding before `append`");
+
+IKV_API ikv_decode_args_v2 ikv_decode_args_default_v2(void) {
+    ikv_decode_args a = ikv_decode_args_default_v3();
+    a.struct_size = uint32_t(sizeof(ikv_decode_args_v2));
+    ikv_decode_args_v2 old;
+    std::memcpy(old.bytes, &a, sizeof old);
+    return old;
+}
+
 
 }  // extern "C"

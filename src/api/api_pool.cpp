@@ -9,6 +9,7 @@
 #include "common/config.hpp"
 #include "common/error.hpp"
 #include "common/raw_enum.hpp"
+#include "api/api_append.hpp"
 #include "pool/pool.hpp"
 
 namespace {
@@ -115,9 +116,13 @@ ikv_status check_append(const ikv_pool *pool, const ikv_append &a, uint32_t n_se
 // The first version of ikv_append ended before seq_stride.
 constexpr uint32_t kAppendMinSize = offsetof(ikv_append, seq_stride);
 
-// Both append entry points: arguments read and checked, then the pool core.
+}  // namespace
+
+namespace ikv {
+
+// The append entry points (api_append.hpp): arguments read and checked, then the pool core.
 ikv_status append_entry(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs, const ikv_append *args,
-                        const char *fn) {
+                        const char *fn, RoomAppendReady *defer) {
     IKV_CHECK_NULL(pool, fn);
     IKV_CHECK_NULL(args, fn);
     IKV_CHECK_STRUCT(args, kAppendMinSize, fn);
@@ -125,13 +130,13 @@ ikv_status append_entry(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs,
     ikv_status st = check_append(pool, a, n_seqs, fn);
     if (st != IKV_OK) return st;
     try {
-        return ikv::seqs_append(pool, seqs, n_seqs, a, fn);
+        return ikv::seqs_append(pool, seqs, n_seqs, a, fn, defer);
     } catch (const std::bad_alloc &) {
         return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     }
 }
 
-}  // namespace
+}  // namespace ikv
 
 extern "C" {
 
@@ -234,7 +239,7 @@ IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens) {
 }
 
 IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append *args) {
-    return append_entry(pool, &seq, 1, args, "ikv_pool_append");
+    return ikv::append_entry(pool, &seq, 1, args, "ikv_pool_append");
 }
 
 IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs,
@@ -243,7 +248,7 @@ IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs,
     IKV_CHECK_NULL(pool, fn);
     IKV_CHECK_NULL(seqs, fn);
     if (n_seqs == 0) return ikv::fail(IKV_E_INVALID, "%s: n_seqs is 0; it must be >= 1", fn);
-    return append_entry(pool, seqs, n_seqs, args, fn);
+    return ikv::append_entry(pool, seqs, n_seqs, args, fn);
 }
 
 IKV_API ikv_status ikv_pool_sync(ikv_pool *pool) {

@@ -40,6 +40,7 @@
 #include "decode/selection.hpp"
 #include "ikv_kernels.h"
 #include "pool/pool_view.hpp"
+#include "pool/room_append.hpp"
 #include "feedback/page_feedback.hpp"
 #include "query_memory/query_memory.hpp"
 
@@ -61,6 +62,9 @@ struct ListSummary {
     // full copies of the entries the clip kernel rewrites (kernels/room_clip.cu).
     uint32_t n_room = 0;
     uint64_t off_tails = 0, off_full = 0;
+    // Every room's entries read each position from the host's length to the
+    // room's end (a decode that appends can write its token where one reads it).
+    bool rooms_covered = false;
 };
 
 struct CudaDecoderState {
@@ -86,6 +90,7 @@ struct CudaDecoderState {
     dvec<Entry> entries;  // every sequence's entries of the current call, one after another
     dvec<uint64_t> entry_first;  // sequence b's entries: [entry_first[b], entry_first[b + 1])
     dvec<uint32_t> room_first;   // sequences with room: the first entry the device clips
+    dvec<cuda::RoomTail> room_tails_host;  // their tail records as uploaded (the first few go in kernel parameters)
     std::vector<float> prior_host;        // the feedback prior's host side (upload_prior)
     std::vector<uint32_t> prior_on_host;
     // Where the last call's selection lives (ikv_decoder_last_selection):
@@ -124,6 +129,17 @@ void cuda_decoder_state_destroy(CudaDecoderState *s) {
 namespace {
 
 constexpr const char *kFn = "ikv_decode";
+
+// IKV_FUSED_APPEND=0 in the environment (read once) makes a decode that
+// appends enqueue the append as ikv_pool_append_batch does, for side-by-side
+// timing of the fused path (bench/gpu/bench_gpu_step.c).
+bool fused_append_enabled() {
+    static const bool on = [] {
+        const char *e = std::getenv("IKV_FUSED_APPEND");
+        return !(e != nullptr && std::strcmp(e, "0") == 0);
+    }();
+    return on;
+}
 
 uint64_t align256(uint64_t n) { return (n + 255) / 256 * 256; }
 
@@ -256,6 +272,7 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     room_first.assign(B, 0);
     sum.n_room = 0;
     uint64_t n_full = 0;
+    sum.rooms_covered = true;
     for (uint32_t b = 0; b < B; ++b) {
         room_first[b] = counts[b];
         if (snaps[b].room == nullptr) continue;
@@ -264,6 +281,13 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
         room_first[b] = i;
         n_full += counts[b] - i;
         ++sum.n_room;
+        uint32_t at = snaps[b].host_length;  // the first position not yet seen read
+        for (uint32_t j = i; j < counts[b]; ++j) {
+            const Entry &e = s.entries[first[b] + j];
+            if (e.begin > at) break;
+            at = std::max(at, e.end);
+        }
+        sum.rooms_covered = sum.rooms_covered && at >= snaps[b].length;
     }
 
     // The pinned staging half: counts[B] | lens[B] | pages[B][stride], the
@@ -333,6 +357,7 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
         }
     }
     cuda::RoomTail *tail = reinterpret_cast<cuda::RoomTail *>(h + sum.off_tails);
+    s.room_tails_host.clear();
     cuda::DevPage *full = reinterpret_cast<cuda::DevPage *>(h + sum.off_full);
     uint32_t offset = 0;
     for (uint32_t b = 0; b < B; ++b) {
@@ -340,8 +365,9 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
         const uint32_t n = counts[b] - room_first[b];
         const cuda::DevPage *listed = reinterpret_cast<const cuda::DevPage *>(h + sum.off_pages) + uint64_t(b) * sum.stride;
         std::memcpy(full + offset, listed + room_first[b], n * sizeof(cuda::DevPage));
-        *tail++ = cuda::RoomTail{static_cast<cuda::RoomRecord *>(snaps[b].room), b, room_first[b], n, offset,
-                                 snaps[b].length, snaps[b].room_generation};
+        *tail = cuda::RoomTail{static_cast<cuda::RoomRecord *>(snaps[b].room), b, room_first[b], n, offset,
+                               snaps[b].length, snaps[b].room_generation};
+        s.room_tails_host.push_back(*tail++);
         offset += n;
     }
     if (capturing && s.lists_bytes < sum.staged) return refuse_growth_in_capture("device page lists", sum.staged);
@@ -582,7 +608,23 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         const ikv_status ost = pool_order_after_moves(pool, stream, kFn);
         if (ost != IKV_OK) return ost;
     }
-    if (sum.n_room > 0) {  // sequences with room: their lists and lengths at the device's length, now
+    // args->append to sequences with room: done by the decode's kernels where
+    // they can (FusedAppend, ikv_decode_args.append lists when), else enqueued now.
+    RoomAppendReady *ready = lists.append;
+    const bool fuse = ready != nullptr && fused_append_enabled() && sum.n_room == B && sum.rooms_covered &&
+                      ready->pages16 && ready->src.async && ready->src.seq_tokens == 1 && ready->l0 == a.layer &&
+                      ready->l1 == a.layer + 1 && !topk && !feedback && !gemm && cuda::decode_row_chunks(p) == 1;
+    if (ready != nullptr && !fuse) {
+        st = room_append_run(pool, *ready);
+        if (st != IKV_OK) return st;
+    }
+    if (fuse) {
+        st = pool_fused_append_begin(pool, *ready, &p.fused);
+        if (st != IKV_OK) return st;
+        p.room_tails = reinterpret_cast<const cuda::RoomTail *>(s.lists + sum.off_tails);
+        p.room_full = reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_full);
+        for (uint32_t b = 0; b < B && b < cuda::kInlineRoomTails; ++b) p.room_inline[b] = s.room_tails_host[b];
+    } else if (sum.n_room > 0) {  // sequences with room: their lists and lengths at the device's length, now
         err = cuda::launch_room_clip(reinterpret_cast<const cuda::RoomTail *>(s.lists + sum.off_tails), sum.n_room,
                                      reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_full),
                                      reinterpret_cast<cuda::DevPage *>(s.lists + sum.off_pages), stride,
@@ -680,6 +722,11 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     } else {
         err = cuda::launch_decode(p, stream);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the decode kernels");
+        if (fuse) {
+            st = pool_fused_append_end(pool, *ready);
+            if (st != IKV_OK) return st;
+            lists.append_fused = true;
+        }
     }
     if (feedback) {
         st = feed_back(s, a, p, s.dev + off_fb, stream);

@@ -504,6 +504,39 @@ public:
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "the append at the device's lengths");
     }
 
+    ikv_status fused_append_begin(const AppendSource &src, void *fused) override {
+        const char *fn = src.fn;
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        bool capturing = false;
+        ikv_status st = stream_capturing(src.stream, fn, &capturing);
+        if (st != IKV_OK) return st;
+        Exec ex;  // as write_room_append: eagerly after the pool's earlier asynchronous appends
+        ex.stream = src.stream;
+        ex.async = true;
+        cudaStream_t stream = static_cast<cudaStream_t>(src.stream);
+        const cudaError_t err = capturing ? cudaSuccess : begin(ex, &stream);
+        if (err != cudaSuccess) return cuda_fail(err, fn, "ordering the append after the pool's earlier ones");
+        cuda::FusedAppend &f = *static_cast<cuda::FusedAppend *>(fused);
+        f.in = rows_of(src);
+        f.error = error_dev_;
+        return IKV_OK;
+    }
+    ikv_status fused_append_end(const AppendSource &src) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), src.fn, "cudaSetDevice");
+        bool capturing = false;
+        ikv_status st = stream_capturing(src.stream, src.fn, &capturing);
+        if (st != IKV_OK || capturing) return st;
+        Exec ex;
+        ex.stream = src.stream;
+        ex.async = true;
+        const cudaError_t err = finish(ex);
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, src.fn, "recording the append");
+    }
+
     ikv_status find_nonfinite(const AppendSource &src, uint32_t l0, uint32_t l1, NonFinite *out) override {
         const char *fn = src.fn;
         if (!src.on_device) {

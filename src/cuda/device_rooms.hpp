@@ -72,10 +72,11 @@ private:
     };
     // Read and clear a retired record's report into pending_ (waits for the device).
     ikv_status collect(Handle *h, const char *fn);
-    uint64_t lengths_offset() const { return sizeof(cuda::RoomRecord); }
-    uint64_t tickets_offset() const { return lengths_offset() + 4ull * n_layers_; }
-    uint64_t stages_offset() const { return (tickets_offset() + 4ull * n_layers_ + 7) / 8 * 8; }
-    uint64_t record_bytes() const { return stages_offset() + 8ull * n_layers_; }
+    // The layout the kernels know too (kernels/ikv_kernels.h room_*_offset).
+    uint64_t lengths_offset() const { return cuda::room_lengths_offset(); }
+    uint64_t tickets_offset() const { return cuda::room_tickets_offset(n_layers_); }
+    uint64_t stages_offset() const { return cuda::room_stages_offset(n_layers_); }
+    uint64_t record_bytes() const { return cuda::room_record_bytes(n_layers_); }
     static uint64_t page_list_bytes(uint32_t n_pages) { return 12ull * (n_pages > 0 ? n_pages : 1); }
 
     uint32_t n_layers_;

@@ -74,6 +74,7 @@ struct ikv_decoder {
     ikv::ListMemory lists;
     ikv::CudaDecoderState *cuda = nullptr;
     uint64_t last_bytes = 0;
+    uint64_t appends_fused = 0;  // ikv_decoder_stats
     // The last successful call, for ikv_decoder_last_selection: its shape,
     // backend, and whether it was captured (its selection exists at replay only).
     struct LastCall {

@@ -32,6 +32,8 @@ struct StepKey {
     }
 };
 
+struct RoomAppendReady;
+
 // One call's view of the lists, handed to the backends.
 struct StepLists {
     bool reuse = false;  // in: the last call's lists (and snapshots) are this call's
@@ -40,6 +42,10 @@ struct StepLists {
     std::vector<SeqSnapshot> *snaps = nullptr;  // sequence b's block table at the layer (once taken)
     const ikv_pool *pool = nullptr;
     const ikv_decode_args *args = nullptr;
+    // args->append to sequences with room, checked and not yet enqueued
+    // (pool/room_append.hpp): the CUDA backend runs it or does it in its kernels.
+    RoomAppendReady *append = nullptr;
+    bool append_fused = false;  // out: the decode's kernels wrote it (set by the CUDA backend)
     // Fill *snaps for args' sequences (a backend that builds lists calls it).
     // The sequences were checked already, so only IKV_E_NOMEM remains.
     ikv_status take_snapshots() const;

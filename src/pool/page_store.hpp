@@ -233,6 +233,20 @@ public:
     // sequence i), written at the lengths the device holds when it runs and
     // advancing them; enqueued on src.stream without waiting (capturable).
     // only_format: the format of every page the room holds, or -1.
+    // A decode that does a ready room append in its own kernels (cuda_decode.cpp,
+    // ikv_decode_args.append), around its launches on src.stream: begin orders
+    // it as write_room_append orders an append and fills *fused (a
+    // cuda::FusedAppend: the input rows and the pool's error record); end
+    // records it as the pool's latest asynchronous append. CUDA stores only.
+    virtual ikv_status fused_append_begin(const AppendSource &src, void *fused) {
+        (void)src;
+        (void)fused;
+        return IKV_E_UNSUPPORTED;
+    }
+    virtual ikv_status fused_append_end(const AppendSource &src) {
+        (void)src;
+        return IKV_E_UNSUPPORTED;
+    }
     virtual ikv_status write_room_append(const AppendSource &src, void *const *records, uint32_t n_seqs, uint32_t l0,
                                          uint32_t l1, int only_format) {
         (void)src;

@@ -25,6 +25,7 @@
 #include "common/unique_id.hpp"
 #include "intentkv.h"
 #include "pool/page_store.hpp"
+#include "pool/room_append.hpp"
 
 namespace ikv {
 
@@ -134,7 +135,10 @@ ikv_status seq_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t *length_out
 ikv_status seq_layer_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t *length_out);
 // Append to n distinct sequences (ikv_pool_append_batch; n = 1 for
 // ikv_pool_append), atomically over all of them; fn names the entry point.
-ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n, const ikv_append &args, const char *fn);
+// With defer (a decode that appends), an append to sequences with room is
+// only prepared into *defer (room_append_prepare); any other runs as usual.
+ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n, const ikv_append &args, const char *fn,
+                       RoomAppendReady *defer = nullptr);
 ikv_status seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out);
 // ikv_pool_reserve (pool_reserve.cpp), over n distinct sequences.
 ikv_status seqs_reserve(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n, uint32_t n_tokens);

@@ -253,7 +253,8 @@ ikv_status find_seqs_once(const ikv_pool *pool, const ikv_seq_id *ids, uint32_t 
     return IKV_OK;
 }
 
-ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, const ikv_append &a, const char *fn) {
+ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, const ikv_append &a, const char *fn,
+                       RoomAppendReady *defer) {
     const PageShape &s = pool->shape;
     const uint32_t P = s.page_size, n = a.n_tokens;
     const bool all = a.layer == IKV_ALL_LAYERS;
@@ -305,6 +306,7 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
         } catch (const std::bad_alloc &) {
             return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
         }
+        if (defer != nullptr) return room_append_prepare(pool, seqs.data(), ids, n_seqs, src, l0, l1, defer);
         return room_append(pool, seqs.data(), ids, n_seqs, src, l0, l1);
     }
     Exec ex;

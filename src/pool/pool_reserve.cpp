@@ -243,8 +243,8 @@ ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id) {
     return IKV_OK;
 }
 
-ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
-                       const AppendSource &src_in, uint32_t l0, uint32_t l1) {
+ikv_status room_append_prepare(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
+                               const AppendSource &src_in, uint32_t l0, uint32_t l1, RoomAppendReady *out) {
     const char *fn = src_in.fn;
     const uint32_t P = pool->shape.page_size, n = src_in.seq_tokens;
     for (uint32_t i = 0; i < n_seqs; ++i)
@@ -273,15 +273,17 @@ ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, 
                             "%s: layer %u of sequence %u holds %u tokens; %u more pass its room, which ends at %u "
                             "(ikv_pool_reserve)",
                             fn, l, (unsigned)ids[i], seqs[i]->layers[l].length, n, seqs[i]->reserved_end);
-    AppendSource src = src_in;
-    src.room = true;
-    bool capturing = false;
-    ikv_status st = pool->store->check_source(src);
-    if (st == IKV_OK) st = pool->store->stream_capturing(src.stream, fn, &capturing);
+    RoomAppendReady &r = *out;
+    r.src = src_in;
+    r.src.room = true;
+    r.l0 = l0;
+    r.l1 = l1;
+    ikv_status st = pool->store->check_source(r.src);
+    if (st == IKV_OK) st = pool->store->stream_capturing(r.src.stream, fn, &r.capturing);
     if (st != IKV_OK) return st;
-    if (!src.async) {  // checked before anything is written, as every synchronous append
+    if (!r.src.async) {  // checked before anything is written, as every synchronous append
         NonFinite bad;
-        st = pool->store->find_nonfinite(src, l0, l1, &bad);
+        st = pool->store->find_nonfinite(r.src, l0, l1, &bad);
         if (st != IKV_OK) return st;
         if (bad.found)
             return fail(IKV_E_INVALID,
@@ -292,9 +294,11 @@ ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, 
     }
     // The kernel for one format when every page of every room has it.
     int only_format = -2;
-    std::vector<void *> records;
+    bool pages16 = true;
     try {
-        records.resize(n_seqs);
+        r.records.resize(n_seqs);
+        r.seqs.assign(seqs, seqs + n_seqs);
+        r.ids.assign(ids, ids + n_seqs);
     } catch (const std::bad_alloc &) {
         return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     }
@@ -302,30 +306,58 @@ ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, 
         std::lock_guard<std::mutex> lock(pool->state_mu);
         for (uint32_t i = 0; i < n_seqs; ++i) {
             const Seq &seq = *seqs[i];
-            records[i] = seq.reservation;
+            r.records[i] = seq.reservation;
             for (size_t p = complete_pages(pool, seq); p < seq.pages.size(); ++p) {
                 if (seq.pages[p] == nullptr) continue;  // evicted behind the device's length
                 const int f = int(seq.pages[p]->format);
                 only_format = only_format == -2 || only_format == f ? f : -1;
+                pages16 = pages16 && (f == IKV_FMT_F16 || f == IKV_FMT_BF16);
             }
         }
     }
-    st = pool->store->write_room_append(src, records.data(), n_seqs, l0, l1, only_format < 0 ? -1 : only_format);
+    r.only_format = only_format < 0 ? -1 : only_format;
+    r.pages16 = pages16;
+    r.pending = true;
+    return IKV_OK;
+}
+
+ikv_status room_append_run(ikv_pool *pool, RoomAppendReady &r) {
+    r.pending = false;
+    const char *fn = r.src.fn;
+    const uint32_t n_seqs = uint32_t(r.seqs.size()), n = r.src.seq_tokens;
+    ikv_status st = pool->store->write_room_append(r.src, r.records.data(), n_seqs, r.l0, r.l1, r.only_format);
     // The device advances the lengths (or reports an overrun); the host takes
     // them in ikv_pool_sync, or now for a synchronous append, which waited.
-    if (st != IKV_OK || capturing || src.async) return st;
-    for (uint32_t i = 0; i < n_seqs && st == IKV_OK; ++i) st = take_room_lengths(pool, *seqs[i], ids[i]);
+    if (st != IKV_OK || r.capturing || r.src.async) return st;
+    for (uint32_t i = 0; i < n_seqs && st == IKV_OK; ++i) st = take_room_lengths(pool, *r.seqs[i], r.ids[i]);
     if (st != IKV_OK) return st;
     // A synchronous append the device refused (the host's lengths were behind
     // the replays') is reported by the call itself.
     std::lock_guard<std::mutex> lock(pool->state_mu);
-    const RoomIncident r = pool->room_report;
-    if (!r.found || r.stale_read || std::find(ids, ids + n_seqs, r.seq) == ids + n_seqs) return IKV_OK;
+    const RoomIncident inc = pool->room_report;
+    const auto at = std::find(r.ids.begin(), r.ids.end(), inc.seq);
+    if (!inc.found || inc.stale_read || at == r.ids.end()) return IKV_OK;
     pool->room_report = RoomIncident{};
     return fail(IKV_E_RANGE,
                 "%s: layer %u of sequence %u has no room for %u more tokens (its room ends at %u; graph replays "
                 "filled it); nothing was written",
-                fn, r.layer, (unsigned)r.seq, n, seqs[std::find(ids, ids + n_seqs, r.seq) - ids]->reserved_end);
+                fn, inc.layer, (unsigned)inc.seq, n, r.seqs[at - r.ids.begin()]->reserved_end);
+}
+
+ikv_status pool_fused_append_begin(ikv_pool *pool, const RoomAppendReady &r, void *fused) {
+    return pool->store->fused_append_begin(r.src, fused);
+}
+
+ikv_status pool_fused_append_end(ikv_pool *pool, RoomAppendReady &r) {
+    r.pending = false;
+    return pool->store->fused_append_end(r.src);
+}
+
+ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
+                       const AppendSource &src, uint32_t l0, uint32_t l1) {
+    RoomAppendReady ready;
+    const ikv_status st = room_append_prepare(pool, seqs, ids, n_seqs, src, l0, l1, &ready);
+    return st == IKV_OK ? room_append_run(pool, ready) : st;
 }
 
 ikv_status refuse_with_room(const Seq &seq, ikv_seq_id id, const char *fn) {
