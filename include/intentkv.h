@@ -1367,10 +1367,12 @@ typedef struct ikv_decode_args {
      * with append NULL, with these differences:
      *  - append->layer must be args->layer and append->stream args->stream
      *    (IKV_E_INVALID otherwise);
-     *  - the decode's arguments are checked first (its n_query_tokens against
-     *    the length after the append), so a rejected call appended nothing;
-     *    only IKV_E_NOMEM or IKV_E_DEVICE met after the append has been
-     *    enqueued leave the tokens appended;
+     *  - the decode's arguments and the CUDA kernels' limits are checked
+     *    first (n_query_tokens against the length after the append), so a
+     *    rejected call appended nothing; only IKV_E_NOMEM, IKV_E_DEVICE and,
+     *    on a CUDA pool, IKV_E_UNSUPPORTED for more candidate pages than its
+     *    top-k handles, met once the append has been enqueued, may leave the
+     *    tokens appended (wholly or, after IKV_E_DEVICE, in part);
      *  - on a CUDA pool, when every sequence has room (ikv_pool_reserve), the
      *    append carries one token per sequence with IKV_APPEND_ASYNC, the
      *    pages the rooms hold are F16 or BF16, there is no query-aware

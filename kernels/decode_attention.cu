@@ -926,8 +926,6 @@ uint64_t ctas_per_sm(const DecodeParams &p) {
 
 }  // namespace
 
-uint32_t decode_row_chunks(const DecodeParams &p) { return row_chunks(p); }
-
 uint32_t decode_choose_splits(const DecodeParams &p, int n_sms) {
     const uint64_t base = uint64_t(p.n_seqs) * p.shape.n_kv_heads * row_chunks(p);
     const uint64_t resident = uint64_t(n_sms > 0 ? n_sms : 132) * ctas_per_sm(p);

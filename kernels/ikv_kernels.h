@@ -81,6 +81,9 @@ constexpr uint32_t kInlineRoomTails = 8;
 // the merge kernel, which runs after every decode CTA read the length,
 // advances it. So a step of the engine's layer loop is the decode's two
 // launches instead of four (append, clip, decode, merge).
+// Query rows per kv-head a decode that appends takes (its kernels are built
+// for one row chunk of at most 8 rows in every compute mode).
+constexpr uint32_t kFusedAppendMaxRows = 8;
 struct FusedAppend {
     AppendRows in;       // the engine's rows, batch numbering: token b is sequence b's
     AppendError *error;  // the pool's record of a non-finite input (stored as 0)
@@ -154,9 +157,6 @@ uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_
 uint32_t decode_choose_splits(const DecodeParams &p, int n_sms);
 // Scratch bytes decode needs for p with n_splits splits (partials of the split-K merge).
 uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits);
-// CTAs per (sequence, kv-head) that take the query rows (p.compute settled):
-// a decode that appends needs 1 (FusedAppend).
-uint32_t decode_row_chunks(const DecodeParams &p);
 // Enqueue the fused decode (+ merge). p.n_splits must be set (>= 1).
 // Returns cudaErrorInvalidValue for an unsupported head_dim.
 cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream);

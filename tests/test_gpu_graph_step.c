@@ -475,6 +475,109 @@ static void test_fused_append_eager(void **state) {
     ikv_pool_destroy(ga), ikv_pool_destroy(gb);
 }
 
+/* Fused against separate calls, eagerly, at other shapes: F16 pools of nh
+ * kv-heads of head_dim hd, g query heads per kv-head, nb sequences (more than
+ * the 8 whose tail records ride in the kernel's parameters), one layer.
+ * Outputs and stored values equal byte for byte; the decode's kernels write
+ * the token when g <= 8 (ikv_decoder_stats), the append kernel otherwise. */
+static void fused_vs_separate(uint32_t nh, uint32_t hd, uint32_t g, uint32_t nb) {
+    ikvt_pool_spec spec = {.backend = IKV_BACKEND_CUDA, .n_layers = 1, .n_kv_heads = nh, .head_dim = hd,
+                           .page_size = P, .default_format = IKV_FMT_F16, .kv_dtype = IKV_DTYPE_F16,
+                           .capacity_bytes = 64u << 20};
+    ikv_pool *pa = ikvt_make_pool(spec), *pb = ikvt_make_pool(spec);
+    ikv_seq_id sa[16], sb[16];
+    const size_t kv = (size_t)nb * nh * hd, qn = (size_t)nb * nh * g * hd;
+    float *x = malloc(4 * (kv > qn ? kv : qn) * 40);
+    uint16_t *k = malloc(2 * kv * 40), *v = malloc(2 * kv * 40);
+    ikvt_rng rng = {77 + nb};
+    for (uint32_t b = 0; b < nb; ++b) { /* prefills of 20 + 3b tokens */
+        const uint32_t n = 20 + 3 * b;
+        ikvt_fill_normal(&rng, x, (size_t)n * nh * hd, 1.0f);
+        ikvt_to_f16(x, k, (size_t)n * nh * hd);
+        ikvt_fill_normal(&rng, x, (size_t)n * nh * hd, 1.0f);
+        ikvt_to_f16(x, v, (size_t)n * nh * hd);
+        ikv_pool *pools[2] = {pa, pb};
+        ikv_seq_id *ids[2] = {&sa[b], &sb[b]};
+        for (int i = 0; i < 2; ++i) {
+            IKVT_OK(ikv_seq_create(pools[i], ids[i]));
+            ikv_append a = ikv_append_default(pools[i], n);
+            a.k = k;
+            a.v = v;
+            IKVT_OK(ikv_pool_append(pools[i], *ids[i], &a));
+        }
+    }
+    IKVT_OK(ikv_pool_reserve(pa, sa, nb, 24));
+    IKVT_OK(ikv_pool_reserve(pb, sb, nb, 24));
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    ikv_decoder *da = NULL, *db = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &da));
+    IKVT_OK(ikv_decoder_create(&dc, &db));
+    void *dk = ikvt_dev_upload(NULL, 2 * kv), *dv = ikvt_dev_upload(NULL, 2 * kv), *dq = ikvt_dev_upload(NULL, 4 * qn),
+         *dout = ikvt_dev_upload(NULL, 4 * qn);
+    float *oa = malloc(4 * qn), *ob = malloc(4 * qn);
+    for (uint32_t t = 0; t < 20; ++t) {
+        ikvt_fill_normal(&rng, x, kv, 1.0f);
+        ikvt_to_f16(x, k, kv);
+        ikvt_fill_normal(&rng, x, kv, 1.0f);
+        ikvt_to_f16(x, v, kv);
+        ikvt_fill_normal(&rng, x, qn, 1.0f);
+        assert_int_equal(ikvt_rt.memcpy_(dk, k, 2 * kv, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(dv, v, 2 * kv, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(dq, x, 4 * qn, IKVT_H2D), 0);
+        ikv_append a = ikv_append_default(pa, 1);
+        a.k = dk;
+        a.v = dv;
+        a.src_on_device = 1;
+        a.flags = IKV_APPEND_ASYNC;
+        a.seq_stride = (int64_t)nh * hd;
+        ikv_decode_args d = ikv_decode_args_default();
+        d.n_seqs = nb;
+        d.n_q_heads = nh * g;
+        d.q = dq;
+        d.out = dout;
+        d.seqs = sa;
+        d.append = &a;
+        IKVT_OK(ikv_decode(da, pa, &d));
+        assert_int_equal(ikvt_rt.sync_(), 0);
+        assert_int_equal(ikvt_rt.memcpy_(oa, dout, 4 * qn, IKVT_D2H), 0);
+        IKVT_OK(ikv_pool_append_batch(pb, sb, nb, &a));
+        d.seqs = sb;
+        d.append = NULL;
+        IKVT_OK(ikv_decode(db, pb, &d));
+        assert_int_equal(ikvt_rt.sync_(), 0);
+        assert_int_equal(ikvt_rt.memcpy_(ob, dout, 4 * qn, IKVT_D2H), 0);
+        if (memcmp(oa, ob, 4 * qn) != 0) fail_msg("nh %u hd %u g %u nb %u step %u: outputs differ", nh, hd, g, nb, t);
+    }
+    assert_int_equal(appends_fused(da), g <= 8 ? 20 : 0);
+    IKVT_OK(ikv_pool_sync(pa));
+    IKVT_OK(ikv_pool_sync(pb));
+    for (uint32_t b = 0; b < nb; ++b) {
+        uint32_t la = 0, lb = 0;
+        IKVT_OK(ikv_seq_length(pa, sa[b], &la));
+        IKVT_OK(ikv_seq_length(pb, sb[b], &lb));
+        assert_int_equal(la, 20 + 3 * b + 20);
+        assert_int_equal(la, lb);
+        float *r[4];
+        for (int i = 0; i < 4; ++i) r[i] = malloc(4 * (size_t)la * nh * hd);
+        IKVT_OK(ikv_seq_read(pa, sa[b], 0, 0, la, r[0], r[1]));
+        IKVT_OK(ikv_seq_read(pb, sb[b], 0, 0, lb, r[2], r[3]));
+        assert_memory_equal(r[0], r[2], 4 * (size_t)la * nh * hd);
+        assert_memory_equal(r[1], r[3], 4 * (size_t)la * nh * hd);
+        for (int i = 0; i < 4; ++i) free(r[i]);
+    }
+    ikvt_rt.free_(dk), ikvt_rt.free_(dv), ikvt_rt.free_(dq), ikvt_rt.free_(dout);
+    free(x), free(k), free(v), free(oa), free(ob);
+    ikv_decoder_destroy(da), ikv_decoder_destroy(db);
+    ikv_pool_destroy(pa), ikv_pool_destroy(pb);
+}
+
+static void test_fused_append_shapes(void **state) {
+    (void)state;
+    fused_vs_separate(4, 128, 4, 10); /* the benchmark's group, sequences past the inline tails */
+    fused_vs_separate(2, 256, 2, 3);  /* two channels per thread */
+    fused_vs_separate(1, 64, 12, 2);  /* 12 query rows: the append kernel first */
+}
+
 int main(void) {
     ikvt_require_cuda_device();
     const char *filter = getenv("IKVT_TEST_FILTER"); /* e.g. for compute-sanitizer runs of one test */
@@ -488,6 +591,7 @@ int main(void) {
         cmocka_unit_test(test_plan_step_fused),
         cmocka_unit_test(test_topk_step_fused),
         cmocka_unit_test(test_fused_append_eager),
+        cmocka_unit_test(test_fused_append_shapes),
     };
     return cmocka_run_group_tests_name("gpu_graph_step", tests, NULL, NULL);
 }

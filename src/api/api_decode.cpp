@@ -19,6 +19,7 @@
 #include "common/error.hpp"
 #include "common/raw_enum.hpp"
 #include "api/api_append.hpp"
+#include "cuda/cuda_backend.hpp"
 #include "decode/decoder.hpp"
 #include "feedback/page_feedback.hpp"
 #include "pool/room_append.hpp"
@@ -196,6 +197,8 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
         if (a.append != nullptr) {  // checked as a whole first: a rejected call appends nothing
             st = check_append_arg(a);
             if (st == IKV_OK) st = check_args(pool, a, mem, a.append->n_tokens);
+            if (st == IKV_OK && ikv::pool_backend(pool) == IKV_BACKEND_CUDA)
+                st = ikv::cuda_decode_check(&decoder->cuda, pool, &a);  // the CUDA limits, before anything is appended
             if (st == IKV_OK) st = ikv::append_entry(pool, a.seqs, a.n_seqs, a.append, "ikv_decode (args->append)", &ready);
             if (st == IKV_OK && ready.pending && ikv::pool_backend(pool) != IKV_BACKEND_CUDA)
                 st = ikv::room_append_run(pool, ready);  // only a CUDA decode does it in its own kernels
@@ -324,7 +327,9 @@ IKV_API ikv_decode_args_v1 ikv_decode_args_default(void) {
 struct alignas(ikv_decode_args) ikv_decode_args_v2 {
     unsigned char bytes[offsetof(ikv_decode_args, append)];
 };
-static_assert(offsetof(ikv_decode_args, append) % alignof(ikv_decode_args) == 0, "no padding before `append`");
+// The second header's struct ended with topk_feedback_weight, padded to its
+// alignment: exactly where `append` starts today.
+static_assert(sizeof(ikv_decode_args_v2) == offsetof(ikv_decode_args, append), "the second ikv_decode_args layout");
 
 IKV_API ikv_decode_args_v2 ikv_decode_args_default_v2(void) {
     ikv_decode_args a = ikv_decode_args_default_v3();

@@ -27,6 +27,11 @@ void cuda_decoder_state_destroy(CudaDecoderState *state);
 // the shares into the host averages). *bytes_read: K/V bytes the step reads (host-computed).
 ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, StepLists &lists,
                        uint64_t *bytes_read);
+// The checks of cuda_decode that need the device but not the page lists
+// (head_dim, top-k limits, feedback while capturing): the API layer runs them
+// before a decode's args->append is applied, so that they refuse a call with
+// nothing appended. cuda_decode runs them again.
+ikv_status cuda_decode_check(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args);
 
 // The token runs the last successful (eager) cuda_decode on this state read
 // for sequence index b, kv-head h (ikv_decoder_last_selection): from the host

@@ -132,7 +132,7 @@ constexpr const char *kFn = "ikv_decode";
 
 // IKV_FUSED_APPEND=0 in the environment (read once) makes a decode that
 // appends enqueue the append as ikv_pool_append_batch does, for side-by-side
-// timing of the fused path (bench/gpu/bench_gpu_step.c).
+// timing of the fused path (run tests/bench_gpu_step with it).
 bool fused_append_enabled() {
     static const bool on = [] {
         const char *e = std::getenv("IKV_FUSED_APPEND");
@@ -462,21 +462,19 @@ ikv_status feed_back(CudaDecoderState &s, const ikv_decode_args &a, const cuda::
 
 }  // namespace
 
-ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, StepLists &lists,
-                       uint64_t *bytes_read) {
+ikv_status cuda_decode_check(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args) {
     const ikv_decode_args &a = *args;
     const PageShape &shape = pool_shape(pool);
-    const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
+    const uint32_t D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
     if (!cuda::head_dim_supported(D))
         return fail(IKV_E_UNSUPPORTED,
                     "%s: head_dim %u is not built into the CUDA kernels (32, 64, 128, 256); a CPU pool decodes it", kFn,
                     D);
-    const int device = pool_device(pool);
-    DeviceGuard guard(device);
+    DeviceGuard guard(pool_device(pool));
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), kFn, "cudaSetDevice");
-    ikv_status st = ensure_state(state, device);
+    ikv_status st = ensure_state(state, pool_device(pool));
     if (st != IKV_OK) return st;
-    CudaDecoderState &s = **state;
+    const CudaDecoderState &s = **state;
     // A query memory joins query-aware selection only (as on the CPU).
     const ikv_query_memory *memory = topk_enabled(a) ? a.query_memory : nullptr;
     if (topk_enabled(a)) {  // what the scoring kernels can take (checked before any device work)
@@ -495,17 +493,34 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
             return fail(IKV_E_UNSUPPORTED, "%s: a query memory on a CUDA pool serves at most %u sequences per call, "
                         "the call has %u", kFn, cuda::kMaxMemorySeqs, B);
     }
+    if (a.feedback != nullptr) {
+        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        const cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(a.stream), &cap);
+        if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaStreamIsCapturing");
+        if (cap != cudaStreamCaptureStatusNone)
+            return fail(IKV_E_INVALID, "%s: the stream is capturing a CUDA graph, and a decode with attention "
+                        "feedback copies the pages' shares back to the host and waits for them; decode with "
+                        "feedback eagerly", kFn);
+    }
+    return IKV_OK;
+}
+
+ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, StepLists &lists,
+                       uint64_t *bytes_read) {
+    const ikv_decode_args &a = *args;
+    const PageShape &shape = pool_shape(pool);
+    const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
+    ikv_status st = cuda_decode_check(state, pool, args);
+    if (st != IKV_OK) return st;
+    DeviceGuard guard(pool_device(pool));
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), kFn, "cudaSetDevice");
+    CudaDecoderState &s = **state;
+    const ikv_query_memory *memory = topk_enabled(a) ? a.query_memory : nullptr;
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     cudaError_t err = cudaStreamIsCapturing(stream, &cap);
     if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaStreamIsCapturing");
     const bool capturing = cap != cudaStreamCaptureStatusNone;
-    if (a.feedback != nullptr) {
-        if (capturing)
-            return fail(IKV_E_INVALID, "%s: the stream is capturing a CUDA graph, and a decode with attention "
-                        "feedback copies the pages' shares back to the host and waits for them; decode with "
-                        "feedback eagerly", kFn);
-    }
 
     // 1-2. The page lists on the device: the last call's when they are still
     // exact, else built now. A capture reuses them too when they came from an
@@ -613,7 +628,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     RoomAppendReady *ready = lists.append;
     const bool fuse = ready != nullptr && fused_append_enabled() && sum.n_room == B && sum.rooms_covered &&
                       ready->pages16 && ready->src.async && ready->src.seq_tokens == 1 && ready->l0 == a.layer &&
-                      ready->l1 == a.layer + 1 && !topk && !feedback && !gemm && cuda::decode_row_chunks(p) == 1;
+                      ready->l1 == a.layer + 1 && !topk && !feedback && !gemm &&
+                      a.n_query_tokens * (a.n_q_heads / Hkv) <= cuda::kFusedAppendMaxRows;
     if (ready != nullptr && !fuse) {
         st = room_append_run(pool, *ready);
         if (st != IKV_OK) return st;

@@ -469,15 +469,26 @@ public:
     }
     void *room_on_device(const void *record) const override { return DeviceRooms::on_device(record); }
 
+    // Under mu_, the device set: an append to sequences with room on
+    // src.stream (asynchronous, as every one there) is ordered eagerly after
+    // the pool's earlier asynchronous appends (begin); a capture orders itself
+    // (its stream's work is the graph's).
+    ikv_status order_room_append(const AppendSource &src, bool *capturing, Exec *ex) {
+        ikv_status st = stream_capturing(src.stream, src.fn, capturing);
+        if (st != IKV_OK) return st;
+        ex->stream = src.stream;
+        ex->async = true;
+        cudaStream_t stream = nullptr;
+        const cudaError_t err = *capturing ? cudaSuccess : begin(*ex, &stream);
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, src.fn, "ordering the append after the pool's earlier ones");
+    }
+
     ikv_status write_room_append(const AppendSource &src, void *const *records, uint32_t n_seqs, uint32_t l0,
                                  uint32_t l1, int only_format) override {
         const char *fn = src.fn;
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
-        bool capturing = false;
-        ikv_status st = stream_capturing(src.stream, fn, &capturing);
-        if (st != IKV_OK) return st;
         cudaStream_t stream = static_cast<cudaStream_t>(src.stream);
         std::vector<cuda::RoomRecord *> &recs = room_recs_;  // under mu_: no allocation per step once grown
         std::vector<uint32_t> &gens = room_gens_;
@@ -491,33 +502,25 @@ public:
             recs[i] = static_cast<cuda::RoomRecord *>(DeviceRooms::on_device(records[i]));
             gens[i] = DeviceRooms::generation(records[i]);
         }
-        // Eagerly, after the pool's earlier asynchronous appends (begin); a
-        // capture orders itself: its stream's work is the graph's.
+        bool capturing = false;
         Exec ex;
-        ex.stream = src.stream;
-        ex.async = true;
-        cudaError_t err = capturing ? cudaSuccess : begin(ex, &stream);
+        const ikv_status st = order_room_append(src, &capturing, &ex);
+        if (st != IKV_OK) return st;
         const cuda::RoomAppend ra{n_seqs, l0, l1 - l0, src.seq_tokens, recs.data(), gens.data()};
-        if (err == cudaSuccess) err = cuda::launch_room_append(shape_, rows_of(src), ra, only_format, error_dev_, stream);
+        cudaError_t err = cuda::launch_room_append(shape_, rows_of(src), ra, only_format, error_dev_, stream);
         if (err == cudaSuccess && !capturing) err = finish(ex);
         if (err == cudaSuccess && !capturing && !src.async) err = cudaStreamSynchronize(stream);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "the append at the device's lengths");
     }
 
     ikv_status fused_append_begin(const AppendSource &src, void *fused) override {
-        const char *fn = src.fn;
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), src.fn, "cudaSetDevice");
         bool capturing = false;
-        ikv_status st = stream_capturing(src.stream, fn, &capturing);
+        Exec ex;
+        const ikv_status st = order_room_append(src, &capturing, &ex);
         if (st != IKV_OK) return st;
-        Exec ex;  // as write_room_append: eagerly after the pool's earlier asynchronous appends
-        ex.stream = src.stream;
-        ex.async = true;
-        cudaStream_t stream = static_cast<cudaStream_t>(src.stream);
-        const cudaError_t err = capturing ? cudaSuccess : begin(ex, &stream);
-        if (err != cudaSuccess) return cuda_fail(err, fn, "ordering the append after the pool's earlier ones");
         cuda::FusedAppend &f = *static_cast<cuda::FusedAppend *>(fused);
         f.in = rows_of(src);
         f.error = error_dev_;
@@ -533,7 +536,12 @@ public:
         Exec ex;
         ex.stream = src.stream;
         ex.async = true;
-        const cudaError_t err = finish(ex);
+        // The store's lock was let go while the decode launched: an append
+        // another thread enqueued meanwhile on another stream is the latest
+        // one now, and the event finish() records must come after it too.
+        cudaStream_t stream = nullptr;
+        cudaError_t err = begin(ex, &stream);
+        if (err == cudaSuccess) err = finish(ex);
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, src.fn, "recording the append");
     }
 

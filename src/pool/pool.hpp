@@ -151,7 +151,7 @@ ikv_status take_room_reports(ikv_pool *pool, bool report);
 // An append to sequences of which at least one has room on the device
 // (seqs_append hands it over after checking the arguments it checks for
 // every append); src is the append's source as seqs_append built it.
-ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
+ikv_status room_append(ikv_pool *pool, const std::shared_ptr<Seq> *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
                        const AppendSource &src, uint32_t l0, uint32_t l1);
 // IKV_E_STATE naming fn when seq has room on the device (fork, truncate, format changes).
 ikv_status refuse_with_room(const Seq &seq, ikv_seq_id id, const char *fn);

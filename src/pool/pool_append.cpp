@@ -300,9 +300,9 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
     bool room = false;  // sequences with room on a store that keeps their lengths take the device's path
     for (const Part &pt : parts) room = room || pt.seq->reservation != nullptr;
     if (room) {
-        std::vector<Seq *> seqs;
+        std::vector<std::shared_ptr<Seq>> seqs;
         try {
-            for (const Part &pt : parts) seqs.push_back(pt.seq.get());
+            for (const Part &pt : parts) seqs.push_back(pt.seq);
         } catch (const std::bad_alloc &) {
             return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
         }

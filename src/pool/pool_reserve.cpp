@@ -243,7 +243,7 @@ ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id) {
     return IKV_OK;
 }
 
-ikv_status room_append_prepare(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
+ikv_status room_append_prepare(ikv_pool *pool, const std::shared_ptr<Seq> *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
                                const AppendSource &src_in, uint32_t l0, uint32_t l1, RoomAppendReady *out) {
     const char *fn = src_in.fn;
     const uint32_t P = pool->shape.page_size, n = src_in.seq_tokens;
@@ -353,7 +353,7 @@ ikv_status pool_fused_append_end(ikv_pool *pool, RoomAppendReady &r) {
     return pool->store->fused_append_end(r.src);
 }
 
-ikv_status room_append(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
+ikv_status room_append(ikv_pool *pool, const std::shared_ptr<Seq> *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
                        const AppendSource &src, uint32_t l0, uint32_t l1) {
     RoomAppendReady ready;
     const ikv_status st = room_append_prepare(pool, seqs, ids, n_seqs, src, l0, l1, &ready);

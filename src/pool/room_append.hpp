@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "intentkv.h"
@@ -22,7 +23,7 @@ struct RoomAppendReady {
     bool pending = false;  // prepared and not yet enqueued by anyone
     AppendSource src;
     std::vector<void *> records;  // the store's room records, in the batch's order
-    std::vector<Seq *> seqs;
+    std::vector<std::shared_ptr<Seq>> seqs;  // held: the run may come after the append call returned
     std::vector<ikv_seq_id> ids;
     uint32_t l0 = 0, l1 = 0;
     int only_format = -1;  // the format of every page the rooms hold, or -1
@@ -30,7 +31,7 @@ struct RoomAppendReady {
     bool capturing = false;
 };
 
-ikv_status room_append_prepare(ikv_pool *pool, Seq *const *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
+ikv_status room_append_prepare(ikv_pool *pool, const std::shared_ptr<Seq> *seqs, const ikv_seq_id *ids, uint32_t n_seqs,
                                const AppendSource &src, uint32_t l0, uint32_t l1, RoomAppendReady *out);
 // Enqueue the ready append (and, when synchronous, take the lengths); clears pending.
 ikv_status room_append_run(ikv_pool *pool, RoomAppendReady &r);

@@ -6,6 +6,10 @@ namespace ikv {
 
 void cuda_decoder_state_destroy(CudaDecoderState *) {}
 
+ikv_status cuda_decode_check(CudaDecoderState **, ikv_pool *, const ikv_decode_args *) {
+    return fail(IKV_E_NO_DEVICE, "ikv_decode: this build of intentkv has no CUDA backend");
+}
+
 ikv_status cuda_decode(CudaDecoderState **, ikv_pool *, const ikv_decode_args *, StepLists &, uint64_t *) {
     return fail(IKV_E_NO_DEVICE, "ikv_decode: this build of intentkv has no CUDA backend");
 }
