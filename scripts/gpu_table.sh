@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine: the opening table of bench/RESULTS.md (issue 18) in one
 # run. Builds the library with its tests (build-dev, sm_90) unless built,
-# runs tests/bench_gpu_api (intentkv through ikv_decode) and then
+# runs tests/bench_gpu_api (intentkv through ikv_decode), tests/bench_gpu_step
+# (the engine step of issue 19) and then
 # bench/gpu/peer_table.py (SDPA cuDNN and flash, FlashInfer from build-peer/
 # when scripts/fetch_peer_flashinfer.sh put it there; carry build-peer and
-# build-deps). Writes $OUT/ikv_api.txt, $OUT/peers.log and $OUT/gpu_table.md.
+# build-deps). Writes $OUT/ikv_api.txt, $OUT/ikv_step.txt, $OUT/peers.log and
+# $OUT/gpu_table.md.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/device-out}"
@@ -16,6 +18,7 @@ if [ ! -x build-dev/tests/bench_gpu_api ]; then
     cmake --build build-dev -j"$(nproc)" >>"$OUT/table_build.log" 2>&1 || { tail -20 "$OUT/table_build.log"; exit 1; }
 fi
 ./build-dev/tests/bench_gpu_api >"$OUT/ikv_api.txt" 2>&1 || { tail -20 "$OUT/ikv_api.txt"; exit 1; }
+./build-dev/tests/bench_gpu_step >"$OUT/ikv_step.txt" 2>&1 || { tail -20 "$OUT/ikv_step.txt"; exit 1; }
 if [ -f build-peer/fi_trim.tar.xz ]; then
   site="$PWD/build-peer/site"
   if [ ! -d "$site/flashinfer" ]; then
@@ -26,5 +29,5 @@ if [ -f build-peer/fi_trim.tar.xz ]; then
   export PYTHONPATH="$site:${PYTHONPATH:-}" PATH="$site/bin:$PATH"
   export FLASHINFER_WORKSPACE_BASE="$PWD/build-peer/jit" MAX_JOBS="$(nproc)"
 fi
-python3 bench/gpu/peer_table.py --ours "$OUT/ikv_api.txt" --out "$OUT" >"$OUT/peers.log" 2>&1
+python3 bench/gpu/peer_table.py --ours "$OUT/ikv_api.txt" --steps "$OUT/ikv_step.txt" --out "$OUT" >"$OUT/peers.log" 2>&1
 tail -40 "$OUT/peers.log"

@@ -134,6 +134,39 @@ def read_ours(path):
     return ours
 
 
+def read_steps(path):
+    """tests/bench_gpu_step's `STEP <B> <ctx> <column> <ms>` lines (issue 19's engine step, 32 layers)."""
+    steps = {}
+    if path and os.path.exists(path):
+        for line in open(path):
+            f = line.split()
+            if len(f) == 5 and f[0] == "STEP":
+                steps[(int(f[1]), int(f[2]), f[3])] = float(f[4])
+    return steps
+
+
+def step_table(steps):
+    """The whole engine step beside the decodes alone (issue 19's shapes and its 1.05x target)."""
+    shapes = sorted({(B, c) for B, c, _ in steps}, key=lambda s: (s[0], s[1]))
+    if not shapes:
+        return []
+    s = lambda B, c, col: steps.get((B, c, col))  # noqa: E731
+    md = ["", "The engine step (tests/bench_gpu_step: 32 layers, per layer one token appended to every sequence "
+          "and one dense F16 decode; ms per step): the decodes alone, eager and replayed as a graph; the step "
+          "with separate ikv_pool_append_batch calls replayed as a graph; the step with each append passed to "
+          "its decode (ikv_decode_args.append), eager and replayed (issue 19's target: <= 1.05x the decodes "
+          "alone).", "",
+          "| B x ctx | decodes alone | decodes alone, graph | step, graph (append calls) | step, fused, eager "
+          "| step, fused, graph | fused graph / decodes alone | met |", "|---|---|---|---|---|---|---|---|"]
+    for B, c in shapes:
+        base, fg = s(B, c, "decode-only"), s(B, c, "step-fused-graph")
+        r = ratio(fg, base)
+        md.append(f"| {B} x {c // 1024}K | {fmt(base)} | {fmt(s(B, c, 'decode-only-graph'))} | "
+                  f"{fmt(s(B, c, 'step-graph'))} | {fmt(s(B, c, 'step-fused-eager'))} | {fmt(fg)} | "
+                  f"{'-' if r is None else f'{r:.3f}x'} | {'-' if r is None else ('yes' if r <= 1.05 else 'no')} |")
+    return md
+
+
 def fmt(x):
     return "-" if x is None else f"{x:.4f}"
 
@@ -146,6 +179,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", required=True)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--steps", default=None, help="tests/bench_gpu_step output (the engine step table)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("SKIPPED: no CUDA device")
@@ -217,6 +251,7 @@ def main():
     for B, c in SHAPES:
         md.append(f"| {B}, {c // 1024}K | " + " | ".join(fmt(o(B, c, x)) for x in (
             "topk25", "hyb25", "hyb25-mem", "dense-f16", "dense-feedback")) + " |")
+    md += step_table(read_steps(args.steps))
     md += ["", "| B, ctx | ratio (> 1: intentkv faster) | value | target | met |", "|---|---|---|---|---|"]
     for B, c, name, val, target in checks:
         met = "-" if val is None else ("yes" if val >= target else "no")
