@@ -348,7 +348,7 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
 struct RoomView {
     uint32_t old_len, len, count;
     uint32_t first;        // list index of the first entry from the full copies
-    uint32_t offset;       // where those copies start in p.room_full
+    uint32_t offset;       // where those copies start in RoomArgs::full
     uint32_t tail_idx;     // list index of the entry the token lands in (UINT32_MAX: nothing is written)
     const uint8_t *tail_page;  // that entry's page, and its format
     uint32_t tail_format;
@@ -356,9 +356,14 @@ struct RoomView {
     uint32_t seq_id;       // the sequence (AppendError)
 };
 
+// The kernel argument that carries RoomArgs in the fused variants and nothing in the others.
+struct NoRoom {};
+template <bool kAppend>
+using RoomParam = std::conditional_t<kAppend, RoomArgs, NoRoom>;
+
 // Sequence seq's tail: from the parameters when it is among the first kInlineRoomTails.
-__device__ __forceinline__ RoomTail room_tail(const DecodeParams &p, uint32_t seq) {
-    return seq < kInlineRoomTails ? p.room_inline[seq] : p.room_tails[seq];
+__device__ __forceinline__ RoomTail room_tail(const RoomArgs &ra, uint32_t seq) {
+    return seq < kInlineRoomTails ? ra.inline_tails[seq] : ra.tails[seq];
 }
 // A layer's length and staging pointer in a record, by the record's layout (no pointer loads).
 __device__ __forceinline__ uint32_t *room_length(const RoomRecord *r, uint32_t layer) {
@@ -368,14 +373,14 @@ __device__ __forceinline__ float *room_stage(const RoomRecord *r, uint32_t layer
     return reinterpret_cast<float *const *>(reinterpret_cast<const uint8_t *>(r) + room_stages_offset(n_layers))[layer];
 }
 
-__device__ RoomView room_view(const DecodeParams &p, uint32_t seq) {
+__device__ RoomView room_view(const DecodeParams &p, const RoomArgs &ra, uint32_t seq) {
     __shared__ uint32_t found;
     __shared__ const uint8_t *found_page;
     __shared__ uint32_t found_format;
-    const RoomTail t = room_tail(p, seq);
+    const RoomTail t = room_tail(ra, seq);
     const RoomRecord &r = *t.record;
     DevPage e{};  // the first pass's entry, loaded with the record's fields
-    if (threadIdx.x < t.n) e = p.room_full[t.offset + threadIdx.x];
+    if (threadIdx.x < t.n) e = ra.full[t.offset + threadIdx.x];
     const uint32_t gen = r.generation, old = *room_length(t.record, p.layer), end = r.end;
     RoomView v{old, old, 0, t.first, t.offset, UINT32_MAX, nullptr, 0, room_stage(t.record, p.layer, p.shape.n_layers),
                r.seq};
@@ -386,7 +391,7 @@ __device__ RoomView room_view(const DecodeParams &p, uint32_t seq) {
     bool any = false;   // one entry holds the token's position (when the room covers it)
     for (uint32_t j0 = 0; j0 < t.n; j0 += blockDim.x) {
         const uint32_t j = j0 + threadIdx.x;
-        if (j0 > 0 && j < t.n) e = p.room_full[t.offset + j];
+        if (j0 > 0 && j < t.n) e = ra.full[t.offset + j];
         const bool keep = j < t.n && e.pos0 + e.begin < v.len;
         const bool hit = j < t.n && fits && e.pos0 + e.begin <= old && old < e.pos0 + e.end;
         if (hit) found = j, found_page = e.base, found_format = e.format;
@@ -408,14 +413,16 @@ struct TokenPart {
     float k[kPer], v[kPer];
 };
 template <int D>
-__device__ __forceinline__ TokenPart<D> load_token(const DecodeParams &p, uint32_t seq, uint32_t h) {
+__device__ __forceinline__ TokenPart<D> load_token(const DecodeParams &p, const RoomArgs &ra, uint32_t seq,
+                                                  uint32_t h) {
     TokenPart<D> x;
-    const int64_t base = input_offset(p.fused.in, p.layer, seq, h);
+    const AppendRows &in = ra.fused.in;
+    const int64_t base = input_offset(in, p.layer, seq, h);
 #pragma unroll
     for (int i = 0; i < TokenPart<D>::kPer; ++i) {
         const uint32_t d = threadIdx.x + i * kThreads;
-        x.k[i] = d < D ? load_input(p.fused.in.k, p.fused.in.dtype, base + d) : 0.0f;
-        x.v[i] = d < D ? load_input(p.fused.in.v, p.fused.in.dtype, base + d) : 0.0f;
+        x.k[i] = d < D ? load_input(in.k, in.dtype, base + d) : 0.0f;
+        x.v[i] = d < D ? load_input(in.v, in.dtype, base + d) : 0.0f;
     }
     return x;
 }
@@ -429,8 +436,8 @@ __device__ __forceinline__ TokenPart<D> load_token(const DecodeParams &p, uint32
 // the CTA's copies (cp.async reads L2) read the page. fold.rows is advanced by
 // the caller once every thread has read it.
 template <int D>
-__device__ void write_token_f16(const DecodeParams &p, const RoomView &v, uint32_t seq, uint32_t h,
-                                const TokenPart<D> &x) {
+__device__ void write_token_f16(const DecodeParams &p, const RoomArgs &ra, const RoomView &v, uint32_t seq,
+                                uint32_t h, const TokenPart<D> &x) {
     const PageShape &shape = p.shape;
     const uint32_t P = shape.page_size, H = shape.n_kv_heads, row = v.old_len % P;
     const ikv_format f = ikv_format(v.tail_format);
@@ -457,8 +464,8 @@ __device__ void write_token_f16(const DecodeParams &p, const RoomView &v, uint32
     for (int i = 0; i < kPer; ++i) {
         const uint32_t d = threadIdx.x + i * kThreads;
         if (d >= D) continue;
-        const float k = finite_or_record(x.k[i], j, p.fused.in, 0, h, d, 0, p.fused.error);
-        const float vv = finite_or_record(x.v[i], j, p.fused.in, 0, h, d, 1, p.fused.error);
+        const float k = finite_or_record(x.k[i], j, ra.fused.in, 0, h, d, 0, ra.fused.error);
+        const float vv = finite_or_record(x.v[i], j, ra.fused.in, 0, h, d, 1, ra.fused.error);
         v.stage[uint64_t(h) * head_floats + uint64_t(row) * D + d] = k;
         v.stage[(uint64_t(H) + h) * head_floats + uint64_t(row) * D + d] = vv;
         const uint16_t bk = f16 ? f32_to_f16(k) : f32_to_bf16(k);
@@ -485,7 +492,8 @@ __device__ void write_token_f16(const DecodeParams &p, const RoomView &v, uint32
 // branches compiled into every variant made plain decodes 10-24% slower).
 template <int D, int R, int kMode, bool kAppend>
 __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
-    decode_kernel(const DecodeParams p, uint32_t rows_total, float *part_acc, float *part_ml) {
+    decode_kernel(const DecodeParams p, const RoomParam<kAppend> ra, uint32_t rows_total, float *part_acc,
+                  float *part_ml) {
     constexpr bool kTc = kMode != kSimt, kBF = kMode == kTcBF16;
     using C = Cfg<D>;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -510,8 +518,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
     RoomView room{};
     TokenPart<D> token{};
     if constexpr (kAppend) {
-        token = load_token<D>(p, seq, head);
-        room = room_view(p, seq);
+        token = load_token<D>(p, ra, seq, head);
+        room = room_view(p, ra, seq);
     }
     const uint32_t len = kAppend ? room.len : p.seq_len[seq];
     const uint32_t count = kAppend ? room.count : p.lists.counts[li];
@@ -538,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
         DevPage *own = const_cast<DevPage *>(list);
         const uint32_t r0 = max(first, room.first), r1 = first + npages;
         for (uint32_t k = r0 + threadIdx.x; k < r1; k += kThreads) {
-            DevPage e = p.room_full[room.offset + (k - room.first)];
+            DevPage e = ra.full[room.offset + (k - room.first)];
             if (e.pos0 + e.end > len) {
                 e.end = uint8_t(len - e.pos0);
                 e.flags |= IKV_PAGE_PARTIAL;
@@ -550,7 +558,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
         // reads that sub-page, cuda_decode.cpp asks for one row chunk), then
         // reads the page as every other one.
         const bool writer = room.tail_idx >= first && room.tail_idx < first + npages && row_chunk == 0;
-        if (writer) write_token_f16<D>(p, room, seq, head, token);
+        if (writer) write_token_f16<D>(p, ra, room, seq, head, token);
         __syncthreads();  // the slice's entries (and the token) are written before any thread reads them
         if (writer && threadIdx.x == 0) stage_fold(p.shape, room.stage).rows[head] = room.old_len % p.shape.page_size + 1;
     }
@@ -721,8 +729,8 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float *tmp) 
 // so it advances now (RoomJobs::done's work), and the sequence's list, count
 // and length take the form room_clip_kernel leaves them in (what
 // ikv_decoder_last_selection reads back).
-__device__ void commit_room(const DecodeParams &p, uint32_t seq) {
-    const RoomTail t = room_tail(p, seq);
+__device__ void commit_room(const DecodeParams &p, const RoomArgs &ra, uint32_t seq) {
+    const RoomTail t = room_tail(ra, seq);
     RoomRecord &r = *t.record;
     uint32_t *counts = const_cast<uint32_t *>(p.lists.counts);
     if (r.generation != t.generation) {  // the decode read nothing: report the stale graph
@@ -731,7 +739,7 @@ __device__ void commit_room(const DecodeParams &p, uint32_t seq) {
     }
     const uint32_t old = *room_length(t.record, p.layer), len = uint64_t(old) + 1 <= r.end ? old + 1 : old;
     const uint32_t kept =
-        clip_room_entries(t, p.room_full, const_cast<DevPage *>(p.lists.pages) + uint64_t(seq) * p.lists.stride, len);
+        clip_room_entries(t, ra.full, const_cast<DevPage *>(p.lists.pages) + uint64_t(seq) * p.lists.stride, len);
     __syncthreads();  // every thread has read the old length
     if (threadIdx.x == 0) {
         counts[seq] = t.first + kept;
@@ -752,18 +760,23 @@ static_assert(kMergeThreads % (256 / 4) == 0 && kMergeThreads % (32 / 4) == 0, "
 // its loads are independent and issued 8 at a time, so the merge costs a few
 // L2 round trips instead of one per split (profiled at B = 1: the per-channel
 // loop over 49 splits made the merge 18.8 us against 4.5 us for cuDNN's).
-__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams p, uint32_t n_splits,
-                                                              uint32_t rows_total, const float *part_acc,
-                                                              const float *part_ml) {
+// kCommit: after a decode that appended, with one more block per sequence
+// that advances its length (commit_room); RoomArgs only there.
+template <bool kCommit>
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams p, const RoomParam<kCommit> ra,
+                                                              uint32_t n_splits, uint32_t rows_total,
+                                                              const float *part_acc, const float *part_ml) {
     extern __shared__ float wgt[];
     __shared__ float tmp[32];
     __shared__ float4 red[kMergeThreads];
     const uint32_t D = p.shape.head_dim, Hkv = p.shape.n_kv_heads;
-    const uint32_t merge_blocks = p.n_seqs * Hkv * rows_total;
-    if (blockIdx.x >= merge_blocks) {  // a decode that appended: one more block per sequence (launch_decode)
-        pdl_wait();  // every decode CTA has read the old length
-        commit_room(p, blockIdx.x - merge_blocks);
-        return;
+    if constexpr (kCommit) {
+        const uint32_t merge_blocks = p.n_seqs * Hkv * rows_total;
+        if (blockIdx.x >= merge_blocks) {  // one more block per sequence (launch_decode)
+            pdl_wait();  // every decode CTA has read the old length
+            commit_room(p, ra, blockIdx.x - merge_blocks);
+            return;
+        }
     }
     const uint32_t row = blockIdx.x % rows_total, head = (blockIdx.x / rows_total) % Hkv;
     const uint32_t seq = blockIdx.x / (rows_total * Hkv);
@@ -849,35 +862,37 @@ uint32_t rows_per_cta(int mode, uint32_t rows_total) {
     return rows_total <= 1 ? 1 : rows_total <= 4 ? 4 : 8;
 }
 
-using DecodeFn = void (*)(const DecodeParams, uint32_t, float *, float *);
+using DecodeFn = void (*)(const DecodeParams, const NoRoom, uint32_t, float *, float *);
+using AppendDecodeFn = void (*)(const DecodeParams, const RoomArgs, uint32_t, float *, float *);
 
 struct KernelEntry {
     uint32_t D, R;
     int mode;
-    bool append;  // the decode that appends (FusedAppend): one row chunk, so R <= 8
-    DecodeFn fn;
+    bool append;         // the decode that appends (FusedAppend): one row chunk, so R <= 8
+    DecodeFn fn;         // the plain kernel (append false), else nullptr
+    AppendDecodeFn afn;  // the fused one (append true), else nullptr
     int smem;
+    const void *any() const { return append ? reinterpret_cast<const void *>(afn) : reinterpret_cast<const void *>(fn); }
 };
 
 // The dispatch table: head_dim x row-chunk size x compute mode.
-#define IKV_DECODE_ENTRY(D, R, M, A) {D, R, M, A, decode_kernel<D, R, M, A>, Smem<D, R>::kBytes}
-#define IKV_DECODE_R8(D, A)                                                                                 \
-    IKV_DECODE_ENTRY(D, 1, kSimt, A), IKV_DECODE_ENTRY(D, 4, kSimt, A), IKV_DECODE_ENTRY(D, 8, kSimt, A), \
-        IKV_DECODE_ENTRY(D, 8, kTcF16, A), IKV_DECODE_ENTRY(D, 8, kTcBF16, A)
-#define IKV_DECODE_D(D) \
-    IKV_DECODE_R8(D, false), IKV_DECODE_ENTRY(D, 16, kTcF16, false), IKV_DECODE_ENTRY(D, 16, kTcBF16, false), \
-        IKV_DECODE_R8(D, true)
+#define IKV_DECODE_PLAIN(D, R, M) {D, R, M, false, decode_kernel<D, R, M, false>, nullptr, Smem<D, R>::kBytes}
+#define IKV_DECODE_APPEND(D, R, M) {D, R, M, true, nullptr, decode_kernel<D, R, M, true>, Smem<D, R>::kBytes}
+#define IKV_DECODE_R8(D, E) E(D, 1, kSimt), E(D, 4, kSimt), E(D, 8, kSimt), E(D, 8, kTcF16), E(D, 8, kTcBF16)
+#define IKV_DECODE_D(D)                                                                               \
+    IKV_DECODE_R8(D, IKV_DECODE_PLAIN), IKV_DECODE_PLAIN(D, 16, kTcF16), IKV_DECODE_PLAIN(D, 16, kTcBF16), \
+        IKV_DECODE_R8(D, IKV_DECODE_APPEND)
 // D = 32 (small models, MiniLM-sized heads): the same templates; SIMT with 4
 // lanes per row, tensor cores with 2 k-steps for S and 4 n-tiles for P V.
 const KernelEntry kTable[] = {IKV_DECODE_D(32), IKV_DECODE_D(64), IKV_DECODE_D(128), IKV_DECODE_D(256)};
 #undef IKV_DECODE_D
 #undef IKV_DECODE_R8
-#undef IKV_DECODE_ENTRY
+#undef IKV_DECODE_APPEND
+#undef IKV_DECODE_PLAIN
 
-const KernelEntry *find_kernel(const DecodeParams &p, uint32_t rows_total) {
+const KernelEntry *find_kernel(const DecodeParams &p, uint32_t rows_total, bool append = false) {
     const int mode = decode_mode(p);
     const uint32_t R = rows_per_cta(mode, rows_total);
-    const bool append = p.room_tails != nullptr;
     for (const KernelEntry &e : kTable)
         if (e.D == p.shape.head_dim && e.R == R && e.mode == mode && e.append == append) return &e;
     return nullptr;
@@ -893,8 +908,7 @@ cudaError_t allow_smem(const KernelEntry *k) {
     const uint64_t bit = 1ull << (dev & 63);
     std::atomic<uint64_t> &d = done[k - kTable];
     if (d.load(std::memory_order_acquire) & bit) return cudaSuccess;
-    err = cudaFuncSetAttribute(reinterpret_cast<const void *>(k->fn), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               k->smem);
+    err = cudaFuncSetAttribute(k->any(), cudaFuncAttributeMaxDynamicSharedMemorySize, k->smem);
     if (err == cudaSuccess) d.fetch_or(bit, std::memory_order_acq_rel);
     return err;
 }
@@ -983,9 +997,9 @@ uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits) {
     return align_up(n * p.shape.head_dim * 4, 256) + n * 8;
 }
 
-cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream) {
+cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream, const RoomArgs *room) {
     const uint32_t rows = query_rows(p);
-    const KernelEntry *k = find_kernel(p, rows);
+    const KernelEntry *k = find_kernel(p, rows, room != nullptr);
     // (the merge keeps one float per split in shared memory: at most kMaxSplits)
     if (!k || p.n_splits == 0 || p.n_splits > kMaxSplits || p.shape.page_size > 128) return cudaErrorInvalidValue;
     const uint32_t splits = p.n_splits;
@@ -996,13 +1010,19 @@ cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream) {
     cudaError_t err = allow_smem(k);
     if (err != cudaSuccess) return err;
     const dim3 grid(splits, p.shape.n_kv_heads * row_chunks(p), p.n_seqs);
-    err = launch_pdl(k->fn, grid, dim3(kThreads), size_t(k->smem), stream, p, rows, part_acc, part_ml);
+    const dim3 merge_grid(p.n_seqs * p.shape.n_kv_heads * rows), merge_block(kMergeThreads);
+    const size_t merge_smem = splits * sizeof(float);
+    if (room == nullptr) {
+        err = launch_pdl(k->fn, grid, dim3(kThreads), size_t(k->smem), stream, p, NoRoom{}, rows, part_acc, part_ml);
+        if (err != cudaSuccess) return err;
+        return launch_pdl(merge_kernel<false>, merge_grid, merge_block, merge_smem, stream, p, NoRoom{}, splits, rows,
+                          static_cast<const float *>(part_acc), static_cast<const float *>(part_ml));
+    }
+    err = launch_pdl(k->afn, grid, dim3(kThreads), size_t(k->smem), stream, p, *room, rows, part_acc, part_ml);
     if (err != cudaSuccess) return err;
     // A decode that appended: one block per sequence besides, which advances its length (commit_room).
-    const uint32_t commits = p.room_tails != nullptr ? p.n_seqs : 0;
-    return launch_pdl(merge_kernel, dim3(p.n_seqs * p.shape.n_kv_heads * rows + commits), dim3(kMergeThreads),
-                      splits * sizeof(float), stream, p, splits, rows, static_cast<const float *>(part_acc),
-                      static_cast<const float *>(part_ml));
+    return launch_pdl(merge_kernel<true>, dim3(merge_grid.x + p.n_seqs), merge_block, merge_smem, stream, p, *room,
+                      splits, rows, static_cast<const float *>(part_acc), static_cast<const float *>(part_ml));
 }
 
 }  // namespace cuda

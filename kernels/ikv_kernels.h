@@ -109,14 +109,19 @@ struct DecodeParams {
     void *workspace;          // device scratch of decode_workspace_bytes() bytes
     uint32_t compute;         // DecodeCompute
     uint32_t formats;         // bit (1u << ikv_format) per page format the lists hold (decode_resolve_compute reads it)
-    // A decode that appends the step's token first (FusedAppend above):
-    // room_tails non-null, otherwise nullptr.
-    const RoomTail *room_tails;  // device [n_seqs]: sequence b's tail is room_tails[b]
-    const DevPage *room_full;    // device: the tails' full entries
-    FusedAppend fused;           // the append's input
+};
+
+// What a decode that appends (FusedAppend) takes besides DecodeParams: a
+// kernel argument of the fused variants alone, so that the plain decode's
+// launches carry none of it (in DecodeParams its 344 bytes made every eager
+// B = 1 decode 1.3% slower, bench/RESULTS.md 7c).
+struct RoomArgs {
+    const RoomTail *tails;  // device [n_seqs]: sequence b's tail is tails[b]
+    const DevPage *full;    // device: the tails' full entries
+    FusedAppend fused;      // the append's input
     // The first kInlineRoomTails tails again, in the parameters: a decode
     // CTA then reads its sequence's length in its first round trip.
-    RoomTail room_inline[kInlineRoomTails];
+    RoomTail inline_tails[kInlineRoomTails];
 };
 
 // How the fused decode computes. F32 queries always use fp32 FMAs; F16/BF16
@@ -159,7 +164,8 @@ uint32_t decode_choose_splits(const DecodeParams &p, int n_sms);
 uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits);
 // Enqueue the fused decode (+ merge). p.n_splits must be set (>= 1).
 // Returns cudaErrorInvalidValue for an unsupported head_dim.
-cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream);
+// room: a decode that appends (its fused variants; cuda_decode.cpp decides), else nullptr.
+cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream, const RoomArgs *room = nullptr);
 
 // ------------------------------------------- multi-token path (cuBLASLt) --
 // Device pieces around the cuBLASLt GEMMs of the multi-token path

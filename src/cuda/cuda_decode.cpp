@@ -634,12 +634,13 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         st = room_append_run(pool, *ready);
         if (st != IKV_OK) return st;
     }
+    cuda::RoomArgs room{};  // the fused variants' argument
     if (fuse) {
-        st = pool_fused_append_begin(pool, *ready, &p.fused);
+        st = pool_fused_append_begin(pool, *ready, &room.fused);
         if (st != IKV_OK) return st;
-        p.room_tails = reinterpret_cast<const cuda::RoomTail *>(s.lists + sum.off_tails);
-        p.room_full = reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_full);
-        for (uint32_t b = 0; b < B && b < cuda::kInlineRoomTails; ++b) p.room_inline[b] = s.room_tails_host[b];
+        room.tails = reinterpret_cast<const cuda::RoomTail *>(s.lists + sum.off_tails);
+        room.full = reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_full);
+        for (uint32_t b = 0; b < B && b < cuda::kInlineRoomTails; ++b) room.inline_tails[b] = s.room_tails_host[b];
     } else if (sum.n_room > 0) {  // sequences with room: their lists and lengths at the device's length, now
         err = cuda::launch_room_clip(reinterpret_cast<const cuda::RoomTail *>(s.lists + sum.off_tails), sum.n_room,
                                      reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_full),
@@ -736,7 +737,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
             return fail(IKV_E_DEVICE, "%s: the multi-token path's %s", kFn, cuda::multi_token_error(s.gemm));
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the multi-token attention kernels");
     } else {
-        err = cuda::launch_decode(p, stream);
+        err = cuda::launch_decode(p, stream, fuse ? &room : nullptr);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the decode kernels");
         if (fuse) {
             st = pool_fused_append_end(pool, *ready);
