@@ -125,24 +125,25 @@ def measure(name, fn):
         torch.cuda.empty_cache()
 
 
-def read_ours(path):
-    ours = {}
-    for line in open(path):
-        f = line.split()
-        if len(f) == 5 and f[0] == "RESULT":
-            ours[(int(f[1]), int(f[2]), f[3])] = float(f[4])
-    return ours
-
-
-def read_steps(path):
-    """tests/bench_gpu_step's `STEP <B> <ctx> <column> <ms>` lines (issue 19's engine step, 32 layers)."""
-    steps = {}
+def read_tagged(path, tag):
+    """Lines `<tag> <B> <ctx> <column> <ms>` of a benchmark's output (a missing file: none)."""
+    found = {}
     if path and os.path.exists(path):
         for line in open(path):
             f = line.split()
-            if len(f) == 5 and f[0] == "STEP":
-                steps[(int(f[1]), int(f[2]), f[3])] = float(f[4])
-    return steps
+            if len(f) == 5 and f[0] == tag:
+                found[(int(f[1]), int(f[2]), f[3])] = float(f[4])
+    return found
+
+
+def read_ours(path):
+    """tests/bench_gpu_api's RESULT lines."""
+    return read_tagged(path, "RESULT")
+
+
+def read_steps(path):
+    """tests/bench_gpu_step's STEP lines (issue 19's engine step, 32 layers)."""
+    return read_tagged(path, "STEP")
 
 
 def step_table(steps):
