@@ -852,7 +852,8 @@ class Decoder(_Handle):
                query_memory: Optional[QueryMemory] = None, feedback: Optional[PageFeedback] = None,
                topk_feedback_weight: float = 0.0, return_lse: bool = False, out: Optional[ArrayLike] = None,
                lse: Optional[ArrayLike] = None, q_dtype: Optional[DType] = None, out_dtype: Optional[DType] = None,
-               stream: StreamLike = None) -> Union[ArrayLike, Tuple[ArrayLike, ArrayLike]]:
+               stream: StreamLike = None, append: Optional[Tuple[ArrayLike, ArrayLike]] = None,
+               append_async: bool = False) -> Union[ArrayLike, Tuple[ArrayLike, ArrayLike]]:
         """One decode step: queries [seq][query_token][q_head][head_dim] -> out of the same shape (and
         lse [seq][query_token][q_head], float32, when return_lse or lse is given: returns (out, lse)).
         q and out are C-contiguous float32, float16 or bfloat16 arrays (q_dtype/out_dtype name the type
@@ -867,7 +868,13 @@ class Decoder(_Handle):
         topk_score ranks pages by the Quest bound (QUEST) or IKV_TOPK_SCORE_HYBRID (HYBRID);
         query_memory (a QueryMemory of this pool) adds what earlier turns asked to the ranking;
         feedback (a PageFeedback of this pool) receives each read page's attention share, and with
-        topk_feedback_weight > 0 its averages are a prior of the ranking."""
+        topk_feedback_weight > 0 its averages are a prior of the ranking.
+        append=(k, v) appends the step's new tokens to this layer of each sequence first
+        (ikv_decode_args.append), laid out [seq][token][kv_head][head_dim] as for
+        Pool.append_batch(seqs, k, v, layer=layer); the same result as that call followed by the
+        decode, checked as a whole before anything is appended. On a CUDA pool whose sequences have
+        room (Pool.reserve), with one token each, append_async=True (IKV_APPEND_ASYNC, device arrays)
+        and F16/BF16 pages, the decode's own kernels write the token (stats()["appends_fused"])."""
         seqs = [seqs] if isinstance(seqs, int) else list(seqs)
         cfg = pool._config
         cuda = cfg["backend"] == _ffi.BACKEND_CUDA
@@ -908,7 +915,7 @@ class Decoder(_Handle):
                 _rows(lr, n_rows, 1, "lse")
             if cuda:
                 _device_checks(refs, cfg)
-            args = _ffi.lib().ikv_decode_args_default_v2()
+            args = _ffi.lib().ikv_decode_args_default_v3()
             args.layer, args.n_seqs, args.n_query_tokens, args.n_q_heads = layer, len(seqs), n_query_tokens, n_q_heads
             c_seqs = (c_uint32 * len(seqs))(*seqs)
             args.seqs = c_seqs
@@ -928,6 +935,13 @@ class Decoder(_Handle):
             if topk_mass is not None:
                 args.topk_mode, args.topk_mass, args.topk_min_tokens = TopkMode.MASS, topk_mass, topk_min_tokens
             args.stream = explicit if explicit is not None else (_producer_stream(refs) if cuda else None)
+            ap = None
+            if append is not None:
+                if len(append) != 2:
+                    raise _invalid("append must be a pair (k, v) of the step's new tokens")
+                ap, _ = pool._kv_args(refs, append[0], append[1], seqs, layer, None, args.stream, append_async)
+                ap.stream = args.stream  # the decode's stream (ikv_decode_args.append)
+                args.append = ctypes.addressof(ap)
             _check(_ffi.lib().ikv_decode(self.handle, pool.handle, byref(args)))
         return (out, lse) if lse is not None else out
 
@@ -948,7 +962,8 @@ class Decoder(_Handle):
 
     def stats(self):
         """Counters since creation: steps, lists_built, lists_reused (page lists kept from the
-        previous call: same pool, sequences, lengths and plans), last_bytes_read."""
+        previous call: same pool, sequences, lengths and plans), last_bytes_read, appends_fused
+        (decodes whose append= the decode's kernels wrote)."""
         out = _ffi.DecoderStats()
         out.struct_size = ctypes.sizeof(out)
         _check(_ffi.lib().ikv_decoder_get_stats(self.handle, byref(out)))

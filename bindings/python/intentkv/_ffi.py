@@ -145,7 +145,7 @@ class DecoderConfig(Structure):
 
 class DecoderStats(Structure):
     _fields_ = [("struct_size", c_uint32), ("reserved", c_uint32), ("steps", c_uint64), ("lists_built", c_uint64),
-                ("lists_reused", c_uint64), ("last_bytes_read", c_uint64)]
+                ("lists_reused", c_uint64), ("last_bytes_read", c_uint64), ("appends_fused", c_uint64)]
 
 
 class DecodeArgs(Structure):
@@ -155,7 +155,8 @@ class DecodeArgs(Structure):
                 ("out_dtype", c_int), ("lse", POINTER(c_float)), ("scale", c_float), ("softcap", c_float),
                 ("topk_token_budget", c_uint32), ("stream", c_void_p), ("topk_mode", c_int),
                 ("topk_mass", c_float), ("topk_min_tokens", c_uint32), ("topk_score", c_int),
-                ("query_memory", c_void_p), ("feedback", c_void_p), ("topk_feedback_weight", c_float)]
+                ("query_memory", c_void_p), ("feedback", c_void_p), ("topk_feedback_weight", c_float),
+                ("append", c_void_p)]
 
 
 class PageFeedbackConfig(Structure):
@@ -245,7 +246,7 @@ _PROTOTYPES = [
     ("ikv_decoder_default_config", DecoderConfig, []),
     ("ikv_decoder_create", _S, [POINTER(DecoderConfig), _PV]),
     ("ikv_decoder_destroy", None, [_V]),
-    ("ikv_decode_args_default_v2", DecodeArgs, []),  # this struct version's default (the header's macro)
+    ("ikv_decode_args_default_v3", DecodeArgs, []),  # this struct version's default (the header's macro)
     ("ikv_decode", _S, [_V, _V, POINTER(DecodeArgs)]),
     ("ikv_decoder_last_bytes_read", _S, [_V, POINTER(c_uint64)]),
     # The header's ikv_query_memory_default_config() is a macro naming this version's symbol; the unversioned

@@ -330,6 +330,32 @@ class PoolTest(unittest.TestCase):
             self.assertEqual(ctx.exception.status_name, "IKV_E_INVALID")
             self.assertIn("listed twice", ctx.exception.message)
 
+    def test_decode_with_append_equals_append_then_decode(self):
+        cfg = dict(n_layers=2, n_kv_heads=2, head_dim=64, page_size=8, capacity_bytes=8 << 20,
+                   default_format=ikv.Format.INT8)
+        with ikv.Pool(**cfg) as fused, ikv.Pool(**cfg) as split, ikv.Decoder(1) as da, ikv.Decoder(1) as db:
+            sa = [fused.seq_create() for _ in range(2)]
+            sb = [split.seq_create() for _ in range(2)]
+            row = 2 * 64
+            for step in range(12):  # crosses a page boundary of both sequences
+                for layer in range(2):
+                    kv = array.array("f", [((step * 7 + layer * 3 + i) % 29) * 0.05 - 0.7 for i in range(2 * row)])
+                    q = array.array("f", [((step + 5 * i) % 17) * 0.03 - 0.25 for i in range(2 * 4 * 64)])
+                    out_a = da.decode(fused, sa, q, n_q_heads=4, layer=layer, append=(kv, kv))
+                    split.append_batch(sb, kv, kv, layer=layer)
+                    out_b = db.decode(split, sb, q, n_q_heads=4, layer=layer)
+                    self.assertEqual(bytes(out_a), bytes(out_b))
+            for a, b in zip(sa, sb):
+                for layer in range(2):
+                    self.assertEqual([bytes(x) for x in fused.read(a, layer, 0, 12)],
+                                     [bytes(x) for x in split.read(b, layer, 0, 12)])
+            self.assertEqual(da.stats()["appends_fused"], 0)  # a CPU decode appends, then decodes
+            # Checked before anything is appended: a bad pair leaves the lengths as they were.
+            with self.assertRaises(ikv.IntentKVError) as ctx:
+                da.decode(fused, sa, q, n_q_heads=4, layer=0, append=(kv[:row], kv[:row]))
+            self.assertEqual(ctx.exception.status_name, "IKV_E_INVALID")
+            self.assertEqual(fused.layer_length(sa[0], 0), 12)
+
 
 class HostTierTest(unittest.TestCase):
     """The host tier (ikv_seq_offload / ikv_seq_fetch / ikv_seq_page_tier) as a CPU pool sees it."""
@@ -516,7 +542,7 @@ class StructTest(unittest.TestCase):
             (lib.ikv_model_shape_default(), _ffi.ModelShape),
             (lib.ikv_pool_default_config_v2(), _ffi.PoolConfig),
             (lib.ikv_decoder_default_config(), _ffi.DecoderConfig),
-            (lib.ikv_decode_args_default_v2(), _ffi.DecodeArgs),
+            (lib.ikv_decode_args_default_v3(), _ffi.DecodeArgs),
             (lib.ikv_query_memory_default_config_v2(), _ffi.QueryMemoryConfig),
         ]
         for value, cls in pairs:
