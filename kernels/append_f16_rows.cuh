@@ -10,9 +10,20 @@
 
 #include "common/quant.hpp"
 #include "ikv_kernels.h"
+#include "stage_rows.cuh"
 
 namespace ikv {
 namespace cuda {
+
+// Channel d of kv-head h's key summary from its folded stored keys (rows of
+// them so far): the folds kept in staging for the next append, the record
+// encoded (quant.hpp encode_summary).
+__device__ __forceinline__ void store_fold(const StageFold &fold, uint16_t *rec, uint32_t D, uint32_t h, uint32_t d,
+                                           float mn, float mx, double sum, uint32_t rows) {
+    const uint32_t fi = h * D + d;
+    fold.mn[fi] = mn, fold.mx[fi] = mx, fold.sum[fi] = sum;
+    encode_summary(rec, D, d, mn, mx, float(sum / double(rows)));
+}
 
 // Rows [row0, row0 + rows) of job j's F16/BF16 sub-page h, from its staging.
 // When the staging's folds (StageFold) cover rows [0, row0), or row0 is 0,
@@ -44,19 +55,16 @@ __device__ void append_rows_f16(const PageShape &shape, const AppendJob &j, uint
         double sum = 0.0;
         if (which == 0 && t0 > 0) mn = fold.mn[fi], mx = fold.mx[fi], sum = fold.sum[fi];
         for (uint32_t t = t0; t < j.row0 + j.rows; ++t) {
-            const uint16_t b = f16 ? f32_to_f16(src[t * D + d]) : f32_to_bf16(src[t * D + d]);
+            const uint16_t b = narrow16(src[t * D + d], f16);
             out[t * D + d] = b;
             if (which == 0) {
-                const float x = f16 ? f16_to_f32(b) : bf16_to_f32(b);
+                const float x = widen16(b, f16);
                 mn = fminf(mn, x);
                 mx = fmaxf(mx, x);
                 sum += double(x);
             }
         }
-        if (which == 0) {
-            fold.mn[fi] = mn, fold.mx[fi] = mx, fold.sum[fi] = sum;
-            encode_summary(rec, D, d, mn, mx, float(sum / double(j.row0 + j.rows)));
-        }
+        if (which == 0) store_fold(fold, rec, D, h, d, mn, mx, sum, j.row0 + j.rows);
     }
     if (threadIdx.x == 0) fold.rows[h] = j.row0 + j.rows;
 }

@@ -468,16 +468,12 @@ __device__ void write_token_f16(const DecodeParams &p, const RoomArgs &ra, const
         const float vv = finite_or_record(x.v[i], j, ra.fused.in, 0, h, d, 1, ra.fused.error);
         v.stage[uint64_t(h) * head_floats + uint64_t(row) * D + d] = k;
         v.stage[(uint64_t(H) + h) * head_floats + uint64_t(row) * D + d] = vv;
-        const uint16_t bk = f16 ? f32_to_f16(k) : f32_to_bf16(k);
+        const uint16_t bk = narrow16(k, f16);
         reinterpret_cast<uint16_t *>(sub + L.k)[row * D + d] = bk;
-        reinterpret_cast<uint16_t *>(sub + L.v)[row * D + d] = f16 ? f32_to_f16(vv) : f32_to_bf16(vv);
+        reinterpret_cast<uint16_t *>(sub + L.v)[row * D + d] = narrow16(vv, f16);
         if (continued) {
-            const float xk = f16 ? f16_to_f32(bk) : bf16_to_f32(bk);
-            mn[i] = fminf(mn[i], xk);
-            mx[i] = fmaxf(mx[i], xk);
-            sum[i] += double(xk);
-            fold.mn[h * D + d] = mn[i], fold.mx[h * D + d] = mx[i], fold.sum[h * D + d] = sum[i];
-            encode_summary(rec, D, d, mn[i], mx[i], float(sum[i] / double(row + 1)));
+            const float xk = widen16(bk, f16);
+            store_fold(fold, rec, D, h, d, fminf(mn[i], xk), fmaxf(mx[i], xk), sum[i] + double(xk), row + 1);
         }
     }
     if (!continued) {     // uniform: every thread read the same fold_rows
@@ -545,14 +541,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
         // the per-variant instantiations above were first made for).
         DevPage *own = const_cast<DevPage *>(list);
         const uint32_t r0 = max(first, room.first), r1 = first + npages;
-        for (uint32_t k = r0 + threadIdx.x; k < r1; k += kThreads) {
-            DevPage e = ra.full[room.offset + (k - room.first)];
-            if (e.pos0 + e.end > len) {
-                e.end = uint8_t(len - e.pos0);
-                e.flags |= IKV_PAGE_PARTIAL;
-            }
-            own[k] = e;
-        }
+        for (uint32_t k = r0 + threadIdx.x; k < r1; k += kThreads)
+            own[k] = clip_entry(ra.full[room.offset + (k - room.first)], len);
         // The CTA whose slice holds the page the appended token lands in writes
         // the token there first (row chunk 0 of its kv-head: the only CTA that
         // reads that sub-page, cuda_decode.cpp asks for one row chunk), then

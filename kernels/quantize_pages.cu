@@ -103,7 +103,7 @@ __device__ void quantize_subpage(const PageShape &shape, ikv_format f_any, uint8
         if (f == IKV_FMT_F16 || f == IKV_FMT_BF16) {
             uint16_t *out = reinterpret_cast<uint16_t *>(data);
             batched(tid, n_valid * D, kThreads, in,
-                    [&](uint32_t e, float x) { out[e] = f == IKV_FMT_F16 ? f32_to_f16(x) : f32_to_bf16(x); });
+                    [&](uint32_t e, float x) { out[e] = narrow16(x, f == IKV_FMT_F16); });
         } else if (f == IKV_FMT_FP8_E4M3) {
             float amax = 0.0f;
             for (uint32_t e = tid; e < n_valid * D; e += kThreads) amax = fmaxf(amax, fabsf(src[e]));

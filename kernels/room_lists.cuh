@@ -13,6 +13,15 @@
 namespace ikv {
 namespace cuda {
 
+// A list entry cut at the layer's length len (it starts before len).
+__device__ __forceinline__ DevPage clip_entry(DevPage e, uint32_t len) {
+    if (e.pos0 + e.end > len) {
+        e.end = uint8_t(len - e.pos0);
+        e.flags |= IKV_PAGE_PARTIAL;
+    }
+    return e;
+}
+
 // Entries [t.first, t.first + t.n) of the list at `out` (sequence t.seq's),
 // rewritten from their full copies clipped to len by the whole block; returns
 // how many were kept (entries come in position order: the kept ones are a prefix).
@@ -23,15 +32,9 @@ __device__ __forceinline__ uint32_t clip_room_entries(const RoomTail &t, const D
         const uint32_t j = j0 + threadIdx.x;
         bool keep = false;
         if (j < t.n) {
-            DevPage e = full[t.offset + j];
+            const DevPage e = full[t.offset + j];
             keep = e.pos0 + e.begin < len;
-            if (keep) {
-                if (e.pos0 + e.end > len) {
-                    e.end = uint8_t(len - e.pos0);
-                    e.flags |= IKV_PAGE_PARTIAL;
-                }
-                out[t.first + j] = e;
-            }
+            if (keep) out[t.first + j] = clip_entry(e, len);
         }
         kept += uint32_t(__syncthreads_count(keep));
     }
