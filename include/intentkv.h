@@ -1384,8 +1384,15 @@ typedef struct ikv_decode_args {
      *    then two kernel launches instead of four (no append and no room
      *    clip kernel; bench/RESULTS.md section 7c). Otherwise the append is
      *    enqueued first, as by ikv_pool_append_batch.
-     * Errors: those of ikv_pool_append_batch, named "ikv_decode (args->append)".
-     * Default NULL.
+     * Ownership: the ikv_append and the K/V it points to are the caller's;
+     * device K/V must stay valid until the stream has passed the call (as
+     * for an IKV_APPEND_ASYNC append). Thread-safety: that of
+     * ikv_pool_append_batch on args->seqs plus that of ikv_decode.
+     * Errors: those of ikv_pool_append_batch (their sentences begin
+     * "ikv_decode (args->append)"), and IKV_E_INVALID naming
+     * args->append->layer, ->stream or ->struct_size when they do not fit.
+     * ikv_decoder_stats.appends_fused counts the calls whose token the
+     * decode's kernels wrote. Default NULL.
      */
     const ikv_append *append;
 } ikv_decode_args;
