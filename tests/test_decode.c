@@ -1657,6 +1657,12 @@ static void test_decode_with_append(void **state) {
                 a.token_stride = 1;
                 IKVT_EXPECT_STATUS(ikv_decode(g_dec3, pa, &d), IKV_E_INVALID, "ikv_decode (args->append)");
                 a.token_stride = H * D;
+                a.stream = &a; /* not the decode's (NULL) */
+                IKVT_EXPECT_STATUS(ikv_decode(g_dec3, pa, &d), IKV_E_INVALID, "args->append->stream");
+                a.stream = NULL;
+                a.struct_size = 8;
+                IKVT_EXPECT_STATUS(ikv_decode(g_dec3, pa, &d), IKV_E_INVALID, "args->append->struct_size");
+                a.struct_size = sizeof a;
                 uint32_t len = 99;
                 IKVT_OK(ikv_seq_layer_length(pa, sa[0], l, &len));
                 assert_int_equal(len, 0); /* nothing appended */
