@@ -17,8 +17,10 @@
  *                      the decode's kernels write the token);
  *   append-only[-room][-graph], decode-only-room[-graph]: the parts alone.
  * Lines `STEP <B> <ctx> <column> <ms>`, then the ratios to decode-only.
- * IKV_STEP_SHAPE=<i> runs shape i alone (for a profiler).
+ * IKV_STEP_SHAPE=<i> runs shape i alone (for a profiler); IKV_STEP_COLUMNS=
+ * <name>,<name>,... only those columns (the others print nan).
  * Not a CTest test: `build/tests/bench_gpu_step` on the device. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,6 +125,21 @@ static double time_graph(const step *s) {
     return ms;
 }
 
+/* Whether IKV_STEP_COLUMNS (a comma-separated list of column names; unset: all) names column `name`. */
+static int column_wanted(const char *name) {
+    const char *list = getenv("IKV_STEP_COLUMNS");
+    if (!list || !*list) return 1;
+    const size_t n = strlen(name);
+    for (const char *at = list; *at;) {
+        const char *end = strchr(at, ',');
+        const size_t len = end ? (size_t)(end - at) : strlen(at);
+        if (len == n && strncmp(at, name, n) == 0) return 1;
+        if (!end) break;
+        at = end + 1;
+    }
+    return 0;
+}
+
 static void test_engine_step(void **state) {
     (void)state;
     static const uint32_t shapes[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {32, 4096}};
@@ -173,7 +190,13 @@ static void test_engine_step(void **state) {
         const int appends[C] = {0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1}, decodes[C] = {1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1};
         const int room[C] = {0, 0, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1}, graph[C] = {0, 1, 0, 0, 1, 0, 0, 1, 0, 1, 0, 1};
         const int fused[C] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+        static const char *const names[C] = {"decode-only", "decode-only-graph", "step-eager", "step-room-eager",
+                                              "step-graph", "append-only", "append-only-room", "append-only-room-graph",
+                                              "decode-only-room", "decode-only-room-graph", "step-fused-eager",
+                                              "step-fused-graph"};
         for (int c = 0; c < C; ++c) {
+            ms[c] = NAN;
+            if (!column_wanted(names[c])) continue;
             reset(&s, ctx);
             if (!appends[c]) { /* to the mean length of an appending column */
                 s.appends = 1, s.decodes = 0;
@@ -184,10 +207,6 @@ static void test_engine_step(void **state) {
             ms[c] = graph[c] ? time_graph(&s) : time_steps(&s, NULL);
             IKVT_OK(ikv_pool_sync(pool)); /* takes the lengths replays reached; reports an overrun */
         }
-        static const char *const names[C] = {"decode-only", "decode-only-graph", "step-eager", "step-room-eager",
-                                              "step-graph", "append-only", "append-only-room", "append-only-room-graph",
-                                              "decode-only-room", "decode-only-room-graph", "step-fused-eager",
-                                              "step-fused-graph"};
         s.appends = 1, s.decodes = 1, s.fused = 0;
         for (int c = 0; c < C; ++c) printf("STEP %u %u %s %.4f\n", B, ctx, names[c], ms[c]);
         printf("  B=%u ctx=%u: step-eager %.3fx, step-room-eager %.3fx, step-graph %.3fx, step-fused-eager %.3fx, "
