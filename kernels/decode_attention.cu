@@ -365,22 +365,13 @@ using RoomParam = std::conditional_t<kAppend, RoomArgs, NoRoom>;
 __device__ __forceinline__ RoomTail room_tail(const RoomArgs &ra, uint32_t seq) {
     return seq < kInlineRoomTails ? ra.inline_tails[seq] : ra.tails[seq];
 }
-// A layer's length and staging pointer in a record, by the record's layout (no pointer loads).
-__device__ __forceinline__ uint32_t *room_length(const RoomRecord *r, uint32_t layer) {
-    return reinterpret_cast<uint32_t *>(reinterpret_cast<uint8_t *>(const_cast<RoomRecord *>(r)) + room_lengths_offset()) + layer;
-}
-__device__ __forceinline__ float *room_stage(const RoomRecord *r, uint32_t layer, uint32_t n_layers) {
-    return reinterpret_cast<float *const *>(reinterpret_cast<const uint8_t *>(r) + room_stages_offset(n_layers))[layer];
-}
-
 __device__ RoomView room_view(const DecodeParams &p, const RoomArgs &ra, uint32_t seq) {
     __shared__ uint32_t found;
     __shared__ const uint8_t *found_page;
     __shared__ uint32_t found_format;
     const RoomTail t = room_tail(ra, seq);
     const RoomRecord &r = *t.record;
-    DevPage e{};  // the first pass's entry, loaded with the record's fields
-    if (threadIdx.x < t.n) e = ra.full[t.offset + threadIdx.x];
+    DevPage e = room_first_entry(t, ra.full);  // the first pass's entry, loaded with the record's fields
     const uint32_t gen = r.generation, old = *room_length(t.record, p.layer), end = r.end;
     RoomView v{old, old, 0, t.first, t.offset, UINT32_MAX, nullptr, 0, room_stage(t.record, p.layer, p.shape.n_layers),
                r.seq};
@@ -404,9 +395,8 @@ __device__ RoomView room_view(const DecodeParams &p, const RoomArgs &ra, uint32_
 }
 
 // The step's token of sequence `seq`, kv-head h, as this thread's share of
-// the whole block: channels threadIdx.x + i * kThreads of K and V, loaded from
-// the engine's input before anything else so their round trip overlaps the
-// record's.
+// the whole block: channels threadIdx.x + i * kThreads of K and V, from the
+// engine's input.
 template <int D>
 struct TokenPart {
     static constexpr int kPer = (D + kThreads - 1) / kThreads;
@@ -512,9 +502,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
     pdl_wait();
     pdl_launch_dependents();  // the merge's CTAs may take slots this grid leaves free
     RoomView room{};
-    TokenPart<D> token{};
     if constexpr (kAppend) {
-        token = load_token<D>(p, ra, seq, head);
         room = room_view(p, ra, seq);
     }
     const uint32_t len = kAppend ? room.len : p.seq_len[seq];
@@ -548,7 +536,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
         // reads that sub-page, cuda_decode.cpp asks for one row chunk), then
         // reads the page as every other one.
         const bool writer = room.tail_idx >= first && room.tail_idx < first + npages && row_chunk == 0;
-        if (writer) write_token_f16<D>(p, ra, room, seq, head, token);
+        // The token's input is loaded by this CTA alone (loaded by every CTA
+        // in the record's round trip, the step took 1% longer at B = 1).
+        if (writer) write_token_f16<D>(p, ra, room, seq, head, load_token<D>(p, ra, seq, head));
         __syncthreads();  // the slice's entries (and the token) are written before any thread reads them
         if (writer && threadIdx.x == 0) stage_fold(p.shape, room.stage).rows[head] = room.old_len % p.shape.page_size + 1;
     }
@@ -723,13 +713,14 @@ __device__ void commit_room(const DecodeParams &p, const RoomArgs &ra, uint32_t 
     const RoomTail t = room_tail(ra, seq);
     RoomRecord &r = *t.record;
     uint32_t *counts = const_cast<uint32_t *>(p.lists.counts);
+    const DevPage first = room_first_entry(t, ra.full);  // in flight with the record's fields
     if (r.generation != t.generation) {  // the decode read nothing: report the stale graph
         if (threadIdx.x == 0) counts[seq] = 0, r.stale_read = 1;
         return;
     }
     const uint32_t old = *room_length(t.record, p.layer), len = uint64_t(old) + 1 <= r.end ? old + 1 : old;
     const uint32_t kept =
-        clip_room_entries(t, ra.full, const_cast<DevPage *>(p.lists.pages) + uint64_t(seq) * p.lists.stride, len);
+        clip_room_entries(t, ra.full, const_cast<DevPage *>(p.lists.pages) + uint64_t(seq) * p.lists.stride, len, first);
     __syncthreads();  // every thread has read the old length
     if (threadIdx.x == 0) {
         counts[seq] = t.first + kept;

@@ -28,12 +28,13 @@ __global__ void __launch_bounds__(kClipThreads) room_clip_kernel(const RoomTail 
     pdl_wait();  // the lengths come from the step's appends (kernels/launch_pdl.cuh)
     pdl_launch_dependents();
     const RoomTail t = tails[blockIdx.x];
-    if (t.record->generation != t.generation) {  // lists of an earlier room: read nothing, report
+    const DevPage first = room_first_entry(t, full);  // in flight with the record's fields
+    const uint32_t gen = t.record->generation, len = *room_length(t.record, layer);
+    if (gen != t.generation) {  // lists of an earlier room: read nothing, report
         if (threadIdx.x == 0) counts[t.seq] = 0, t.record->stale_read = 1;
         return;
     }
-    const uint32_t len = t.record->lengths[layer];
-    const uint32_t kept = clip_room_entries(t, full, pages + uint64_t(t.seq) * stride, len);
+    const uint32_t kept = clip_room_entries(t, full, pages + uint64_t(t.seq) * stride, len, first);
     if (threadIdx.x == 0) {
         counts[t.seq] = t.first + kept;
         seq_len[t.seq] = len;
