@@ -18,7 +18,8 @@
  *   append-only[-room][-graph], decode-only-room[-graph]: the parts alone.
  * Lines `STEP <B> <ctx> <column> <ms>`, then the ratios to decode-only.
  * IKV_STEP_SHAPE=<i> runs shape i alone (for a profiler); IKV_STEP_COLUMNS=
- * <name>,<name>,... only those columns (the others print nan).
+ * <name>,<name>,... only those columns (the others print nan; a name that is
+ * not a column fails the run).
  * Not a CTest test: `build/tests/bench_gpu_step` on the device. */
 #include <math.h>
 #include <stdio.h>
@@ -125,24 +126,44 @@ static double time_graph(const step *s) {
     return ms;
 }
 
-/* Whether IKV_STEP_COLUMNS (a comma-separated list of column names; unset: all) names column `name`. */
-static int column_wanted(const char *name) {
+/* The columns, in the order they run and print (see the header comment). */
+enum { NCOL = 12 };
+static const char *const names[NCOL] = {"decode-only", "decode-only-graph", "step-eager", "step-room-eager",
+                                      "step-graph", "append-only", "append-only-room", "append-only-room-graph",
+                                      "decode-only-room", "decode-only-room-graph", "step-fused-eager",
+                                      "step-fused-graph"};
+
+/* The column named by IKV_STEP_COLUMNS's item [at, at + len), or -1. */
+static int column_index(const char *at, size_t len) {
+    for (int c = 0; c < NCOL; ++c)
+        if (strlen(names[c]) == len && strncmp(at, names[c], len) == 0) return c;
+    return -1;
+}
+
+/* wanted[c]: whether IKV_STEP_COLUMNS (comma-separated names; unset or
+ * empty: all) names column c. An unknown name fails the run, naming it. */
+static void wanted_columns(int wanted[NCOL]) {
     const char *list = getenv("IKV_STEP_COLUMNS");
-    if (!list || !*list) return 1;
-    const size_t n = strlen(name);
-    for (const char *at = list; *at;) {
+    for (int c = 0; c < NCOL; ++c) wanted[c] = !list || !*list;
+    if (!list || !*list) return;
+    for (const char *at = list;;) {
         const char *end = strchr(at, ',');
         const size_t len = end ? (size_t)(end - at) : strlen(at);
-        if (len == n && strncmp(at, name, n) == 0) return 1;
+        if (len > 0) { /* empty items (",," or a trailing comma) name nothing */
+            const int c = column_index(at, len);
+            if (c < 0) fail_msg("IKV_STEP_COLUMNS: no column is named '%.*s'", (int)len, at);
+            wanted[c] = 1;
+        }
         if (!end) break;
         at = end + 1;
     }
-    return 0;
 }
 
 static void test_engine_step(void **state) {
     (void)state;
     static const uint32_t shapes[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {32, 4096}};
+    int wanted[NCOL];
+    wanted_columns(wanted); /* before any work: a misspelled name fails at once */
     ikvt_rng rng = {0x57E9};
     const size_t chunk_elems = (size_t)CHUNK * HKV * D;
     void *dk = ikvt_dev_normal_f16(&rng, chunk_elems), *dv = ikvt_dev_normal_f16(&rng, chunk_elems);
@@ -185,18 +206,13 @@ static void test_engine_step(void **state) {
 
         /* Columns that append start at ctx tokens and end GROWTH later; the
          * decode-only columns run at ctx + GROWTH/2, their mean length. */
-        enum { C = 12 };
-        double ms[C];
-        const int appends[C] = {0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1}, decodes[C] = {1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1};
-        const int room[C] = {0, 0, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1}, graph[C] = {0, 1, 0, 0, 1, 0, 0, 1, 0, 1, 0, 1};
-        const int fused[C] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
-        static const char *const names[C] = {"decode-only", "decode-only-graph", "step-eager", "step-room-eager",
-                                              "step-graph", "append-only", "append-only-room", "append-only-room-graph",
-                                              "decode-only-room", "decode-only-room-graph", "step-fused-eager",
-                                              "step-fused-graph"};
-        for (int c = 0; c < C; ++c) {
+        double ms[NCOL];
+        const int appends[NCOL] = {0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1}, decodes[NCOL] = {1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1};
+        const int room[NCOL] = {0, 0, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1}, graph[NCOL] = {0, 1, 0, 0, 1, 0, 0, 1, 0, 1, 0, 1};
+        const int fused[NCOL] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+        for (int c = 0; c < NCOL; ++c) {
             ms[c] = NAN;
-            if (!column_wanted(names[c])) continue;
+            if (!wanted[c]) continue;
             reset(&s, ctx);
             if (!appends[c]) { /* to the mean length of an appending column */
                 s.appends = 1, s.decodes = 0;
@@ -208,7 +224,7 @@ static void test_engine_step(void **state) {
             IKVT_OK(ikv_pool_sync(pool)); /* takes the lengths replays reached; reports an overrun */
         }
         s.appends = 1, s.decodes = 1, s.fused = 0;
-        for (int c = 0; c < C; ++c) printf("STEP %u %u %s %.4f\n", B, ctx, names[c], ms[c]);
+        for (int c = 0; c < NCOL; ++c) printf("STEP %u %u %s %.4f\n", B, ctx, names[c], ms[c]);
         printf("  B=%u ctx=%u: step-eager %.3fx, step-room-eager %.3fx, step-graph %.3fx, step-fused-eager %.3fx, "
                "step-fused-graph %.3fx the eager decodes alone; step-graph %.3fx, step-fused-graph %.3fx the "
                "decode-only graph\n",
