@@ -2,7 +2,7 @@
 // fuzzed counts, strides, layers, plans and values (NaN and inf included),
 // fork, truncate, evict, format changes, room reserved ahead, reads,
 // summaries, and decodes with fuzzed arguments (plans, top-k modes and
-// scores, a query memory, feedback).
+// scores, a query memory, feedback, the step's tokens appended with them).
 // No call may crash; a refused call leaves every sequence's length and the
 // pool's bytes in use as they were; a refused decode writes no output.
 #include <cmath>
@@ -98,12 +98,41 @@ void fuzz_decode(State &s, FuzzInput &in, ikv_decoder *dec, ikv_plan *plan, ikv_
     a.query_memory = in.below(2) ? mem : nullptr;
     a.feedback = in.below(2) ? fb : nullptr;
     a.topk_feedback_weight = in.below(4) == 0 ? in.value() : 0.5f;
+    // Sometimes the step's tokens with the decode (args->append): n per
+    // sequence, at the decode's layer or (refused) another, values with NaN
+    // and inf, a bad struct_size now and then.
+    static float ak[2 * 3 * kHeads * kMaxD], av[sizeof ak / sizeof *ak];
+    ikv_append app = ikv_append_default(s.pool, 1 + in.below(3));
+    const bool with_append = in.below(3) == 0;
+    if (with_append) {
+        app.layer = in.below(8) == 0 ? in.below(kLayers + 1) : a.layer;
+        for (size_t i = 0; i < sizeof ak / sizeof *ak; ++i) {
+            ak[i] = in.below(64) == 0 ? in.value() : float(int(i % 11) - 5) / 4.0f;
+            av[i] = in.below(64) == 0 ? in.value() : float(int(i % 7) - 3) / 4.0f;
+        }
+        app.k = ak;
+        app.v = av;
+        if (in.below(16) == 15) app.struct_size = in.below(uint32_t(sizeof app) + 8);  // not 0: spent input reads 0
+        a.append = &app;
+    }
+    uint32_t layer_len[2] = {0, 0};
+    for (uint32_t b = 0; b < 2; ++b) ikv_seq_layer_length(s.pool, seqs[b], a.layer, &layer_len[b]);
+    const std::vector<uint64_t> before = observe(s);
     std::memcpy(out, poison, sizeof out);
-    if (ikv_decode(dec, s.pool, &a) != IKV_OK) {
+    const ikv_status st = ikv_decode(dec, s.pool, &a);
+    if (st != IKV_OK) {
         FUZZ_CHECK(std::memcmp(out, poison, sizeof out) == 0);
         FUZZ_CHECK(ikv_last_error()[0] != '\0');
+        // Only running out of memory once the append began may leave tokens appended (the header).
+        if (st != IKV_E_NOMEM) FUZZ_CHECK(observe(s) == before);
         return;
     }
+    if (with_append)  // each sequence's layer grew by the step's tokens (the batch refuses a sequence twice)
+        for (uint32_t b = 0; b < a.n_seqs; ++b) {
+            uint32_t len = 0;
+            FUZZ_CHECK(ikv_seq_layer_length(s.pool, seqs[b], a.layer, &len) == IKV_OK);
+            FUZZ_CHECK(len == layer_len[b] + app.n_tokens);
+        }
     for (uint32_t b = 0; b < a.n_seqs; ++b)
         for (uint32_t h = 0; h < kHeads; ++h) {
             size_t n = 0;
