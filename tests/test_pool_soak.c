@@ -1,12 +1,15 @@
 /* A randomized lifecycle soak checked against a model of the pool: sequences
  * are created, destroyed, appended to (all layers or one), forked, truncated,
- * evicted and re-formatted (F16 <-> BF16) at random, near the pool's capacity;
+ * evicted and re-formatted (F16 <-> BF16) at random, near the pool's capacity,
+ * and decoded with the step's token passed to the decode (args->append: the
+ * output checked against a float64 attention over the model's tokens);
  * every refused call must change nothing, and after every batch the pool must
  * hold exactly what the model says: each live sequence's length per layer and
  * every live token's K and V (values k/8 for small k are exact in F16 and
  * BF16), evicted pages reported as such, and the stats' sequence and token
  * counts. IKV_SOAK_OPS sets the number of operations (default 100000; the
  * documented long run is 1000000). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,13 +87,78 @@ static model_seq *pick_free(void) {
 
 /* One random operation; refused ones must leave the pool as the model is.
  * Returns the kind (0..8) and sets *applied. */
-enum { OP_CREATE, OP_DESTROY, OP_APPEND, OP_FORK, OP_TRUNCATE, OP_EVICT, OP_FORMAT, OP_KINDS };
-static const char *const kOpNames[OP_KINDS] = {"create", "destroy", "append", "fork", "truncate", "evict", "format"};
+enum { OP_CREATE, OP_DESTROY, OP_APPEND, OP_FORK, OP_TRUNCATE, OP_EVICT, OP_FORMAT, OP_DECODE_APPEND, OP_KINDS };
+static const char *const kOpNames[OP_KINDS] = {"create", "destroy", "append", "fork", "truncate", "evict", "format",
+                                               "decode-append"};
 
-static int step(ikv_pool *pool, ikvt_rng *r, int *applied) {
+/* One token appended to one layer of s by the decode that reads it
+ * (ikv_decode_args.append), GQA group 2; the output must be the float64
+ * attention of the query over the model's tokens, the new one included.
+ * Sequences with an evicted page in that layer are left to the other ops. */
+static int decode_append(ikv_pool *pool, ikv_decoder *dec, ikvt_rng *r, model_seq *s, int *applied) {
+    enum { HQ = 2 * H };
+    static float k[ROW], v[ROW], q[HQ * D], out[HQ * D];
+    const uint32_t l = (uint32_t)(ikvt_next(r) % L), len = s->len[l];
+    if (len + 1 > MAXT) return OP_DECODE_APPEND;
+    for (uint32_t p = 0; p * P <= len; ++p)
+        if (s->evicted[p]) return OP_DECODE_APPEND;
+    for (uint32_t i = 0; i < ROW; ++i) k[i] = small_value(r), v[i] = small_value(r);
+    for (uint32_t i = 0; i < HQ * D; ++i) q[i] = small_value(r);
+    ikv_append a = ikv_append_default(pool, 1);
+    a.layer = l;
+    a.k = k;
+    a.v = v;
+    ikv_decode_args d = ikv_decode_args_default();
+    d.layer = l;
+    d.n_seqs = 1;
+    d.seqs = &s->id;
+    d.n_query_tokens = 1;
+    d.n_q_heads = HQ;
+    d.q = q;
+    d.q_dtype = IKV_DTYPE_F32;
+    d.out = out;
+    d.out_dtype = IKV_DTYPE_F32;
+    d.append = &a;
+    const ikv_status st = ikv_decode(dec, pool, &d);
+    uint32_t now = 0;
+    IKVT_OK(ikv_seq_layer_length(pool, s->id, l, &now));
+    if (st != IKV_OK) { /* no room for the token's page: the header lets IKV_E_NOMEM alone leave it appended */
+        assert_int_equal(st, IKV_E_NOMEM);
+        assert_true(now == len || now == len + 1);
+    } else {
+        assert_int_equal(now, len + 1);
+    }
+    if (now == len) return OP_DECODE_APPEND;
+    memcpy(s->k[l] + (size_t)len * ROW, k, sizeof k);
+    memcpy(s->v[l] + (size_t)len * ROW, v, sizeof v);
+    s->len[l] = now;
+    *applied = 1;
+    if (st != IKV_OK) return OP_DECODE_APPEND;
+    static double w[MAXT];
+    for (uint32_t hq = 0; hq < HQ; ++hq) {
+        const uint32_t h = hq / (HQ / H);
+        double m = -1e300, sum = 0.0;
+        for (uint32_t t = 0; t < now; ++t) {
+            double dot = 0.0;
+            for (uint32_t e = 0; e < D; ++e) dot += (double)q[hq * D + e] * s->k[l][(size_t)t * ROW + h * D + e];
+            w[t] = dot / sqrt((double)D);
+            if (w[t] > m) m = w[t];
+        }
+        for (uint32_t t = 0; t < now; ++t) sum += w[t] = exp(w[t] - m);
+        for (uint32_t e = 0; e < D; ++e) {
+            double o = 0.0;
+            for (uint32_t t = 0; t < now; ++t) o += w[t] * s->v[l][(size_t)t * ROW + h * D + e];
+            o /= sum;
+            assert_true(fabs(out[hq * D + e] - o) <= 1e-4 * (1.0 + fabs(o)));
+        }
+    }
+    return OP_DECODE_APPEND;
+}
+
+static int step(ikv_pool *pool, ikv_decoder *dec, ikvt_rng *r, int *applied) {
     static float k[L * 16 * ROW], v[L * 16 * ROW];
     model_seq *s = pick_live(r);
-    const uint32_t op = (uint32_t)(ikvt_next(r) % 10);
+    const uint32_t op = (uint32_t)(ikvt_next(r) % 11);
     *applied = 0;
     if (op == 0 || s == NULL) {
         model_seq *f = pick_free();
@@ -163,6 +231,7 @@ static int step(ikv_pool *pool, ikvt_rng *r, int *applied) {
         *applied = 1;
         return OP_TRUNCATE;
     }
+    if (op == 10) return decode_append(pool, dec, r, s, applied);
     if (op == 8) { /* evict whole pages before the tail */
         const uint32_t tail = min_len(s) / P, b = tail ? (uint32_t)(ikvt_next(r) % tail) : 0;
         const uint32_t e = tail ? b + (uint32_t)(ikvt_next(r) % (tail - b + 1)) : 0;
@@ -193,11 +262,15 @@ static void test_lifecycle_soak(void **state) {
     ikv_pool *pool = ikvt_make_pool(
         (ikvt_pool_spec){.n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P, .capacity_bytes = 40 * pb});
     memset(g_m, 0, sizeof g_m);
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    dc.n_threads = 1;
+    ikv_decoder *dec = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
     ikvt_rng r = {20261125};
     long done[OP_KINDS] = {0}, tried[OP_KINDS] = {0};
     for (long i = 0; i < ops; ++i) {
         int applied = 0;
-        const int kind = step(pool, &r, &applied);
+        const int kind = step(pool, dec, &r, &applied);
         ++tried[kind];
         done[kind] += applied;
         if ((i + 1) % BATCH == 0) check_all(pool);
@@ -214,6 +287,7 @@ static void test_lifecycle_soak(void **state) {
     st.struct_size = sizeof st;
     IKVT_OK(ikv_pool_get_stats(pool, &st));
     assert_true(st.pages_used == 0 && st.used_bytes == 0 && st.n_sequences == 0 && st.staging_bytes == 0);
+    ikv_decoder_destroy(dec);
     ikv_pool_destroy(pool);
 }
 
