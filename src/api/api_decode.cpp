@@ -339,5 +339,4 @@ IKV_API ikv_decode_args_v2 ikv_decode_args_default_v2(void) {
     return old;
 }
 
-
 }  // extern "C"

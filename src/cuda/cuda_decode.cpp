@@ -460,18 +460,15 @@ ikv_status feed_back(CudaDecoderState &s, const ikv_decode_args &a, const cuda::
     return IKV_OK;
 }
 
-}  // namespace
-
-ikv_status cuda_decode_check(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args) {
-    const ikv_decode_args &a = *args;
+// cuda_decode_check's work, with the pool's device already current (a
+// caller's DeviceGuard: cuda_decode takes one for the whole call).
+ikv_status check_limits(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args &a) {
     const PageShape &shape = pool_shape(pool);
     const uint32_t D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
     if (!cuda::head_dim_supported(D))
         return fail(IKV_E_UNSUPPORTED,
                     "%s: head_dim %u is not built into the CUDA kernels (32, 64, 128, 256); a CPU pool decodes it", kFn,
                     D);
-    DeviceGuard guard(pool_device(pool));
-    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), kFn, "cudaSetDevice");
     ikv_status st = ensure_state(state, pool_device(pool));
     if (st != IKV_OK) return st;
     const CudaDecoderState &s = **state;
@@ -505,15 +502,23 @@ ikv_status cuda_decode_check(CudaDecoderState **state, ikv_pool *pool, const ikv
     return IKV_OK;
 }
 
+}  // namespace
+
+ikv_status cuda_decode_check(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args) {
+    DeviceGuard guard(pool_device(pool));
+    if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), kFn, "cudaSetDevice");
+    return check_limits(state, pool, *args);
+}
+
 ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, StepLists &lists,
                        uint64_t *bytes_read) {
     const ikv_decode_args &a = *args;
     const PageShape &shape = pool_shape(pool);
     const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
-    ikv_status st = cuda_decode_check(state, pool, args);
-    if (st != IKV_OK) return st;
-    DeviceGuard guard(pool_device(pool));
+    DeviceGuard guard(pool_device(pool));  // one for the whole call
     if (guard.error() != cudaSuccess) return cuda_fail(guard.error(), kFn, "cudaSetDevice");
+    ikv_status st = check_limits(state, pool, a);
+    if (st != IKV_OK) return st;
     CudaDecoderState &s = **state;
     const ikv_query_memory *memory = topk_enabled(a) ? a.query_memory : nullptr;
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
