@@ -4,11 +4,15 @@
 // where they need them (hybrid_combine_kernel, mass_budget_kernel, below;
 // programmatic dependent launch on sm_90+: kernels/launch_pdl.cuh), no
 // allocation, no host synchronization (graph capturable):
-//   score_kernel   one block per (8*1024/D candidate pages, kv-head, sequence),
-//                  D/32 lanes per page (ScoreGeom): the upper bound
+//   score_mma_kernel  (sm_80+, up to 8 scored rows per kv-head; else
+//                  score_kernel, the SIMT version) the upper bound
 //                  max_g sum_d max(q_gd*kmin_d, q_gd*kmax_d) from the page's bf16
-//                  key summary (query token 0; the group's q+ and q- staged in
-//                  shared memory; k_min/k_max read once with 16-byte loads);
+//                  key summary (query token 0) as a matrix product on tensor
+//                  cores, 16 pages per warp tile (kernels/score_mma.cuh);
+//   score_kernel   one block per (8*1024/D candidate pages, kv-head, sequence),
+//                  D/32 lanes per page (ScoreGeom): the same bound in fp32 FMAs
+//                  (the group's q+ and q- staged in shared memory; k_min/k_max
+//                  read once with 16-byte loads);
 //   select_kernel  one block per (sequence, kv-head), or a cluster of 8 when
 //                  there are at most 16 such pairs with > 4096 candidates
 //                  each (B = 1 or 2 beyond 64K tokens): a token-weighted radix
@@ -34,6 +38,7 @@
 #include "ikv_kernels.h"
 #include "load_elem.cuh"
 #include "launch_pdl.cuh"
+#include "score_mma.cuh"
 
 namespace ikv {
 namespace cuda {
@@ -41,6 +46,11 @@ namespace {
 
 constexpr int kScoreWarps = 8;
 constexpr uint32_t kScoreBlocks = 1024;  // score grid target: ~4 waves of 2 blocks on 132 SMs
+// score_mma_kernel's grid target: one block per SM on 132 SMs, each walking
+// several page groups where there are more (H100, B = 8, 32K: the kernel 34.6
+// us with 132 blocks, 39.6-40.5 us with 264 or 1024; the top-k step through
+// the API 0.160 ms against 0.168 with 1024; bench/RESULTS.md 6z).
+constexpr uint32_t kScoreMmaBlocks = 132;
 constexpr int kSelectThreads = 1024;
 // Score rows per kv-head up to which the one-block select kernel does the hybrid combine itself.
 constexpr uint32_t kMaxFusedRows = 8;
@@ -256,6 +266,84 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
         }
         if (!kHybrid && c < count && j == 0) p.scores[(uint64_t(seq) * Hkv + head) * p.max_candidates + c] = best;
         cur = nxt;
+    }
+}
+
+// score_kernel on tensor cores (sm_80+, up to 8 scored rows; kernels/score_mma.cuh):
+// each warp scores tiles of 16 candidates (all of a tile's record loads in
+// flight at once), a block 128 per page group, and walks the groups
+// blockIdx.x, + gridDim.x, ... of its (kv-head, sequence) with the next
+// group's entries in flight. Writes what score_kernel writes (p.scores, or
+// p.rows with kHybrid), within the tolerance of score_mma.cuh's split.
+// (Keeping the next group's records in flight too, in a second set of
+// registers at one block per SM, measured slower: 38.2 against 34.6 us at
+// B = 8, 32K; bench/RESULTS.md 6z.)
+template <int D, bool kHybrid, int RW>
+__global__ void __launch_bounds__(kScoreWarps * 32, 2) score_mma_kernel(const TopkParams p) {
+    constexpr uint32_t kPagesPerBlock = kScoreWarps * score_tc::kTilePages;
+    extern __shared__ __align__(16) uint8_t qsm[];  // score_tc::TileGeom<D, kHybrid, RW>::kSmemBytes
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4;
+    const uint32_t head = blockIdx.y, seq = blockIdx.z;
+    const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
+    const uint32_t R = p.mem_rows ? 2 * G : G;  // the group's query token 0, then each head's recalled query
+    const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
+    pdl_wait();  // q and the candidate lists come from earlier work (kernels/launch_pdl.cuh)
+    pdl_launch_dependents();
+    // The count and the first entries are loaded together (entries past the
+    // count, within the list's stride, are loaded but never used).
+    const uint32_t count = p.candidates.counts[seq];
+    const DevPage *cands = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
+    auto cand = [&](uint32_t grp, uint32_t half) { return grp * kPagesPerBlock + warp * score_tc::kTilePages + gid + 8 * half; };
+    auto entry = [&](uint32_t c) { return c < p.max_candidates ? cands[c] : DevPage{}; };
+    auto record = [&](const DevPage &pg, uint32_t c) {
+        return c < count ? reinterpret_cast<const uint4 *>(pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head))
+                         : nullptr;
+    };
+    const uint32_t gx = gridDim.x;
+    uint32_t grp = blockIdx.x;
+    DevPage e0 = entry(cand(grp, 0)), e1 = entry(cand(grp, 1));  // this group's entries
+    DevPage n0 = entry(cand(grp + gx, 0)), n1 = entry(cand(grp + gx, 1));  // the next group's
+    const uint64_t bh = uint64_t(seq) * Hkv + head;
+    const float half = kHybrid ? 0.5f : 1.0f;
+    // The recalled rows' offset: -inf where the memory has nothing (they never win).
+    const float mem_off = p.mem_rows == nullptr ? 0.0f : p.mem_ok[bh] ? p.mem_offset : -INFINITY;
+    score_tc::stage_rows<D, kHybrid, RW>(
+        qsm, R,
+        [&](uint32_t r, uint32_t d) {
+            return (r < G ? load_elem(p.q, p.q_dtype, q0 + uint64_t(r) * D + d) : p.mem_rows[(bh * G + (r - G)) * D + d]) *
+                   half;
+        },
+        int(threadIdx.x), int(blockDim.x));
+    __syncthreads();
+    const int row0 = score_tc::tile_row0<RW>(int(lane));
+    for (; grp * kPagesPerBlock < count; grp += gx) {  // uniform over the block
+        const uint32_t c0 = cand(grp, 0), c1 = cand(grp, 1);
+        const uint4 *r0 = record(e0, c0), *r1 = record(e1, c1);
+        e0 = n0, e1 = n1;
+        n0 = entry(cand(grp + 2 * gx, 0)), n1 = entry(cand(grp + 2 * gx, 1));
+        float s[4];
+        score_tc::tile_scores<D, kHybrid, RW>(qsm, r0, r1, int(lane), s);
+        if constexpr (kHybrid) {
+            if (RW == 8 || (lane & 3) < 2)  // with RW = 4 lanes t and t^2 hold the same rows
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const uint32_t r = uint32_t(row0 + (e & 1)), c = e < 2 ? c0 : c1;
+                    if (r < R && c < count) p.rows[(bh * R + r) * p.max_candidates + c] = s[e];
+                }
+        } else {
+            float best[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint32_t r = uint32_t(row0 + (e & 1));
+                if (r < R) best[e / 2] = fmaxf(best[e / 2], r < G ? s[e] : s[e] + mem_off);
+            }
+#pragma unroll
+            for (int o = 1; o < (RW == 8 ? 4 : 2); o <<= 1)
+                for (int h = 0; h < 2; ++h) best[h] = fmaxf(best[h], __shfl_xor_sync(0xFFFFFFFFu, best[h], o));
+            float *out = p.scores + bh * p.max_candidates;
+            if ((lane & 3) == 0 && c0 < count) out[c0] = best[0];
+            if ((lane & 3) == 0 && c1 < count) out[c1] = best[1];
+        }
     }
 }
 
@@ -1032,30 +1120,59 @@ bool select_on_clusters(const TopkParams &p) {
     });
 }
 
-template <int D, bool kHybrid>
-cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, bool fuse_select, bool fuse_mass,
-                         cudaStream_t stream) {
-    // Blocks per (kv-head, sequence): about kScoreBlocks in all, so that a
-    // block walks several groups with the next one's loads in flight (B >= 8),
-    // but never fewer than one group each (B = 1 keeps every SM busy).
-    const uint32_t per_block = ScoreGeom<D>::kPagesPerBlock;
-    const uint32_t groups = (p.max_candidates + per_block - 1) / per_block;
+// Whether page scores run on tensor cores (score_mma_kernel): on sm_80+ for
+// up to 8 scored rows per kv-head (the group's heads, twice that with a query
+// memory), else on score_kernel. IKV_CUDA_SCORE=simt|tensor-cores (read once)
+// forces either where it can run, so the checks cover both paths.
+bool scores_on_tensor_cores(uint32_t rows) {
+    static const int forced = [] {
+        const char *e = std::getenv("IKV_CUDA_SCORE");
+        if (e == nullptr) return 0;
+        return std::strcmp(e, "tensor-cores") == 0 ? 1 : std::strcmp(e, "simt") == 0 ? -1 : 0;
+    }();
+    if (forced < 0 || rows > 8) return false;
+    static std::atomic<uint64_t> known{0}, yes{0};
+    return per_device_flag(known, yes, [](int dev) { return cc_major(dev) >= 8; });
+}
+
+// The score grid: about kScoreBlocks blocks in all, so that a block walks
+// several page groups with the next one's loads in flight (B >= 8), but never
+// fewer than one group each (B = 1 keeps every SM busy).
+dim3 score_grid(const TopkParams &p, uint32_t pages_per_block, uint32_t target) {
+    const uint32_t groups = (p.max_candidates + pages_per_block - 1) / pages_per_block;
     const uint32_t heads = p.shape.n_kv_heads * p.n_seqs;
-    const uint32_t bx = std::max(1u, std::min(groups, (kScoreBlocks + heads - 1) / heads));
-    const dim3 grid(bx, p.shape.n_kv_heads, p.n_seqs);
-    const uint32_t rows = p.n_q_heads / p.shape.n_kv_heads * (mem ? 2 : 1);  // the group's queries (+ recalled)
+    const uint32_t bx = std::max(1u, std::min(groups, (target + heads - 1) / heads));
+    return dim3(bx, p.shape.n_kv_heads, p.n_seqs);
+}
+
+template <int D, bool kHybrid>
+cudaError_t launch_score_kernel(const TopkParams &p, uint32_t rows, cudaStream_t stream) {
+    if (scores_on_tensor_cores(rows)) {
+        const dim3 grid = score_grid(p, kScoreWarps * score_tc::kTilePages, kScoreMmaBlocks);
+        return rows <= 4 ? launch_pdl(score_mma_kernel<D, kHybrid, 4>, grid, dim3(kScoreWarps * 32),
+                                      size_t(score_tc::TileGeom<D, kHybrid, 4>::kSmemBytes), stream, p)
+                         : launch_pdl(score_mma_kernel<D, kHybrid, 8>, grid, dim3(kScoreWarps * 32),
+                                      size_t(score_tc::TileGeom<D, kHybrid, 8>::kSmemBytes), stream, p);
+    }
     const int qbytes = int(rows * D * 4 * (kHybrid ? 3 : 2));  // q+, q- (q) of each row
     if (qbytes > 48 * 1024) {  // very wide groups only
         const cudaError_t err = cudaFuncSetAttribute(reinterpret_cast<const void *>(score_kernel<D, kHybrid>),
                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, qbytes);
         if (err != cudaSuccess) return err;
     }
+    return launch_pdl(score_kernel<D, kHybrid>, score_grid(p, ScoreGeom<D>::kPagesPerBlock, kScoreBlocks), dim3(kScoreWarps * 32),
+                      size_t(qbytes), stream, p);
+}
+
+template <int D, bool kHybrid>
+cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, bool fuse_select, bool fuse_mass,
+                         cudaStream_t stream) {
+    const uint32_t rows = p.n_q_heads / p.shape.n_kv_heads * (mem ? 2 : 1);  // the group's queries (+ recalled)
     cudaError_t err = cudaSuccess;
     if (mem)
         err = launch_pdl(memory_recall_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kRecallWarps * 32), size_t(0),
                          stream, p, *mem);
-    if (err == cudaSuccess)
-        err = launch_pdl(score_kernel<D, kHybrid>, grid, dim3(kScoreWarps * 32), size_t(qbytes), stream, p);
+    if (err == cudaSuccess) err = launch_score_kernel<D, kHybrid>(p, rows, stream);
     if (err == cudaSuccess && kHybrid && !fuse_select && !fuse_mass)
         err = launch_pdl(hybrid_combine_kernel, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kCombineThreads), size_t(0),
                          stream, p);

@@ -2,6 +2,7 @@
 # The one command for a machine with an NVIDIA GPU (sm_90 build, Release):
 #   1. builds bench/gpu standalone (kernels + gpu_decode_check; needs only nvcc + CMake) into build-gpu/
 #   2. gpu_decode_check --check     decode / quantize / top-k against float64 and host references
+#      (again with IKV_CUDA_SCORE=simt: page scores on the SIMT kernel instead of tensor cores)
 #   3. gpu_decode_check --bench     the decode benchmark (CSV + markdown)
 #   4. bench/gpu/sdpa_peer.py       PyTorch SDPA dense peer + comparison table with the targets
 #   4b. gpu_multi_token_check --check [--bench]   cuBLASLt multi-token path vs float64; fused vs GEMM timing
@@ -55,6 +56,12 @@ run_checks() {
 if [ "${RESULT[build]}" = ok ]; then
   QF=""; [ $QUICK = 1 ] && QF="--quick"
   run_checks gpu_decode_check decode
+  # The checks again with page scores on the SIMT kernel (the default scores groups of <= 8 rows on tensor cores).
+  stamp "gpu_decode_check --check, IKV_CUDA_SCORE=simt"
+  IKV_CUDA_SCORE=simt ./build-gpu/gpu_decode_check --check $QF >"$OUT/decode_check_scores_simt.log" 2>&1
+  rc=$?
+  RESULT[decode_check_scores_simt]=$([ $rc = 0 ] && echo "ok ($(grep -c ^PASS "$OUT/decode_check_scores_simt.log") PASS)" ||
+    echo "FAILED rc=$rc ($(grep -c ^FAIL "$OUT/decode_check_scores_simt.log") FAIL)")
   if [ $BENCH = 1 ]; then
     stamp "sdpa_peer.py"
     PYTHONUNBUFFERED=1 python3 bench/gpu/sdpa_peer.py $QF --ours "$OUT/gpu_bench.csv" --out "$OUT" 2>&1 | tee "$OUT/sdpa.log"
@@ -90,11 +97,11 @@ fi
 echo
 echo "==================== gpu_check summary ===================="
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/device: /'
-for k in build decode_check decode_bench sdpa mt_check mt_bench sanitizer ctest_gpu; do
+for k in build decode_check decode_check_scores_simt decode_bench sdpa mt_check mt_bench sanitizer ctest_gpu; do
   [ -n "${RESULT[$k]:-}" ] && printf '%-10s %s\n' "$k" "${RESULT[$k]}"
 done
 [ -f "$OUT/gpu_vs_sdpa.md" ] && sed -n '/## Targets/,$p' "$OUT/gpu_vs_sdpa.md"
 echo "outputs in $OUT; total $(( $(date +%s) - t0 ))s"
-case "${RESULT[decode_check]:-}${RESULT[mt_check]:-}${RESULT[sanitizer]:-}${RESULT[ctest_gpu]:-}" in *FAILED*) exit 1 ;; esac
+case "${RESULT[decode_check]:-}${RESULT[decode_check_scores_simt]:-}${RESULT[mt_check]:-}${RESULT[sanitizer]:-}${RESULT[ctest_gpu]:-}" in *FAILED*) exit 1 ;; esac
 [ "${RESULT[build]}" = ok ] || exit 1
 exit 0
