@@ -1304,7 +1304,10 @@ typedef enum ikv_topk_score {
  * always use fp32 FMAs); IKV_CUDA_TOPK_CLUSTERS=on|off forces the top-k
  * selection onto thread-block clusters of 8 blocks per (sequence, kv-head)
  * or off them (default: on for at most 16 such pairs with more than 4096
- * candidate pages each, sm_90+); IKV_CUDA_PDL=0 launches the step's kernels without
+ * candidate pages each, sm_90+); IKV_CUDA_SCORE=simt computes top-k page
+ * scores in fp32 FMAs instead of on tensor cores (default: tensor cores on
+ * sm_80+ for up to 8 scored query rows per kv-head, the fp32 query carried
+ * exactly as three bf16 parts); IKV_CUDA_PDL=0 launches the step's kernels without
  * programmatic dependent launch (used by default on sm_90 and newer: each
  * kernel of the step waits for the previous one's results on the device, so
  * the next launch overlaps the previous kernel's tail).

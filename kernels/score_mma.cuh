@@ -13,11 +13,13 @@
 //
 // Precision: the records are bf16 already (exact operands). A query value x
 // is split into three bf16 parts, hi = bf16(x), mid = bf16(x - hi), lo =
-// bf16(x - hi - mid): their sum is within 2^-24 |x| of x, the query an fp32
-// kernel reads, and the products (exact in fp32) are summed in fp32, so the
-// scores differ from the SIMT kernel's only in the order of the sums (two
-// parts, 2^-16 |x|, measured 1e-5 of the score's magnitude, enough to flip
-// near-ties between the CPU's and the GPU's selections). The parts are
+// bf16(x - hi - mid), whose sum is x itself where the parts stay normal (8
+// significant bits each), the query an fp32 kernel reads; the products are
+// exact and the tensor cores accumulate them at about fp32 precision (their
+// rounding is not IEEE's: within 5e-7 of the score's magnitude against
+// float64 in gpu_decode_check, the SIMT kernel 1.4e-7). Two parts leave 2^-16
+// of each value out (~2e-6 of the magnitude: enough to flip near-ties between
+// the CPU's and the GPU's selections). The parts are
 // separate B columns, so one instruction serves them together: column
 // part * RW + r holds that part of query row r (RW = 4: two n-tiles of 8
 // columns, the last 4 zero; RW = 8: three), summed after the products.
@@ -56,8 +58,8 @@ struct TileGeom {
 
 // x as hi + mid + lo, all bf16: hi the nearest bf16 (toward zero where that
 // would overflow a finite x), mid and lo the nearest bf16 of what remains
-// (each remainder exact in fp32); |x - (hi + mid + lo)| <= 2^-24 |x| where
-// the parts stay normal. NaN/inf: hi = x, mid = lo = 0.
+// (each remainder exact in fp32); hi + mid + lo == x where the parts stay
+// normal. NaN/inf: hi = x, mid = lo = 0.
 IKV_HD void split_bf16(float x, uint16_t (&part)[3]) {
     const bool finite = (f32_bits(x) & 0x7FFFFFFFu) < 0x7F800000u;
     uint16_t hi = f32_to_bf16(x);
@@ -133,8 +135,8 @@ __device__ __forceinline__ void mma_slice(const uint8_t *qsm, const TileSlice<kF
 
 // The scores from the accumulators (every lane calls it): s[0], s[1] are rows
 // tile_row0(lane) and +1 of page groupID, s[2], s[3] the same rows of page
-// groupID + 8. With RW = 4 lanes 4i+t and 4i+(t^2) hold the same rows. The
-// split parts are summed smallest first (lo, mid, hi).
+// groupID + 8. With RW = 4 lanes 4i+t and 4i+(t^2) hold the same rows (the
+// same sum, (lo + hi) + mid; with RW = 8 (lo + mid) + hi).
 template <int D, bool kHybrid, int RW>
 __device__ __forceinline__ void finish_scores(const float (&acc)[TileGeom<D, kHybrid, RW>::kNTiles][4], int lane,
                                               float (&s)[4]) {
@@ -146,7 +148,7 @@ __device__ __forceinline__ void finish_scores(const float (&acc)[TileGeom<D, kHy
             // n-tile 0: lanes t < 2 hi of rows 2t, 2t+1, t >= 2 mid of rows 2(t-2)..; n-tile 1: t < 2 lo, t >= 2 zero.
             const float x = acc[1][e] + acc[0][e];  // t < 2: lo + hi, t >= 2: mid
             const float y = __shfl_xor_sync(0xFFFFFFFFu, x, 2);
-            s[e] = (lane & 2) ? x + y : y + x;  // the same sum in both lanes
+            s[e] = (lane & 2) ? x + y : y + x;  // (lo + hi) + mid in both lanes (t < 2: x = lo + hi)
         }
     }
 }

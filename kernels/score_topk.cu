@@ -46,10 +46,12 @@ namespace {
 
 constexpr int kScoreWarps = 8;
 constexpr uint32_t kScoreBlocks = 1024;  // score grid target: ~4 waves of 2 blocks on 132 SMs
-// score_mma_kernel's grid target: one block per SM on 132 SMs, each walking
-// several page groups where there are more (H100, B = 8, 32K: the kernel 34.6
-// us with 132 blocks, 39.6-40.5 us with 264 or 1024; the top-k step through
-// the API 0.160 ms against 0.168 with 1024; bench/RESULTS.md 6z).
+// score_mma_kernel's grid target: about one block per SM on 132 SMs
+// (ceil(132 / pairs) blocks per (kv-head, sequence), so 192 at B = 8 with 8
+// kv-heads), each walking several page groups where there are more (H100,
+// B = 8, 32K: the kernel 34.6 us with this target, 37-40.5 us with 264, 528
+// or 1024; the top-k step through the API 0.160 ms against 0.168 with 1024;
+// bench/RESULTS.md 6z).
 constexpr uint32_t kScoreMmaBlocks = 132;
 constexpr int kSelectThreads = 1024;
 // Score rows per kv-head up to which the one-block select kernel does the hybrid combine itself.
@@ -270,14 +272,14 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
 }
 
 // score_kernel on tensor cores (sm_80+, up to 8 scored rows; kernels/score_mma.cuh):
-// each warp scores tiles of 16 candidates (all of a tile's record loads in
-// flight at once), a block 128 per page group, and walks the groups
+// each warp scores tiles of 16 candidates (a tile's record loads in flight
+// together, up to 12 blocks of 32 channels), a block 128 per page group, and walks the groups
 // blockIdx.x, + gridDim.x, ... of its (kv-head, sequence) with the next
 // group's entries in flight. Writes what score_kernel writes (p.scores, or
 // p.rows with kHybrid), within the tolerance of score_mma.cuh's split.
 // (Keeping the next group's records in flight too, in a second set of
-// registers at one block per SM, measured slower: 38.2 against 34.6 us at
-// B = 8, 32K; bench/RESULTS.md 6z.)
+// registers, measured slower: 38.2 against 34.6 us at B = 8, 32K; the copy
+// into the current tile waits for the loads; bench/RESULTS.md 6z.)
 template <int D, bool kHybrid, int RW>
 __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_mma_kernel(const TopkParams p) {
     constexpr uint32_t kPagesPerBlock = kScoreWarps * score_tc::kTilePages;
@@ -293,8 +295,8 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_mma_kernel(const To
     // count, within the list's stride, are loaded but never used).
     const uint32_t count = p.candidates.counts[seq];
     const DevPage *cands = p.candidates.pages + uint64_t(seq) * p.candidates.stride;
-    auto cand = [&](uint32_t grp, uint32_t half) { return grp * kPagesPerBlock + warp * score_tc::kTilePages + gid + 8 * half; };
-    auto entry = [&](uint32_t c) { return c < p.max_candidates ? cands[c] : DevPage{}; };
+    auto cand = [&](uint32_t grp, uint32_t upper) { return grp * kPagesPerBlock + warp * score_tc::kTilePages + gid + 8 * upper; };
+    auto entry = [&](uint32_t c) { return c < p.candidates.stride ? cands[c] : DevPage{}; };
     auto record = [&](const DevPage &pg, uint32_t c) {
         return c < count ? reinterpret_cast<const uint4 *>(pg.base + summary_offset(p.shape, ikv_format(pg.format), p.layer, head))
                          : nullptr;
@@ -1122,15 +1124,14 @@ bool select_on_clusters(const TopkParams &p) {
 
 // Whether page scores run on tensor cores (score_mma_kernel): on sm_80+ for
 // up to 8 scored rows per kv-head (the group's heads, twice that with a query
-// memory), else on score_kernel. IKV_CUDA_SCORE=simt|tensor-cores (read once)
-// forces either where it can run, so the checks cover both paths.
+// memory), else on score_kernel. IKV_CUDA_SCORE=simt (read once) forces
+// score_kernel, so the checks cover both paths; any other value is the default.
 bool scores_on_tensor_cores(uint32_t rows) {
-    static const int forced = [] {
+    static const bool simt = [] {
         const char *e = std::getenv("IKV_CUDA_SCORE");
-        if (e == nullptr) return 0;
-        return std::strcmp(e, "tensor-cores") == 0 ? 1 : std::strcmp(e, "simt") == 0 ? -1 : 0;
+        return e != nullptr && std::strcmp(e, "simt") == 0;
     }();
-    if (forced < 0 || rows > 8) return false;
+    if (simt || rows > 8) return false;
     static std::atomic<uint64_t> known{0}, yes{0};
     return per_device_flag(known, yes, [](int dev) { return cc_major(dev) >= 8; });
 }

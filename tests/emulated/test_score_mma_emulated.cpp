@@ -3,7 +3,7 @@
 // (warp_emulation.hpp) and checked against float64.
 //
 // What it checks without a GPU: the split of each query value into three bf16
-// parts (their sum within 2^-24 of x, no overflow, NaN/inf kept in hi), the
+// parts (their sum exactly x, no overflow, NaN/inf kept in hi), the
 // staged B columns (parts in record order, one column per split part and row,
 // zero rows past R), which lane loads which record channels (the permuted
 // channel order shared by A and B), the parts' sum across lanes or n-tiles, the rows and
@@ -11,8 +11,10 @@
 // head_dim (32, 64, 128, 256), Quest and hybrid records, 4 and 8 staged rows
 // with 1..RW of them used. Reference: sum_d min(q_d,0) kmin_d + max(q_d,0)
 // kmax_d (+ q_d kmean_d) in double over the stored bf16 records; tolerance
-// 1e-5 x (1 + sum_d |q_d| (|kmin_d| + |kmax_d| (+ |kmean_d|))), the GPU
-// checks' bound (bench/gpu/gpu_decode_check.cu). What it cannot check: the
+// 1e-6 x (1 + the sum of the products' magnitudes): the emulation sums in
+// double and rounds once per mma, ~2e-7; dropping the lo part (2^-16 of each
+// query value) gives ~2e-6 and fails. The staging buffer starts as 0xFF
+// bytes, as unzeroed shared memory would. What it cannot check: the
 // hardware's mma (emulated from the PTX ISA layout) and the kernel around the
 // tile (bench/gpu runs it on a device). Exit 0 if every case passes.
 #define IKV_WARP_EMULATION 1
@@ -54,9 +56,9 @@ bool check_split(uint32_t seed) {
     ok = ok && sp[0] == 0x7F80u && sp[1] == 0 && sp[2] == 0;
     st::split_bf16(NAN, sp);
     ok = ok && std::isnan(bf16_to_f32(sp[0])) && sp[1] == 0 && sp[2] == 0;
-    ok = ok && worst <= std::ldexp(1.0, -24);
-    std::printf("%s split_bf16: worst |hi + mid + lo - x| / |x| = %.2e (bound 2^-24 = %.2e), NaN/inf kept in hi\n",
-                ok ? "PASS" : "FAIL", worst, std::ldexp(1.0, -24));
+    ok = ok && worst == 0.0;
+    std::printf("%s split_bf16: worst |hi + mid + lo - x| / |x| = %.2e (exact expected), NaN/inf kept in hi\n",
+                ok ? "PASS" : "FAIL", worst);
     return ok;
 }
 
@@ -81,7 +83,7 @@ bool run_case(uint32_t R, uint32_t seed) {
     std::vector<float> q(RW * D);
     for (float &x : q) x = nd(rng) * 3.0f;
     for (int d = 0; d < D; d += 7) q[d] = 0.0f;  // zeros: both parts zero
-    std::vector<uint8_t> qsm(T::kSmemBytes + 16);
+    std::vector<uint8_t> qsm(T::kSmemBytes + 16, 0xFF);  // not zero: stage_rows writes every column read
     uint8_t *smem = qsm.data() + (16 - reinterpret_cast<uintptr_t>(qsm.data()) % 16) % 16;
     std::vector<float> got(16 * RW, NAN);
     std::vector<int> writes(16 * RW, 0);
@@ -95,7 +97,8 @@ bool run_case(uint32_t R, uint32_t seed) {
         st::tile_scores<D, kHybrid, RW>(smem, r0, r1, lane, s);
         const int row0 = st::tile_row0<RW>(lane);
         __syncwarp();
-        // One writer per (page, row): lanes t and t^2 agree when RW = 4 (checked by the write count).
+        // One writer per (page, row) (checked by the write count): with RW = 4 lanes t < 2 of the
+        // pair t, t^2 that hold the same rows.
         if (RW == 8 || (lane & 3) < 2)
             for (int e = 0; e < 4; ++e) {
                 const int pg = g + (e >= 2 ? 8 : 0), r = row0 + (e & 1);
@@ -120,8 +123,8 @@ bool run_case(uint32_t R, uint32_t seed) {
             const double e = std::fabs(double(got[pg * RW + r]) - ref) / (1.0 + mag);
             worst = std::max(worst, std::isfinite(e) ? e : INFINITY);
         }
-    ok = ok && worst <= 1e-5;
-    std::printf("%s D=%d %s RW=%d rows=%u: worst |score - float64| / (1 + mag) = %.2e (tol 1e-5)\n",
+    ok = ok && worst <= 1e-6;
+    std::printf("%s D=%d %s RW=%d rows=%u: worst |score - float64| / (1 + mag) = %.2e (tol 1e-6)\n",
                 ok ? "PASS" : "FAIL", D, kHybrid ? "hybrid" : "quest", RW, R, worst);
     return ok;
 }
