@@ -174,6 +174,24 @@ __global__ void __launch_bounds__(kRecallWarps * 32) memory_recall_kernel(const 
     }
 }
 
+// The offset of a query memory's rows for pair bh = seq * n_kv_heads + head:
+// 0 without a memory, the memory's offset where it recalled a turn, -inf where
+// it recalled nothing (those rows never win).
+__device__ __forceinline__ float hybrid_mem_offset(const TopkParams &p, uint64_t bh) {
+    return p.mem_rows == nullptr ? 0.0f : p.mem_ok[bh] ? p.mem_offset : -INFINITY;
+}
+
+// Scored row r's value at channel d for kv-head `head` of sequence `seq`
+// (group size G): rows 0..G-1 are the group's query token 0, rows G..2G-1
+// the query memory's recalled rows; unscaled, as both score kernels stage it.
+__device__ __forceinline__ float scored_row_value(const TopkParams &p, uint32_t seq, uint32_t head, uint32_t G,
+                                                  uint32_t r, uint32_t d) {
+    const uint32_t D = p.shape.head_dim;
+    const uint64_t bh = uint64_t(seq) * p.shape.n_kv_heads + head;
+    return r < G ? load_elem(p.q, p.q_dtype, (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G + r) * D + d)
+                 : p.mem_rows[(bh * G + (r - G)) * D + d];
+}
+
 // Each block walks page groups blockIdx.x, + gridDim.x, ... of its (kv-head,
 // sequence) and keeps the NEXT group's record loads in flight while it
 // computes the current one (the candidate entry two groups ahead). Why: with
@@ -196,7 +214,6 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
     const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
     // Rows: the group's query token 0, then with a query memory each head's recalled query.
     const uint32_t R = p.mem_rows ? 2 * G : G;
-    const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
     const uint32_t in_group = warp * Geo::kPagesPerWarp + lane / Geo::kLanes;  // the lane's page in a group
     pdl_wait();  // q and the candidate lists come from earlier work (kernels/launch_pdl.cuh)
     pdl_launch_dependents();
@@ -214,11 +231,10 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_kernel(const TopkPa
     DevPage next = entry(grp + gridDim.x);
     const float half = kHybrid ? 0.5f : 1.0f;
     const uint64_t bh = uint64_t(seq) * Hkv + head;
-    // The recalled rows' offset: -inf where the memory has nothing (they never win).
-    const float mem_off = p.mem_rows == nullptr ? 0.0f : p.mem_ok[bh] ? p.mem_offset : -INFINITY;
+    const float mem_off = hybrid_mem_offset(p, bh);
     for (uint32_t e = threadIdx.x; e < R * D; e += blockDim.x) {
-        const float x = (e < G * D ? load_elem(p.q, p.q_dtype, q0 + e) : p.mem_rows[bh * G * D + (e - G * D)]) * half;
         const uint32_t g = e / D, d = e % D;
+        const float x = scored_row_value(p, seq, head, G, g, d) * half;
         qs[g * kParts * D + d] = fmaxf(x, 0.0f);
         qs[g * kParts * D + D + d] = fminf(x, 0.0f);
         if (kHybrid) qs[g * kParts * D + 2 * D + d] = x;
@@ -288,7 +304,6 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_mma_kernel(const To
     const uint32_t head = blockIdx.y, seq = blockIdx.z;
     const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv;
     const uint32_t R = p.mem_rows ? 2 * G : G;  // the group's query token 0, then each head's recalled query
-    const uint64_t q0 = (uint64_t(seq) * p.n_query_tokens * p.n_q_heads + head * G) * D;
     pdl_wait();  // q and the candidate lists come from earlier work (kernels/launch_pdl.cuh)
     pdl_launch_dependents();
     // The count and the first entries are loaded together (entries past the
@@ -307,14 +322,9 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_mma_kernel(const To
     DevPage n0 = entry(cand(grp + gx, 0)), n1 = entry(cand(grp + gx, 1));  // the next group's
     const uint64_t bh = uint64_t(seq) * Hkv + head;
     const float half = kHybrid ? 0.5f : 1.0f;
-    // The recalled rows' offset: -inf where the memory has nothing (they never win).
-    const float mem_off = p.mem_rows == nullptr ? 0.0f : p.mem_ok[bh] ? p.mem_offset : -INFINITY;
+    const float mem_off = kHybrid ? 0.0f : hybrid_mem_offset(p, bh);  // Quest: the recalled rows' offset
     score_tc::stage_rows<D, kHybrid, RW>(
-        qsm, R,
-        [&](uint32_t r, uint32_t d) {
-            return (r < G ? load_elem(p.q, p.q_dtype, q0 + uint64_t(r) * D + d) : p.mem_rows[(bh * G + (r - G)) * D + d]) *
-                   half;
-        },
+        qsm, R, [&](uint32_t r, uint32_t d) { return scored_row_value(p, seq, head, G, r, d) * half; },
         int(threadIdx.x), int(blockDim.x));
     __syncthreads();
     const int row0 = score_tc::tile_row0<RW>(int(lane));
@@ -355,9 +365,6 @@ __global__ void __launch_bounds__(kScoreWarps * 32, 2) score_mma_kernel(const To
 // is 0 for the current queries, the memory's offset (or -inf where it recalled
 // nothing) for a query memory's rows; candidate i's score is the max over the
 // rows of (sum - the row's best + offset), a NaN never winning.
-__device__ __forceinline__ float hybrid_mem_offset(const TopkParams &p, uint64_t bh) {
-    return p.mem_rows == nullptr ? 0.0f : p.mem_ok[bh] ? p.mem_offset : -INFINITY;
-}
 template <class Top>
 __device__ __forceinline__ float hybrid_score(const float *rows, uint64_t stride, uint32_t i, uint32_t R, uint32_t G,
                                               float mem_off, Top top) {

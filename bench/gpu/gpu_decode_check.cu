@@ -507,11 +507,14 @@ void check_topk_case(bool quick, int n_sms, uint32_t D, uint32_t G, uint32_t Hkv
     free_all(&allocs);
 }
 
-// {D, G, kv-heads}. The score kernel walks several page groups per block
-// once sequences x kv-heads pass ~1024 / groups (kernels/score_topk.cu): the
+// {D, G, kv-heads}. Both score kernels walk several page groups per block
+// once there are more groups than their grid target gives each (sequence,
+// kv-head) (kernels/score_topk.cu): the SIMT kernel (IKV_CUDA_SCORE=simt)
+// aims at ~1024 blocks of 64 pages at D = 128 (256 at D = 32), so the
 // {64, 2, 32} case (96 lists of up to 40 groups) has blocks walk ~4 groups
-// each. D = 32: one lane per page (256 pages per block); {32, 1, 40} has
-// 120 lists of up to 20 groups, so its blocks walk a few groups too.
+// and {32, 1, 40} (120 lists of up to 20 groups) a few; the tensor-core
+// kernel aims at ~132 blocks of 128 pages, so every case with more than one
+// group per list walks.
 void check_topk(bool quick, int n_sms) {
     const uint32_t cases[][3] = {{128, 4, 2}, {64, 1, 2}, {256, 8, 2}, {128, 6, 2},
                                  {64, 2, 32},  {32, 4, 2}, {32, 1, 40}};
