@@ -183,7 +183,7 @@ __device__ __forceinline__ float hybrid_mem_offset(const TopkParams &p, uint64_t
 
 // Scored row r's value at channel d for kv-head `head` of sequence `seq`
 // (group size G): rows 0..G-1 are the group's query token 0, rows G..2G-1
-// the query memory's recalled rows; unscaled, as both score kernels stage it.
+// the query memory's recalled rows; unscaled (the kernels apply their own factor).
 __device__ __forceinline__ float scored_row_value(const TopkParams &p, uint32_t seq, uint32_t head, uint32_t G,
                                                   uint32_t r, uint32_t d) {
     const uint32_t D = p.shape.head_dim;
