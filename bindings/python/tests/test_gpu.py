@@ -255,6 +255,41 @@ class CudaPoolTest(unittest.TestCase):
             k_read, _ = gpu_pool.read(g, 1, 63, 64)
             self.assertEqual(k_read[1 * head_dim + 5], 0.0)
 
+    def test_decode_with_device_append_equals_append_then_decode(self):
+        """decode(append=(k, v)) with device tensors on sequences with reserved room: the decode's own
+        kernels write each layer's token (stats()["appends_fused"]); the outputs and the stored pages
+        equal a CPU pool that appends, then decodes, across a page boundary."""
+        torch.manual_seed(5)
+        head_dim = 64
+        gpu_pool, cpu_pool = self.pools(ikv.Format.F16, head_dim)
+        with gpu_pool, cpu_pool, ikv.Decoder() as gpu, ikv.Decoder(n_threads=2) as cpu:
+            gs = [gpu_pool.seq_create() for _ in range(2)]
+            cs = [cpu_pool.seq_create() for _ in range(2)]
+            prompt = torch.randn(2, N_LAYERS, 11, N_KV_HEADS, head_dim, device="cuda")
+            for i in range(2):
+                gpu_pool.append(gs[i], prompt[i], prompt[i])
+                cpu_pool.append(cs[i], host(prompt[i]), host(prompt[i]))
+            steps = 9  # lengths 11 -> 20: the page of 16 fills and the next one starts
+            gpu_pool.reserve(gs, steps)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            for _ in range(steps):
+                for layer in range(N_LAYERS):
+                    with torch.cuda.stream(stream):
+                        kv = torch.randn(2, 1, N_KV_HEADS, head_dim, device="cuda")
+                        q = torch.randn(2, 1, N_Q_HEADS, head_dim, device="cuda")
+                        out = torch.full_like(q, float("nan"))
+                    gpu.decode(gpu_pool, gs, q, N_Q_HEADS, layer=layer, out=out, append=(kv, kv),
+                               append_async=True, stream=stream)
+                    stream.synchronize()
+                    cpu_pool.append_batch(cs, host(kv), host(kv), layer=layer)
+                    ref = cpu.decode(cpu_pool, cs, host(q), N_Q_HEADS, layer=layer)
+                    self.assertTrue(numpy.isfinite(host(out)).all())
+                    self.assertLess(rel_err(host(out), ref), 1e-3)
+            gpu_pool.sync()
+            self.assertEqual(gpu.stats()["appends_fused"], steps * N_LAYERS)
+            self.assertReadsMatch(gpu_pool, cpu_pool, list(zip(gs, cs)), 1e-6)
+
     @unittest.skipIf(cupy is None, "cupy is not installed")
     def test_cupy_arrays_on_their_stream(self):
         head_dim = 64
