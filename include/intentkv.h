@@ -135,7 +135,10 @@ typedef struct ikv_runtime_info {
  * Fill *info. The CPU ISA is chosen once per process from the CPU's features;
  * the environment variable IKV_CPU_ISA (avx512 | avx2 | neon | scalar), read at
  * that first choice, forces a path (it must be supported, else the best one
- * is used and a warning is logged). Thread-safe.
+ * is used and a warning is logged). On CPUs with AVX512-VNNI the avx512 path
+ * sums INT8 values with integer dot products (docs/FORMATS.md gives the
+ * bound this adds); IKV_CPU_VNNI=off (or 0), read at the same moment, keeps
+ * fp32 sums. cpu_isa is "avx512" either way. Thread-safe.
  * Errors: IKV_E_NULL (info), IKV_E_INVALID (struct_size too small).
  */
 IKV_API ikv_status ikv_runtime_info_get(ikv_runtime_info *info);

@@ -13,6 +13,7 @@ struct O {
     using V = __m256;
     static constexpr uint32_t W = 8;
     static constexpr uint32_t kValueChunks = 2;  // accumulator chunks per value pass
+    static constexpr bool kIntValues = false;    // INT8 values in fp32 (attn_impl.hpp)
     static V zero() { return _mm256_setzero_ps(); }
     static V set1(float a) { return _mm256_set1_ps(a); }
     static V load(const float *p) { return _mm256_loadu_ps(p); }

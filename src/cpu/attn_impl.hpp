@@ -16,6 +16,9 @@
 //   nibble of byte j), e4m3_div256(p) (the E4M3 value times 2^-8: the codes
 //   are re-biased into IEEE half bits, which is exact, and the 2^8 is folded
 //   into the page scale). NaN codes (0x7F/0xFF) are never written by the pool.
+// kIntValues: whether O has the integer ops of INT8 values (VI, izero,
+// i8_pairs, dot_pairs, add_pair_sums, to_i16; avx512_ops.hpp with VNNI);
+// values_int8 below uses them, the other paths sum INT8 values in fp32.
 //
 // Per span (a run of tokens of one sub-page): every K and V row is
 // dequantized ONCE into the span buffers (one page at most, L1/L2 resident)
@@ -271,6 +274,7 @@ inline void values_block(const ChunkTask &T, const Rows &rows, uint32_t n, uint3
 }
 
 constexpr uint32_t kRowBlock = 4;  // query rows per register block
+constexpr uint32_t kMaxSpanWeights = logit_stride(128);  // one row's weights of a span (P <= 128)
 
 template <class Rows>
 inline void all_logits(const ChunkTask &T, const float *q, const Rows &rows, uint32_t n, float *S, uint32_t SP,
@@ -318,6 +322,71 @@ inline void int4_v_meta(const SpanRef &s, const SubpageLayout &L, uint32_t D, ui
             O::store(tmp, O::f16(pad));
             memcpy(out + i, tmp, 4 * (i1 - i));
         }
+    }
+}
+
+// INT8 values through 16-bit integer dot products (O::kIntValues, D a
+// multiple of 32): acc[r] += sum_i S[r][i] * v_i, where S already holds
+// p * v_scale per token. Each row's weights are rounded to int16 relative to
+// the row's largest in the span (w * 32767 / max, to nearest: each weight
+// off by at most max / 65534, docs/FORMATS.md), two tokens' codes are
+// interleaved per channel and summed exactly in int32 lanes (at most
+// P * 32767 * 128 < 2^31), and the sums go into the fp32 accumulators once
+// per span, times max / 32767. Rows of 4 at a time, channels 64 at a time
+// (32 for the rest), so a block's int32 sums stay in registers.
+template <class Ops, uint32_t NR, uint32_t NG>
+inline void values_int8_pass(const ChunkTask &T, const uint8_t *rows, uint32_t n, uint32_t r0, size_t d,
+                             const int16_t (*wq)[kMaxSpanWeights], const float *scale, SpanPrefetch &pf) {
+    using VI = typename Ops::VI;
+    constexpr uint32_t NC = 2 * NG;  // int32 vectors per row: (lo, hi) per 32 channels
+    const size_t D = T.D;
+    VI a[NR][NC];
+    for (uint32_t j = 0; j < NR; ++j)
+        for (uint32_t c = 0; c < NC; ++c) a[j][c] = Ops::izero();
+    for (uint32_t i = 0; i < n; i += 2) {
+        pf.step();  // once per token, as the fp32 value loop (SpanPrefetch: a later span's lines spread out)
+        pf.step();
+        const uint8_t *ra = rows + i * D + d;
+        const uint8_t *rb = i + 1 < n ? ra + D : ra;  // an odd last token pairs with itself at weight 0
+        VI x[NC];
+        for (uint32_t g = 0; g < NG; ++g) Ops::i8_pairs(ra + 32 * g, rb + 32 * g, x[2 * g], x[2 * g + 1]);
+        for (uint32_t j = 0; j < NR; ++j)
+            for (uint32_t c = 0; c < NC; ++c) a[j][c] = Ops::dot_pairs(a[j][c], x[c], wq[j] + i);
+    }
+    for (uint32_t j = 0; j < NR; ++j)
+        for (uint32_t g = 0; g < NG; ++g)
+            Ops::add_pair_sums(T.acc + (r0 + j) * D + d + 32 * g, a[j][2 * g], a[j][2 * g + 1], scale[j]);
+}
+
+template <class Ops, uint32_t NR>
+inline void values_int8_block(const ChunkTask &T, const uint8_t *rows, uint32_t n, uint32_t r0, const float *S,
+                              uint32_t SP, SpanPrefetch &pf) {
+    const uint32_t nv = (n + Ops::W - 1) / Ops::W * Ops::W;  // weights past n are 0 (masked before the softmax)
+    alignas(64) int16_t wq[NR][kMaxSpanWeights];
+    float scale[NR];
+    for (uint32_t j = 0; j < NR; ++j) {
+        const float *w = S + size_t(r0 + j) * SP;
+        typename Ops::V mv = Ops::load(w);
+        for (uint32_t i = Ops::W; i < nv; i += Ops::W) mv = Ops::max(mv, Ops::load(w + i));
+        const float wmax = Ops::hmax(mv);
+        scale[j] = wmax / 32767.0f;
+        Ops::to_i16(w, nv, wmax > 0.0f ? 32767.0f / wmax : 0.0f, wq[j]);
+    }
+    size_t d = 0;
+    for (; d + 64 <= T.D; d += 64) values_int8_pass<Ops, NR, 2>(T, rows, n, r0, d, wq, scale, pf);
+    if (d < T.D) values_int8_pass<Ops, NR, 1>(T, rows, n, r0, d, wq, scale, pf);
+}
+
+template <class Ops>
+inline void values_int8(const ChunkTask &T, const uint8_t *rows, uint32_t n, const float *S, uint32_t SP,
+                        SpanPrefetch &pf) {
+    uint32_t r = 0;
+    for (; r + kRowBlock <= T.R; r += kRowBlock) values_int8_block<Ops, kRowBlock>(T, rows, n, r, S, SP, pf);
+    switch (T.R - r) {
+        case 3: values_int8_block<Ops, 3>(T, rows, n, r, S, SP, pf); break;
+        case 2: values_int8_block<Ops, 2>(T, rows, n, r, S, SP, pf); break;
+        case 1: values_int8_block<Ops, 1>(T, rows, n, r, S, SP, pf); break;
+        default: break;
     }
 }
 
@@ -410,6 +479,12 @@ void attend_span(const ChunkTask &T, const SpanRef &s, SpanPrefetch &pf) {
         const typename O::V c = O::set1(vsrc.sc[0] * 256.0f);
         for (uint32_t r = 0; r < R; ++r)
             for (uint32_t i = 0; i < nv; i += O::W) O::store(S + r * SP + i, O::mul(O::load(S + r * SP + i), c));
+    }
+    if constexpr (F == IKV_FMT_INT8 && O::kIntValues) {
+        if (D % 32 == 0) {  // the codes straight from the page, for every row block
+            values_int8<O>(T, s.sub + L.v + size_t(s.begin) * D, n, S, SP, pf);
+            return;
+        }
     }
     if (one_block) {
         all_values(T, PageRows<F, false>{vsrc, s.begin}, n, S, SP, pf);

@@ -95,6 +95,7 @@ struct CpuKernels {
 const CpuKernels &cpu_kernels_scalar();
 const CpuKernels &cpu_kernels_avx2();
 const CpuKernels &cpu_kernels_avx512();
+const CpuKernels &cpu_kernels_avx512_vnni();  // the AVX-512 path with integer INT8 values
 const CpuKernels &cpu_kernels_neon();
 
 }  // namespace ikv

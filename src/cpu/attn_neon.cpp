@@ -12,6 +12,7 @@ struct O {
     using V = float32x4_t;
     static constexpr uint32_t W = 4;
     static constexpr uint32_t kValueChunks = 4;  // accumulator chunks per value pass
+    static constexpr bool kIntValues = false;    // INT8 values in fp32 (attn_impl.hpp)
     static V zero() { return vdupq_n_f32(0.0f); }
     static V set1(float a) { return vdupq_n_f32(a); }
     static V load(const float *p) { return vld1q_f32(p); }

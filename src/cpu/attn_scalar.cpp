@@ -15,6 +15,7 @@ struct O {
     };
     static constexpr uint32_t W = 4;
     static constexpr uint32_t kValueChunks = 2;  // accumulator chunks per value pass
+    static constexpr bool kIntValues = false;    // INT8 values in fp32 (attn_impl.hpp)
     static V zero() { return V{{0.0f, 0.0f, 0.0f, 0.0f}}; }
     static V set1(float a) { return V{{a, a, a, a}}; }
     static V load(const float *p) {

@@ -87,10 +87,25 @@ void isa_available(char *buf, std::size_t n) {
         }
 }
 
+#if defined(__x86_64__) || defined(_M_X64)
+// The AVX-512 path's kernels with integer INT8 values (attn_avx512_vnni.cpp)
+// where the CPU has AVX512-VNNI, unless IKV_CPU_VNNI is "off" or "0" (read
+// once, with the ISA): the same path, named "avx512" in ikv_runtime_info,
+// differing only in how INT8 values are summed (docs/DECODE.md).
+static bool use_vnni() {
+    static const bool on = [] {
+        const char *env = std::getenv("IKV_CPU_VNNI");
+        const bool off = env != nullptr && (std::strcmp(env, "off") == 0 || std::strcmp(env, "0") == 0);
+        return !off && __builtin_cpu_supports("avx512vnni");
+    }();
+    return on;
+}
+#endif
+
 const CpuKernels &cpu_kernels() {
     switch (active_isa()) {
 #if defined(__x86_64__) || defined(_M_X64)
-        case Isa::Avx512: return cpu_kernels_avx512();
+        case Isa::Avx512: return use_vnni() ? cpu_kernels_avx512_vnni() : cpu_kernels_avx512();
         case Isa::Avx2: return cpu_kernels_avx2();
 #endif
 #if defined(__aarch64__)

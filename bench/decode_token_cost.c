@@ -1,0 +1,97 @@
+/* The CPU decode's cost per token and kv-head, as the fastest of many
+ * back-to-back ikv_decode calls (the minimum is the statistic that a shared,
+ * noisy machine disturbs least; the mean is printed beside it).
+ *
+ *   decode_token_cost <format 0-4> <context tokens> <calls> [threads, default 1]
+ *
+ * One sequence of random K/V (fp32 input) in a pool of the bench_decode shape:
+ * 32 q-heads, 8 kv-heads, head_dim 128, page 16, one query token, dense. A
+ * context of a few thousand tokens stays in the caches (the arithmetic alone);
+ * 32K and more come from DRAM. Format numbers: ikv_format (0 F16, 1 BF16,
+ * 2 FP8 E4M3, 3 INT8, 4 INT4). Environment knobs of the library apply
+ * (IKV_CPU_ISA, IKV_CPU_VNNI), so A/B runs need no rebuild. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "intentkv.h"
+
+enum { kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kPage = 16, kBatch = 4096 };
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int die(const char *what) {
+    fprintf(stderr, "%s: %s\n", what, ikv_last_error());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s <format 0-4> <context tokens> <calls> [threads]\n", argv[0]);
+        return 2;
+    }
+    const int fmt = atoi(argv[1]), calls = atoi(argv[3]), threads = argc > 4 ? atoi(argv[4]) : 1;
+    const unsigned ctx = (unsigned)strtoul(argv[2], NULL, 10);
+    if (fmt < 0 || fmt > 4 || ctx == 0 || calls <= 0 || threads <= 0) {
+        fprintf(stderr, "bad arguments\n");
+        return 2;
+    }
+    ikv_pool_config pc = ikv_pool_default_config();
+    pc.n_layers = 1;
+    pc.n_kv_heads = kKvHeads;
+    pc.head_dim = kHeadDim;
+    pc.page_size = kPage;
+    pc.default_format = (ikv_format)fmt;
+    pc.kv_dtype = IKV_DTYPE_F32;
+    pc.capacity_bytes = (uint64_t)ctx * kKvHeads * kHeadDim * 2 * 2 * 2 + (64u << 20); /* F16 K+V, twice over */
+    ikv_pool *pool = NULL;
+    ikv_seq_id seq;
+    if (ikv_pool_create(&pc, &pool) != IKV_OK) return die("ikv_pool_create");
+    if (ikv_seq_create(pool, &seq) != IKV_OK) return die("ikv_seq_create");
+    const size_t n = (size_t)kBatch * kKvHeads * kHeadDim;
+    float *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    srand(1);
+    for (size_t i = 0; i < n; ++i) {
+        k[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+        v[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    }
+    for (unsigned t = 0; t < ctx; t += kBatch) {
+        ikv_append a = ikv_append_default(pool, ctx - t < kBatch ? ctx - t : kBatch);
+        a.k = k;
+        a.v = v;
+        if (ikv_pool_append(pool, seq, &a) != IKV_OK) return die("ikv_pool_append");
+    }
+    free(k);
+    free(v);
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    dc.n_threads = (uint32_t)threads;
+    ikv_decoder *dec = NULL;
+    if (ikv_decoder_create(&dc, &dec) != IKV_OK) return die("ikv_decoder_create");
+    static float q[kQHeads * kHeadDim], out[kQHeads * kHeadDim];
+    for (int i = 0; i < kQHeads * kHeadDim; ++i) q[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    ikv_decode_args a = ikv_decode_args_default();
+    a.seqs = &seq;
+    a.n_q_heads = kQHeads;
+    a.q = q;
+    a.out = out;
+    double best = 1e30, sum = 0.0;
+    for (int c = 0; c < calls; ++c) {
+        const double t0 = now_s();
+        if (ikv_decode(dec, pool, &a) != IKV_OK) return die("ikv_decode");
+        const double dt = now_s() - t0;
+        best = dt < best ? dt : best;
+        sum += dt;
+    }
+    ikv_runtime_info info = {.struct_size = sizeof info};
+    ikv_runtime_info_get(&info);
+    printf("decode_token_cost: format=%s ctx=%u threads=%d isa=%s min_us=%.1f mean_us=%.1f ns_per_token_head_thread=%.2f\n",
+           ikv_format_name((ikv_format)fmt), ctx, threads, info.cpu_isa, best * 1e6, sum / calls * 1e6,
+           best * 1e9 * threads / ((double)ctx * kKvHeads));
+    ikv_decoder_destroy(dec);
+    ikv_pool_destroy(pool);
+    return 0;
+}
