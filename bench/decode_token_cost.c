@@ -9,7 +9,8 @@
  * context of a few thousand tokens stays in the caches (the arithmetic alone);
  * 32K and more come from DRAM. Format numbers: ikv_format (0 F16, 1 BF16,
  * 2 FP8 E4M3, 3 INT8, 4 INT4). Environment knobs of the library apply
- * (IKV_CPU_ISA, IKV_CPU_VNNI), so A/B runs need no rebuild. */
+ * (IKV_CPU_ISA, IKV_CPU_VNNI), so A/B runs need no rebuild. The per-token
+ * figure is thread-time: min x threads / (context x kv-heads). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -34,12 +35,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s <format 0-4> <context tokens> <calls> [threads]\n", argv[0]);
         return 2;
     }
-    const int fmt = atoi(argv[1]), calls = atoi(argv[3]), threads = argc > 4 ? atoi(argv[4]) : 1;
-    const unsigned ctx = (unsigned)strtoul(argv[2], NULL, 10);
-    if (fmt < 0 || fmt > 4 || ctx == 0 || calls <= 0 || threads <= 0) {
-        fprintf(stderr, "bad arguments\n");
-        return 2;
+    long arg[4] = {0, 0, 0, 1};  /* format, context, calls, threads */
+    const long lim[4] = {4, 1L << 24, 1L << 24, 1024};
+    for (int i = 0; i < 4 && i + 1 < argc; ++i) {
+        char *end = NULL;
+        arg[i] = strtol(argv[i + 1], &end, 10);
+        if (end == argv[i + 1] || *end != '\0' || arg[i] < (i == 0 ? 0 : 1) || arg[i] > lim[i]) {
+            fprintf(stderr, "argument %d (\"%s\") is not a number in [%d, %ld]\n", i + 1, argv[i + 1], i == 0 ? 0 : 1, lim[i]);
+            return 2;
+        }
     }
+    const int fmt = (int)arg[0], calls = (int)arg[2], threads = (int)arg[3];
+    const unsigned ctx = (unsigned)arg[1];
     ikv_pool_config pc = ikv_pool_default_config();
     pc.n_layers = 1;
     pc.n_kv_heads = kKvHeads;
@@ -54,6 +61,10 @@ int main(int argc, char **argv) {
     if (ikv_seq_create(pool, &seq) != IKV_OK) return die("ikv_seq_create");
     const size_t n = (size_t)kBatch * kKvHeads * kHeadDim;
     float *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
+    if (!k || !v) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
     srand(1);
     for (size_t i = 0; i < n; ++i) {
         k[i] = (float)rand() / (float)RAND_MAX - 0.5f;
@@ -78,6 +89,7 @@ int main(int argc, char **argv) {
     a.n_q_heads = kQHeads;
     a.q = q;
     a.out = out;
+    if (ikv_decode(dec, pool, &a) != IKV_OK) return die("ikv_decode");  /* builds the page lists: not timed */
     double best = 1e30, sum = 0.0;
     for (int c = 0; c < calls; ++c) {
         const double t0 = now_s();

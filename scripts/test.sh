@@ -34,7 +34,7 @@ bash scripts/check_baseline_x86.sh build
 echo "== AddressSanitizer + UBSan (CPU only) =="
 BUILD_DIR=build-asan BUILD_TYPE=Debug bash scripts/build.sh -DIKV_ENABLE_CUDA=OFF -DIKV_SANITIZE=ON \
   -DIKV_BUILD_TESTS=ON -DIKV_BUILD_BENCH=OFF -DIKV_BUILD_EXAMPLES=OFF
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --no-tests=error --output-on-failure -j"$(nproc)" -R "test_(pool|layout|router|plan|synth|common|decode_avx2)")
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --no-tests=error --output-on-failure -j"$(nproc)" -R "test_(pool|layout|router|plan|synth|common|decode_avx2|decode_avx512)")
 
 echo "== ThreadSanitizer (CPU only): pool threads, decoder worker threads, several decoders on one pool =="
 BUILD_DIR=build-tsan BUILD_TYPE=RelWithDebInfo bash scripts/build.sh -DIKV_ENABLE_CUDA=OFF -DIKV_SANITIZE_THREAD=ON \

@@ -332,11 +332,11 @@ inline void int4_v_meta(const SpanRef &s, const SubpageLayout &L, uint32_t D, ui
 // off by at most max / 65534, docs/FORMATS.md), two tokens' codes are
 // interleaved per channel and summed exactly in int32 lanes (at most
 // P * 32767 * 128 < 2^31), and the sums go into the fp32 accumulators once
-// per span, times max / 32767. Rows of 4 at a time, channels 64 at a time
+// per span, times max. Rows of 4 at a time, channels 64 at a time
 // (32 for the rest), so a block's int32 sums stay in registers.
 template <class Ops, uint32_t NR, uint32_t NG>
 inline void values_int8_pass(const ChunkTask &T, const uint8_t *rows, uint32_t n, uint32_t r0, size_t d,
-                             const int16_t (*wq)[kMaxSpanWeights], const float *scale, SpanPrefetch &pf) {
+                             const int16_t (*wq)[kMaxSpanWeights], const float *wmax, SpanPrefetch &pf) {
     using VI = typename Ops::VI;
     constexpr uint32_t NC = 2 * NG;  // int32 vectors per row: (lo, hi) per 32 channels
     const size_t D = T.D;
@@ -355,7 +355,7 @@ inline void values_int8_pass(const ChunkTask &T, const uint8_t *rows, uint32_t n
     }
     for (uint32_t j = 0; j < NR; ++j)
         for (uint32_t g = 0; g < NG; ++g)
-            Ops::add_pair_sums(T.acc + (r0 + j) * D + d + 32 * g, a[j][2 * g], a[j][2 * g + 1], scale[j]);
+            Ops::add_pair_sums(T.acc + (r0 + j) * D + d + 32 * g, a[j][2 * g], a[j][2 * g + 1], wmax[j]);
 }
 
 template <class Ops, uint32_t NR>
@@ -363,18 +363,19 @@ inline void values_int8_block(const ChunkTask &T, const uint8_t *rows, uint32_t 
                               uint32_t SP, SpanPrefetch &pf) {
     const uint32_t nv = (n + Ops::W - 1) / Ops::W * Ops::W;  // weights past n are 0 (masked before the softmax)
     alignas(64) int16_t wq[NR][kMaxSpanWeights];
-    float scale[NR];
+    float wmax[NR];
     for (uint32_t j = 0; j < NR; ++j) {
         const float *w = S + size_t(r0 + j) * SP;
         typename Ops::V mv = Ops::load(w);
         for (uint32_t i = Ops::W; i < nv; i += Ops::W) mv = Ops::max(mv, Ops::load(w + i));
-        const float wmax = Ops::hmax(mv);
-        scale[j] = wmax / 32767.0f;
-        Ops::to_i16(w, nv, wmax > 0.0f ? 32767.0f / wmax : 0.0f, wq[j]);
+        // w / wmax first, then 32767: no step underflows where wmax itself is
+        // tiny (subnormals are flushed here); the flush multiplies back the same way.
+        wmax[j] = Ops::hmax(mv);
+        Ops::to_i16(w, nv, wmax[j] > 0.0f ? 1.0f / wmax[j] : 0.0f, wq[j]);
     }
     size_t d = 0;
-    for (; d + 64 <= T.D; d += 64) values_int8_pass<Ops, NR, 2>(T, rows, n, r0, d, wq, scale, pf);
-    if (d < T.D) values_int8_pass<Ops, NR, 1>(T, rows, n, r0, d, wq, scale, pf);
+    for (; d + 64 <= T.D; d += 64) values_int8_pass<Ops, NR, 2>(T, rows, n, r0, d, wq, wmax, pf);
+    if (d < T.D) values_int8_pass<Ops, NR, 1>(T, rows, n, r0, d, wq, wmax, pf);
 }
 
 template <class Ops>
@@ -444,7 +445,7 @@ void attend_span(const ChunkTask &T, const SpanRef &s, SpanPrefetch &pf) {
         for (uint32_t i = O::W; i < nv; i += O::W) mv = O::max(mv, O::load(Sr + i));
         const float mloc = O::hmax(mv);
         if (mloc == -INFINITY) {  // every token of the span is in this row's future
-            for (uint32_t i = 0; i < n; ++i) Sr[i] = 0.0f;
+            for (uint32_t i = 0; i < nv; ++i) Sr[i] = 0.0f;  // whole vectors: values_int8 reads them
             continue;
         }
         const float mold = T.m[r];

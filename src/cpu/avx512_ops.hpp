@@ -89,20 +89,22 @@ struct O {
         memcpy(&w, w2, sizeof w);
         return _mm512_dpwssd_epi32(acc, x, _mm512_set1_epi32(w));
     }
-    // acc[0, 32) += scale * the 32 channel sums held by (lo, hi) in i8_pairs' order.
-    static void add_pair_sums(float *acc, VI lo, VI hi, float scale) {
+    // acc[0, 32) += (the 32 channel sums held by (lo, hi) in i8_pairs' order) / 32767 * wmax.
+    static void add_pair_sums(float *acc, VI lo, VI hi, float wmax) {
         const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
         const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-        const __m512 a = _mm512_cvtepi32_ps(lo), b = _mm512_cvtepi32_ps(hi), s = _mm512_set1_ps(scale);
+        const __m512 u = _mm512_set1_ps(1.0f / 32767.0f), s = _mm512_set1_ps(wmax);
+        const __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), u), b = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), u);
         _mm512_storeu_ps(acc, _mm512_fmadd_ps(_mm512_permutex2var_ps(a, first, b), s, _mm512_loadu_ps(acc)));
         _mm512_storeu_ps(acc + 16, _mm512_fmadd_ps(_mm512_permutex2var_ps(a, second, b), s, _mm512_loadu_ps(acc + 16)));
     }
-    // out[i] = w[i] * s rounded to nearest, i < n (n a multiple of W; |w[i] * s| <= 32767).
-    static void to_i16(const float *w, uint32_t n, float s, int16_t *out) {
-        const __m512 sv = _mm512_set1_ps(s);
-        for (uint32_t i = 0; i < n; i += W)
-            _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i),
-                                _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(w + i), sv))));
+    // out[i] = w[i] * inv * 32767 rounded to nearest, i < n (n a multiple of W; 0 <= w[i] * inv <= 1).
+    static void to_i16(const float *w, uint32_t n, float inv, int16_t *out) {
+        const __m512 sv = _mm512_set1_ps(inv), q = _mm512_set1_ps(32767.0f);
+        for (uint32_t i = 0; i < n; i += W) {
+            const __m512 x = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(w + i), sv), q);
+            _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + i), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(x)));
+        }
     }
 #else
     static constexpr bool kIntValues = false;

@@ -70,10 +70,38 @@ static Isa choose() {
     return best;
 }
 
-Isa active_isa() {
-    static const Isa chosen = choose();  // C++11 guarantees thread-safe one-time init
+// The AVX-512 path's kernels with integer INT8 values (attn_avx512_vnni.cpp)
+// where the CPU has AVX512-VNNI, unless IKV_CPU_VNNI is "off" or "0": the
+// same path, named "avx512" in ikv_runtime_info, differing only in how INT8
+// values are summed (docs/DECODE.md). Read with the ISA, once.
+static bool choose_vnni(Isa isa) {
+#if defined(__x86_64__) || defined(_M_X64)
+    if (isa != Isa::Avx512 || !__builtin_cpu_supports("avx512vnni")) return false;
+    const char *env = std::getenv("IKV_CPU_VNNI");
+    if (env == nullptr || env[0] == '\0' || std::strcmp(env, "on") == 0 || std::strcmp(env, "1") == 0) return true;
+    if (std::strcmp(env, "off") == 0 || std::strcmp(env, "0") == 0) return false;
+    log(IKV_LOG_WARN, "IKV_CPU_VNNI=%s is not one of on, off, 1, 0; using on", env);
+    return true;
+#else
+    (void)isa;
+    return false;
+#endif
+}
+
+struct IsaChoice {
+    Isa isa;
+    bool vnni;  // the AVX-512 path with integer INT8 values
+};
+
+static const IsaChoice &isa_choice() {
+    static const IsaChoice chosen = [] {  // C++11 guarantees thread-safe one-time init
+        const Isa isa = choose();
+        return IsaChoice{isa, choose_vnni(isa)};
+    }();
     return chosen;
 }
+
+Isa active_isa() { return isa_choice().isa; }
 
 void isa_available(char *buf, std::size_t n) {
     const Isa order[] = {Isa::Avx512, Isa::Avx2, Isa::Neon, Isa::Scalar};
@@ -87,25 +115,10 @@ void isa_available(char *buf, std::size_t n) {
         }
 }
 
-#if defined(__x86_64__) || defined(_M_X64)
-// The AVX-512 path's kernels with integer INT8 values (attn_avx512_vnni.cpp)
-// where the CPU has AVX512-VNNI, unless IKV_CPU_VNNI is "off" or "0" (read
-// once, with the ISA): the same path, named "avx512" in ikv_runtime_info,
-// differing only in how INT8 values are summed (docs/DECODE.md).
-static bool use_vnni() {
-    static const bool on = [] {
-        const char *env = std::getenv("IKV_CPU_VNNI");
-        const bool off = env != nullptr && (std::strcmp(env, "off") == 0 || std::strcmp(env, "0") == 0);
-        return !off && __builtin_cpu_supports("avx512vnni");
-    }();
-    return on;
-}
-#endif
-
 const CpuKernels &cpu_kernels() {
     switch (active_isa()) {
 #if defined(__x86_64__) || defined(_M_X64)
-        case Isa::Avx512: return use_vnni() ? cpu_kernels_avx512_vnni() : cpu_kernels_avx512();
+        case Isa::Avx512: return isa_choice().vnni ? cpu_kernels_avx512_vnni() : cpu_kernels_avx512();
         case Isa::Avx2: return cpu_kernels_avx2();
 #endif
 #if defined(__aarch64__)

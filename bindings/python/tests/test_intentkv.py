@@ -96,7 +96,9 @@ class RoundTripTest(unittest.TestCase):
             ref = reference_attention(q, k_read, v_read, tokens, N_Q_HEADS, N_KV_HEADS, HEAD_DIM)
             num = math.sqrt(sum((a - b) ** 2 for a, b in zip(out, ref)))
             den = math.sqrt(sum(b * b for b in ref))
-            self.assertLess(num / den, 1e-5)
+            # The plan stores some pages as INT8: on AVX512-VNNI CPUs their values are summed with
+            # int16 weights (docs/FORMATS.md), test_decode's 2e-4 bound (measured 6.6e-6 here; 5e-7 in fp32).
+            self.assertLess(num / den, 2e-4)
 
     def test_dense_decode_of_exact_f32_pool_matches_inputs(self):
         rng = random.Random(3)

@@ -122,7 +122,9 @@ fn route_fill_decode_matches_f64_reference() {
     }
     let want = reference(&q, &k_read, &v_read, &tokens, N_Q_HEADS, N_KV_HEADS, HEAD_DIM);
     let err = rel_error(&out, &want);
-    assert!(err < 1e-5, "relative error {err}");
+    // The plan stores some pages as INT8: on AVX512-VNNI CPUs their values are summed with int16
+    // weights (docs/FORMATS.md), test_decode's 2e-4 bound (fp32 sums stay near 5e-7).
+    assert!(err < 2e-4, "relative error {err}");
 }
 
 #[test]
