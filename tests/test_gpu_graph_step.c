@@ -15,7 +15,9 @@
  * reports IKV_E_RANGE; a graph replayed after its room was replaced or ended,
  * or its sequence destroyed, writes and reads nothing and is reported
  * (IKV_E_STATE); the calls a room forbids are refused with a sentence and
- * allowed again once the room ends. */
+ * allowed again once the room ends. Decodes that append their token
+ * (args->append) equal separate appends, eagerly and replayed, at other
+ * shapes, and with the layers run in either order and a token apart. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,25 +87,38 @@ static ikv_decode_args decode_args(const ikv_seq_id *seqs, uint32_t l, const voi
     return d;
 }
 
-/* One engine step on a CUDA pool: per layer, the batch append of one token
- * per sequence from device memory, then the decode; with `fused`, the
- * decode's args->append instead of a separate append call. */
+/* Layer l's append of one token per sequence from device memory (layer l's
+ * part of bf), asynchronous on stream. */
+static ikv_append layer_append(ikv_pool *pool, const bufs *bf, void *stream, uint32_t l) {
+    ikv_append a = ikv_append_default(pool, 1);
+    a.layer = l;
+    a.k = (const uint16_t *)bf->dk + (size_t)l * B * H * D;
+    a.v = (const uint16_t *)bf->dv + (size_t)l * B * H * D;
+    a.src_on_device = 1;
+    a.stream = stream;
+    a.flags = IKV_APPEND_ASYNC;
+    return a;
+}
+
+/* Layer l of an engine step on a CUDA pool: the batch append of one token per
+ * sequence, then the decode; with `fused`, the decode's args->append instead
+ * of a separate append call. */
+static ikv_status layer_step(ikv_pool *pool, ikv_decoder *dec, const ikv_seq_id *seqs, const bufs *bf, void *stream,
+                             const ikv_plan *const *plans, enum kind kind, int fused, uint32_t l) {
+    ikv_append a = layer_append(pool, bf, stream, l);
+    ikv_status st = fused ? IKV_OK : ikv_pool_append_batch(pool, seqs, B, &a);
+    if (st != IKV_OK) return st;
+    ikv_decode_args d = decode_args(seqs, l, (const float *)bf->dq + (size_t)l * B * HQ * D,
+                                    (float *)bf->dout + (size_t)l * B * HQ * D, stream, plans, kind);
+    d.append = fused ? &a : NULL;
+    return ikv_decode(dec, pool, &d);
+}
+
+/* One engine step: every layer's layer_step, in order. */
 static ikv_status cuda_step(ikv_pool *pool, ikv_decoder *dec, const ikv_seq_id *seqs, const bufs *bf, void *stream,
                             const ikv_plan *const *plans, enum kind kind, int fused) {
     for (uint32_t l = 0; l < L; ++l) {
-        ikv_append a = ikv_append_default(pool, 1);
-        a.layer = l;
-        a.k = (const uint16_t *)bf->dk + (size_t)l * B * H * D;
-        a.v = (const uint16_t *)bf->dv + (size_t)l * B * H * D;
-        a.src_on_device = 1;
-        a.stream = stream;
-        a.flags = IKV_APPEND_ASYNC;
-        ikv_status st = fused ? IKV_OK : ikv_pool_append_batch(pool, seqs, B, &a);
-        if (st != IKV_OK) return st;
-        ikv_decode_args d = decode_args(seqs, l, (const float *)bf->dq + (size_t)l * B * HQ * D,
-                                        (float *)bf->dout + (size_t)l * B * HQ * D, stream, plans, kind);
-        d.append = fused ? &a : NULL;
-        st = ikv_decode(dec, pool, &d);
+        const ikv_status st = layer_step(pool, dec, seqs, bf, stream, plans, kind, fused, l);
         if (st != IKV_OK) return st;
     }
     return IKV_OK;
@@ -475,6 +490,82 @@ static void test_fused_append_eager(void **state) {
     ikv_pool_destroy(ga), ikv_pool_destroy(gb);
 }
 
+/* Decodes that append when the layers' lengths differ and the layers come in
+ * any order (a decode finds the page lists at the length the decode before it
+ * left them, which is its own only while the layers agree): eager steps whose
+ * layers run forward on even steps and backward on odd ones, and from step 3
+ * on one layer a token ahead of the other (one more append to layer 0), then
+ * the same steps captured once per order and replayed. Outputs equal separate
+ * append calls byte for byte, and so do the pools. */
+static void test_fused_append_layers_apart(void **state) {
+    (void)state;
+    ikv_pool *ga = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16), *gb = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16);
+    ikv_seq_id sa[B], sb[B];
+    prefill(ga, sa);
+    prefill(gb, sb);
+    IKVT_OK(ikv_pool_reserve(ga, sa, B, ROOM));
+    IKVT_OK(ikv_pool_reserve(gb, sb, B, ROOM));
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    ikv_decoder *da = NULL, *db = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &da));
+    IKVT_OK(ikv_decoder_create(&dc, &db));
+    void *stream = NULL;
+    assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
+    bufs bf = {ikvt_dev_upload(NULL, 2 * KV_STEP), ikvt_dev_upload(NULL, 2 * KV_STEP), ikvt_dev_upload(NULL, 4 * Q_STEP),
+               ikvt_dev_upload(NULL, 4 * Q_STEP)};
+    uint16_t *k = malloc(2 * KV_STEP), *v = malloc(2 * KV_STEP);
+    float *q = malloc(4 * Q_STEP), *out_a = malloc(4 * Q_STEP), *out_b = malloc(4 * Q_STEP);
+    enum { EAGER = 12, REPLAYS = 8 };
+    void *graphs[2] = {NULL, NULL}, *execs[2] = {NULL, NULL}; /* pool A's step, forward and backward */
+    uint64_t fused_calls = 0;
+    for (uint32_t t = 0; t < EAGER + 2 + REPLAYS; ++t) {
+        const int backward = t % 2 == 1;
+        step_input(t, k, v, q);
+        assert_int_equal(ikvt_rt.memcpy_(bf.dk, k, 2 * KV_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(bf.dv, v, 2 * KV_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(bf.dq, q, 4 * Q_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.sync_(), 0);
+        if (t == 3) { /* layer 0 a token ahead from here on, in both pools */
+            ikv_append a = layer_append(ga, &bf, stream, 0);
+            IKVT_OK(ikv_pool_append_batch(ga, sa, B, &a));
+            a = layer_append(gb, &bf, stream, 0);
+            IKVT_OK(ikv_pool_append_batch(gb, sb, B, &a));
+        }
+        if (t < EAGER) { /* eager */
+            for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(ga, da, sa, &bf, stream, NULL, DENSE, 1, backward ? L - 1 - i : i));
+            fused_calls += L;
+        } else if (t < EAGER + 2) { /* captured (the calls run at the first replay, below) */
+            assert_int_equal(ikvt_rt.begin_capture_(stream, IKVT_CAPTURE_GLOBAL), 0);
+            for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(ga, da, sa, &bf, stream, NULL, DENSE, 1, backward ? L - 1 - i : i));
+            assert_int_equal(ikvt_rt.end_capture_(stream, &graphs[backward]), 0);
+            assert_int_equal(ikvt_rt.graph_instantiate_(&execs[backward], graphs[backward], 0), 0);
+        }
+        if (t >= EAGER) assert_int_equal(ikvt_rt.graph_launch_(execs[backward], stream), 0);
+        assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_(out_a, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
+        for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(gb, db, sb, &bf, stream, NULL, DENSE, 0, backward ? L - 1 - i : i));
+        assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_(out_b, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
+        if (memcmp(out_a, out_b, 4 * Q_STEP) != 0) fail_msg("step %u: the fused step's output differs", t);
+    }
+    assert_int_equal(appends_fused(da), fused_calls + 2 * L);
+    IKVT_OK(ikv_pool_sync(ga));
+    IKVT_OK(ikv_pool_sync(gb));
+    assert_same_pools(ga, sa, gb, sb);
+    uint32_t l0 = 0, l1 = 0;
+    IKVT_OK(ikv_seq_layer_length(ga, sa[0], 0, &l0));
+    IKVT_OK(ikv_seq_layer_length(ga, sa[0], 1, &l1));
+    assert_int_equal(l0, kPrefill[0] + EAGER + 2 + REPLAYS + 1);
+    assert_int_equal(l1, l0 - 1);
+
+    for (int i = 0; i < 2; ++i) ikvt_rt.graph_exec_destroy_(execs[i]), ikvt_rt.graph_destroy_(graphs[i]);
+    ikvt_rt.stream_destroy_(stream);
+    ikvt_rt.free_(bf.dk), ikvt_rt.free_(bf.dv), ikvt_rt.free_(bf.dq), ikvt_rt.free_(bf.dout);
+    free(k), free(v), free(q), free(out_a), free(out_b);
+    ikv_decoder_destroy(da), ikv_decoder_destroy(db);
+    ikv_pool_destroy(ga), ikv_pool_destroy(gb);
+}
+
 /* Fused against separate calls, eagerly, at other shapes: F16 pools of nh
  * kv-heads of head_dim hd, g query heads per kv-head, nb sequences (more than
  * the 8 whose tail records ride in the kernel's parameters), one layer.
@@ -596,6 +687,7 @@ int main(void) {
         cmocka_unit_test(test_topk_step_fused),
         cmocka_unit_test(test_fused_append_eager),
         cmocka_unit_test(test_fused_append_shapes),
+        cmocka_unit_test(test_fused_append_layers_apart),
     };
     return cmocka_run_group_tests_name("gpu_graph_step", tests, NULL, NULL);
 }
