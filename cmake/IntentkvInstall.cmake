@@ -17,7 +17,7 @@ install(FILES ${PROJECT_BINARY_DIR}/intentkvConfig.cmake ${PROJECT_BINARY_DIR}/i
 
 # pkg-config: the shared library needs nothing more; a static link also needs
 # what the objects use (Libs.private).
-set(IKV_PC_LIBS_PRIVATE "-lmimalloc -lstdc++ -lpthread -lm")
+set(IKV_PC_LIBS_PRIVATE "-lstdc++ -lmimalloc -lpthread -lm")  # the C++ runtime first: see CMakeLists.txt
 if(IKV_HAVE_CUDA)
   string(APPEND IKV_PC_LIBS_PRIVATE " -L${CUDAToolkit_LIBRARY_DIR} -lcublasLt -lcudart_static -ldl -lrt")
 endif()

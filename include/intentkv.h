@@ -112,7 +112,11 @@ typedef void (*ikv_log_fn)(ikv_log_level level, const char *message, void *user)
  * Install a process-wide log sink (NULL removes it). Messages at or above
  * min_level are delivered, possibly from library worker threads, so the sink
  * must be thread-safe. Every failing call also sends its error sentence at
- * IKV_LOG_ERROR. Without a sink nothing is printed anywhere.
+ * IKV_LOG_ERROR. Without a sink nothing is printed anywhere. Deliveries are
+ * serialized, and once this call returns no other thread is inside the sink
+ * it replaced. The sink may call ikv_* functions, this one included: what
+ * those calls raise while the sink runs is not delivered, and once the sink
+ * returns ikv_last_error() holds again the sentence being delivered.
  */
 IKV_API void ikv_set_log_callback(ikv_log_fn fn, void *user, ikv_log_level min_level);
 
@@ -334,10 +338,10 @@ typedef struct ikv_precision_policy {
     ikv_format attend_high;     /**< default F16 */
     ikv_format attend_mid;      /**< default INT8 */
     ikv_format attend_low;      /**< default INT4 */
-    float attend_high_score;    /**< default 0.8 */
-    float attend_mid_score;     /**< default 0.5 */
-    float demote1_pressure;     /**< default 0.5 */
-    float demote2_pressure;     /**< default 0.85 */
+    float attend_high_score;    /**< in [0, 1]; default 0.8 */
+    float attend_mid_score;     /**< in [0, attend_high_score]; default 0.5 */
+    float demote1_pressure;     /**< in [0, demote2_pressure]; default 0.5 */
+    float demote2_pressure;     /**< in [0, 1]; default 0.85 */
 } ikv_precision_policy;
 
 typedef struct ikv_router_config {
@@ -348,7 +352,7 @@ typedef struct ikv_router_config {
     float memory_pressure;      /**< in [0, 1]; default 0 */
     float attend_threshold;     /**< ATTEND blocks below it are skipped; in [0, 1]; default 0.3 */
     uint32_t prefetch_depth;    /**< prefetch hints to emit, in pages; default 4 */
-    float unlabeled_score;      /**< tokens in no block are routed as ATTEND with this score; default 0 */
+    float unlabeled_score;      /**< tokens in no block are routed as ATTEND with this score; in [0, 1]; default 0 */
     ikv_over_budget over_budget;
     ikv_precision_policy precision;
 } ikv_router_config;
@@ -395,8 +399,13 @@ IKV_API ikv_status ikv_plan_from_ranges(const ikv_token_range *ranges, size_t n_
 IKV_API void ikv_plan_destroy(ikv_plan *plan);
 
 /** Page flags in a plan. */
-#define IKV_PAGE_MANDATORY 0x1u /**< from ALWAYS/GLOBAL/recent window: query-aware selection never drops it */
-#define IKV_PAGE_PARTIAL 0x2u   /**< token_begin/token_end cut inside the page */
+/** Holds tokens of ALWAYS/GLOBAL blocks or the recent window: query-aware selection never drops it. An
+ *  entry is one run of selected tokens within a page, so touching mandatory and optional runs of a page
+ *  form one entry, flagged as a whole (summary.mandatory_tokens counts the mandatory tokens alone). */
+#define IKV_PAGE_MANDATORY 0x1u
+/** token_begin/token_end cut inside the page's page_size slots (the last page of a sequence whose length is
+ *  not a multiple of page_size is always flagged, even when the entry holds every token it has). */
+#define IKV_PAGE_PARTIAL 0x2u
 
 /**
  * One selected page, kernel-ready. page = token index / page_size.
@@ -457,7 +466,12 @@ IKV_API ikv_status ikv_plan_get_summary(const ikv_plan *plan, ikv_plan_summary *
 IKV_API ikv_status ikv_plan_pages(const ikv_plan *plan, const ikv_plan_page **pages, size_t *count);
 /** Pages skipped entirely (no token read), ascending. Points into the plan. */
 IKV_API ikv_status ikv_plan_skipped_pages(const ikv_plan *plan, const uint32_t **pages, size_t *count);
-/** Pages likely needed by the next step (not selected now), most likely first. Points into the plan. */
+/**
+ * Pages likely needed by the next step (not selected now), most likely first:
+ * the page the next token lands in (pages_total when seq_len is a multiple of
+ * page_size: a page not allocated yet, outside ikv_plan_page_format's range),
+ * then the unread pages of ATTEND blocks read in part. Points into the plan.
+ */
 IKV_API ikv_status ikv_plan_prefetch(const ikv_plan *plan, const uint32_t **pages, size_t *count);
 /** One decision per layout block in start order, plus gaps. Points into the plan. */
 IKV_API ikv_status ikv_plan_decisions(const ikv_plan *plan, const ikv_block_decision **decisions, size_t *count);
@@ -478,14 +492,21 @@ IKV_API ikv_model_shape ikv_model_shape_default(void);
 
 /** Bytes and FLOPs of one decode step (one query token, all layers) under a plan. */
 typedef struct ikv_plan_cost {
-    uint64_t bytes_by_format[IKV_FMT_COUNT]; /**< K+V bytes read, scales included */
+    uint64_t bytes_by_format[IKV_FMT_COUNT]; /**< K+V bytes read, scales included (key summaries are not read) */
     uint64_t bytes_total;
     uint64_t bytes_dense_f16;                /**< every token in F16 */
     uint64_t flops;                          /**< 4 * tokens * head_dim * n_q_heads * n_layers */
     uint64_t flops_dense;
 } ikv_plan_cost;
 
-/** Cost of a plan for a model shape; uses the pool's page byte sizes. Errors: IKV_E_NULL, IKV_E_INVALID. */
+/**
+ * Cost of a plan for a model shape, in the bytes a decode of the plan reads
+ * from a pool's pages (the count ikv_decoder_last_bytes_read makes: K and V
+ * rows and their scales; the key summaries a page also stores are not read).
+ * Errors: IKV_E_NULL, IKV_E_INVALID (a zero field, head_dim not a multiple
+ * of 16, n_q_heads not a multiple of n_kv_heads, or a shape so large that a
+ * figure would pass 64 bits; *out is then unchanged).
+ */
 IKV_API ikv_status ikv_plan_get_cost(const ikv_plan *plan, const ikv_model_shape *shape, ikv_plan_cost *out);
 
 /** Plans are immutable after creation: any number of threads may read one. */
@@ -981,8 +1002,9 @@ IKV_API ikv_status ikv_seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t l
  * down and k_max rounded up (so they still bound every stored key; each is
  * less than 2^-7 relative away from the exact value), k_mean rounded to
  * nearest; these calls return those values. Any pointer may be NULL.
- * n_tokens_out: tokens summarized. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE,
- * IKV_E_EVICTED.
+ * n_tokens_out: tokens summarized. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE
+ * (layer or kv_head out of range, or a page that holds no token of the
+ * layer yet), IKV_E_EVICTED.
  */
 IKV_API ikv_status ikv_seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t kv_head,
                                         uint32_t page, float *k_min, float *k_max, float *k_mean,

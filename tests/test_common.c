@@ -1,5 +1,7 @@
 /* Version, status names, error sentence, log callback, runtime info. */
+#define _DEFAULT_SOURCE /* alarm */
 #include <string.h>
+#include <unistd.h>
 
 #include "support.h"
 
@@ -104,6 +106,92 @@ static void test_errors_and_log(void **state) {
     small.struct_size = 4;
     IKVT_EXPECT_STATUS(ikv_runtime_info_get(&small), IKV_E_INVALID, "struct_size");
     assert_int_equal(small.version, 0); /* unchanged */
+}
+
+/* A sink that calls the library: a failing call and ikv_set_log_callback
+ * itself, from inside the sink, neither deadlock nor recurse (alarm: a
+ * deadlock fails the test instead of hanging it); what the nested calls
+ * raise is not delivered, and the caller reads its own call's sentence. */
+static int g_sink_calls, g_sink_checks; /* checked after the call: no assert may jump out of a sink */
+static void reentrant_sink(ikv_log_level level, const char *msg, void *user) {
+    (void)level, (void)user;
+    ++g_sink_calls;
+    const int nested_failed = ikv_layout_create(NULL) == IKV_E_NULL; /* its sentence is not delivered */
+    g_sink_checks += nested_failed && strstr(ikv_last_error(), "ikv_layout_create") != NULL &&
+                     strstr(msg, "ikv_runtime_info_get") != NULL; /* the sink's copy is intact */
+    ikv_set_log_callback(reentrant_sink, NULL, IKV_LOG_DEBUG);
+}
+static void test_log_sink_calls_the_library(void **state) {
+    (void)state;
+    alarm(20);
+    g_sink_calls = g_sink_checks = 0;
+    ikv_set_log_callback(reentrant_sink, NULL, IKV_LOG_DEBUG);
+    const ikv_status first = ikv_runtime_info_get(NULL);
+    const int first_named = strstr(ikv_last_error(), "ikv_runtime_info_get") != NULL;
+    const ikv_status second = ikv_runtime_info_get(NULL);
+    ikv_set_log_callback(NULL, NULL, IKV_LOG_DEBUG);
+    assert_int_equal(first, IKV_E_NULL);
+    assert_true(first_named); /* the caller reads its own call's sentence */
+    assert_int_equal(second, IKV_E_NULL);
+    assert_int_equal(g_sink_calls, 2); /* still installed after the first (it re-installed itself) */
+    assert_int_equal(g_sink_checks, 2);
+    alarm(0);
+}
+
+/* An out-of-range score is named with the digits that tell it from the bound. */
+static void test_error_sentence_digits(void **state) {
+    (void)state;
+    ikv_layout *l = NULL;
+    IKVT_OK(ikv_layout_create(&l));
+    ikv_block_desc d = ikv_block_desc_default();
+    d.name = "doc";
+    d.start = 0;
+    d.end = 8;
+    d.score = 1.0000001f;
+    IKVT_EXPECT_STATUS(ikv_layout_add(l, &d, NULL), IKV_E_INVALID, "1.00000012");
+    ikv_layout_destroy(l);
+}
+
+/* Every failed ikv_decode forgets the last selection, the earliest refusals
+ * too (a NULL pool or args, a struct_size too small). */
+static void test_last_selection_after_refusals(void **state) {
+    (void)state;
+    ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.backend = IKV_BACKEND_CPU, .n_layers = 1, .n_kv_heads = 1,
+                                                     .head_dim = 32, .page_size = 16, .default_format = IKV_FMT_F16,
+                                                     .kv_dtype = IKV_DTYPE_F16});
+    ikv_seq_id s = 0;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    uint16_t kv[20 * 32] = {0};
+    ikv_append a = ikv_append_default(pool, 20);
+    a.k = kv;
+    a.v = kv;
+    IKVT_OK(ikv_pool_append(pool, s, &a));
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    ikv_decoder *dec = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    float q[32] = {0}, out[32];
+    ikv_decode_args d = ikv_decode_args_default_v3();
+    d.n_seqs = 1;
+    d.seqs = &s;
+    d.n_q_heads = 1;
+    d.q = q;
+    d.out = out;
+    ikv_token_range r[4];
+    size_t n = 0;
+    for (int refusal = 0; refusal < 3; ++refusal) {
+        IKVT_OK(ikv_decode(dec, pool, &d));
+        IKVT_OK(ikv_decoder_last_selection(dec, 0, 0, r, 4, &n));
+        assert_int_equal(n, 1);
+        ikv_decode_args small = d;
+        small.struct_size = 4;
+        const ikv_status st = refusal == 0   ? ikv_decode(dec, NULL, &d)
+                              : refusal == 1 ? ikv_decode(dec, pool, NULL)
+                                             : ikv_decode(dec, pool, &small);
+        assert_int_equal(st, refusal == 2 ? IKV_E_INVALID : IKV_E_NULL);
+        IKVT_EXPECT_STATUS(ikv_decoder_last_selection(dec, 0, 0, r, 4, &n), IKV_E_STATE, "failed call");
+    }
+    ikv_decoder_destroy(dec);
+    ikv_pool_destroy(pool);
 }
 
 /* The first header's default writes exactly its struct (under ASan an extra
@@ -217,6 +305,9 @@ int main(void) {
         cmocka_unit_test(test_version),
         cmocka_unit_test(test_status_names),
         cmocka_unit_test(test_errors_and_log),
+        cmocka_unit_test(test_log_sink_calls_the_library),
+        cmocka_unit_test(test_error_sentence_digits),
+        cmocka_unit_test(test_last_selection_after_refusals),
         cmocka_unit_test(test_runtime_info),
         cmocka_unit_test(test_first_header_pool_config),
         cmocka_unit_test(test_first_header_query_memory_config),

@@ -109,7 +109,9 @@ static void test_append_errors(void **state) {
     EXPECT_UNCHANGED(pool, s, ikv_pool_append(pool, s, &good), IKV_E_INVALID, "NaN");
     k[L * 4 * H * D - 1] = 0.5f;
     v[L * 4 * H * D - 7] = -INFINITY;
-    EXPECT_UNCHANGED(pool, s, ikv_pool_append(pool, s, &good), IKV_E_INVALID, "inf");
+    EXPECT_UNCHANGED(pool, s, ikv_pool_append(pool, s, &good), IKV_E_INVALID, "is -inf");
+    v[L * 4 * H * D - 7] = INFINITY;
+    EXPECT_UNCHANGED(pool, s, ikv_pool_append(pool, s, &good), IKV_E_INVALID, "is inf");
     v[L * 4 * H * D - 7] = 0.5f;
     /* layer_stride is ignored for a one-layer append */
     a = good; a.layer = 1; a.layer_stride = 0;
@@ -300,7 +302,7 @@ static void test_unequal_layers(void **state) {
 static void test_nonfinite_half_input(void **state) {
     (void)state;
     const ikv_dtype dts[2] = {IKV_DTYPE_F16, IKV_DTYPE_BF16};
-    const uint16_t bad[2][2] = {{0x7C00u, 0xFE00u}, {0xFF80u, 0x7FC1u}}; /* inf, NaN of each dtype */
+    const uint16_t bad[2][2] = {{0x7C00u, 0xFE00u}, {0xFF80u, 0x7FC1u}}; /* f16 inf, NaN; bf16 -inf, NaN */
     for (int i = 0; i < 2; ++i) {
         ikv_pool *pool =
             ikvt_make_pool((ikvt_pool_spec){.n_layers = L, .n_kv_heads = H, .head_dim = D, .page_size = P, .kv_dtype = dts[i]});
@@ -315,7 +317,9 @@ static void test_nonfinite_half_input(void **state) {
         for (int j = 0; j < 2; ++j) {
             k[2 * H * D + D + 17] = bad[i][j];
             EXPECT_UNCHANGED(pool, s, ikv_pool_append(pool, s, &a), IKV_E_INVALID,
-                             j == 0 ? "k[layer 0, token 2, head 1, channel 17] is inf" : "NaN");
+                             j == 1 ? "NaN"
+                             : i == 0 ? "k[layer 0, token 2, head 1, channel 17] is inf"
+                                      : "k[layer 0, token 2, head 1, channel 17] is -inf");
             k[2 * H * D + D + 17] = 0;
             v[5] = bad[i][j];
             EXPECT_UNCHANGED(pool, s, ikv_pool_append(pool, s, &a), IKV_E_INVALID, "v[layer 0, token 0, head 0, channel 5]");

@@ -56,10 +56,10 @@ ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListM
     if (!valid_dtype(ikv::raw_enum(a.out_dtype)))
         return ikv::fail(IKV_E_INVALID, "%s: args->out_dtype %d is not F32, F16 or BF16", fn, ikv::raw_enum(a.out_dtype));
     if (!std::isfinite(a.scale) || a.scale < 0.0f)
-        return ikv::fail(IKV_E_INVALID, "%s: args->scale %g must be finite and >= 0 (0 = 1/sqrt(head_dim))", fn,
+        return ikv::fail(IKV_E_INVALID, "%s: args->scale %.9g must be finite and >= 0 (0 = 1/sqrt(head_dim))", fn,
                          (double)a.scale);
     if (!std::isfinite(a.softcap) || a.softcap < 0.0f)
-        return ikv::fail(IKV_E_INVALID, "%s: args->softcap %g must be finite and >= 0 (0 = off)", fn,
+        return ikv::fail(IKV_E_INVALID, "%s: args->softcap %.9g must be finite and >= 0 (0 = off)", fn,
                          (double)a.softcap);
     const int mode = ikv::raw_enum(a.topk_mode);
     if (mode != IKV_TOPK_FIXED && mode != IKV_TOPK_MASS)
@@ -78,11 +78,11 @@ ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListM
     if (a.feedback != nullptr && a.feedback->pool != pool)
         return ikv::fail(IKV_E_INVALID, "%s: args->feedback was created for another pool", fn);
     if (!(a.topk_feedback_weight >= 0.0f && a.topk_feedback_weight <= 1.0f))
-        return ikv::fail(IKV_E_INVALID, "%s: args->topk_feedback_weight %g is outside [0, 1]", fn,
+        return ikv::fail(IKV_E_INVALID, "%s: args->topk_feedback_weight %.9g is outside [0, 1]", fn,
                          (double)a.topk_feedback_weight);
     if (mode == IKV_TOPK_MASS) {
         if (!(a.topk_mass > 0.0f && a.topk_mass <= 1.0f))
-            return ikv::fail(IKV_E_INVALID, "%s: args->topk_mass %g is outside (0, 1] (IKV_TOPK_MASS)", fn,
+            return ikv::fail(IKV_E_INVALID, "%s: args->topk_mass %.9g is outside (0, 1] (IKV_TOPK_MASS)", fn,
                              (double)a.topk_mass);
         if (a.topk_token_budget > 0 && a.topk_min_tokens > a.topk_token_budget)
             return ikv::fail(IKV_E_INVALID,
@@ -185,12 +185,12 @@ IKV_API ikv_decode_args ikv_decode_args_default_v3(void) {
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args) {
     const char *fn = "ikv_decode";
     IKV_CHECK_NULL(decoder, fn);
+    decoder->last.valid = false;  // every failed call, the earliest refusals too (ikv_decoder_last_selection)
     IKV_CHECK_NULL(pool, fn);
     IKV_CHECK_NULL(args, fn);
     IKV_CHECK_STRUCT(args, kDecodeArgsV1Size, fn);
     const ikv_decode_args a = ikv::read_config(*args, ikv_decode_args_default_v3());
     ikv::ListMemory &mem = decoder->lists;
-    decoder->last.valid = false;  // a failed call may have rewritten what the last one left
     try {
         ikv::RoomAppendReady ready;  // args->append to sequences with room, not yet enqueued
         ikv_status st = IKV_OK;

@@ -73,7 +73,7 @@ IKV_API ikv_status ikv_layout_set_score(ikv_layout *layout, uint32_t id, float s
     const std::size_t i = ikv::layout_index_of(*layout, id);
     if (i == SIZE_MAX) return ikv::fail(IKV_E_NOT_FOUND, "%s: no block with id %u", fn, id);
     if (!(score >= 0.0f && score <= 1.0f))  // also rejects NaN
-        return ikv::fail(IKV_E_INVALID, "%s: score %g for block %u is not a finite value in [0, 1]", fn,
+        return ikv::fail(IKV_E_INVALID, "%s: score %.9g for block %u is not a finite value in [0, 1]", fn,
                          static_cast<double>(score), id);
     layout->blocks[i].score = score;
     return IKV_OK;

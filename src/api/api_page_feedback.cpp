@@ -30,7 +30,7 @@ IKV_API ikv_status ikv_page_feedback_create(const ikv_pool *pool, const ikv_page
     IKV_CHECK_STRUCT(config, sizeof(ikv_page_feedback_config), fn);
     const ikv_page_feedback_config c = ikv::read_config(*config, ikv_page_feedback_default_config());
     if (!(c.rate > 0.0f && c.rate <= 1.0f))
-        return ikv::fail(IKV_E_INVALID, "%s: config->rate %g is outside (0, 1]", fn, (double)c.rate);
+        return ikv::fail(IKV_E_INVALID, "%s: config->rate %.9g is outside (0, 1]", fn, (double)c.rate);
     ikv_page_feedback *f = ikv::new_handle<ikv_page_feedback>();
     if (f == nullptr) return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     f->pool = pool;

@@ -105,7 +105,10 @@ IKV_API ikv_status ikv_plan_get_cost(const ikv_plan *plan, const ikv_model_shape
     if (shape->n_q_heads % shape->n_kv_heads != 0)
         return ikv::fail(IKV_E_INVALID, "%s: shape->n_q_heads %u is not a multiple of shape->n_kv_heads %u", fn,
                          shape->n_q_heads, shape->n_kv_heads);
-    *out = ikv::plan_cost(*plan, *shape);
+    if (!ikv::plan_cost(*plan, *shape, out))
+        return ikv::fail(IKV_E_INVALID, "%s: the shape (n_layers %u, n_q_heads %u, n_kv_heads %u, head_dim %u) makes the "
+                                        "plan's cost pass 64 bits", fn, shape->n_layers, shape->n_q_heads,
+                         shape->n_kv_heads, shape->head_dim);
     return IKV_OK;
 }
 

@@ -321,10 +321,10 @@ IKV_API ikv_status ikv_pool_set_tier_policy(ikv_pool *pool, const ikv_tier_polic
         if (policy->device_high != 0.0f) p.device_high = policy->device_high;
         p.device_low = policy->device_low != 0.0f ? policy->device_low : std::min(p.device_low, p.device_high);
         if (!(p.device_high > 0.0 && p.device_high <= 1.0))
-            return ikv::fail(IKV_E_INVALID, "%s: policy->device_high is %g; it must be in (0, 1] (0 = 0.9)", fn,
+            return ikv::fail(IKV_E_INVALID, "%s: policy->device_high is %.9g; it must be in (0, 1] (0 = 0.9)", fn,
                              (double)policy->device_high);
         if (!(p.device_low > 0.0 && p.device_low <= p.device_high))
-            return ikv::fail(IKV_E_INVALID, "%s: policy->device_low is %g; it must be in (0, device_high = %g]", fn,
+            return ikv::fail(IKV_E_INVALID, "%s: policy->device_low is %.9g; it must be in (0, device_high = %.9g]", fn,
                              p.device_low, p.device_high);
         if ((policy->flags & ~IKV_TIER_NO_PREFETCH) != 0)
             return ikv::fail(IKV_E_INVALID, "%s: policy->flags 0x%x has bits that are not IKV_TIER_* flags", fn,

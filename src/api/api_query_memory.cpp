@@ -63,7 +63,7 @@ IKV_API ikv_status ikv_query_memory_create(const ikv_pool *pool, const ikv_query
         return ikv::fail(IKV_E_INVALID, "%s: config->n_q_heads %u is not a positive multiple of the pool's n_kv_heads %u",
                          fn, c.n_q_heads, shape.n_kv_heads);
     if (!(c.decay > 0.0f && c.decay < 1.0f))
-        return ikv::fail(IKV_E_INVALID, "%s: config->decay %g is outside (0, 1)", fn, (double)c.decay);
+        return ikv::fail(IKV_E_INVALID, "%s: config->decay %.9g is outside (0, 1)", fn, (double)c.decay);
     if (c.turns > kMaxTurns)
         return ikv::fail(IKV_E_INVALID, "%s: config->turns %u is above %u (0 = one decayed mean)", fn, c.turns,
                          kMaxTurns);

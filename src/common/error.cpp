@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 
 namespace ikv {
@@ -10,8 +11,14 @@ namespace {
 
 thread_local char t_last_error[512] = "";
 
+// The sink runs under mu, so that once ikv_set_log_callback returns no other
+// thread is still inside the sink it replaced. Recursive, and a flag per
+// thread: a sink that calls the library (ikv_set_log_callback, or a call that
+// fails) neither deadlocks nor recurses; what such nested calls raise while
+// the sink runs is not delivered, and is gone from ikv_last_error once the
+// sink returns.
 struct LogSink {
-    std::mutex mu;
+    std::recursive_mutex mu;
     ikv_log_fn fn = nullptr;
     void *user = nullptr;
     ikv_log_level min_level = IKV_LOG_WARN;
@@ -22,10 +29,27 @@ LogSink &sink() {
     return s;
 }
 
+thread_local bool t_in_sink = false;
+
 void deliver(ikv_log_level level, const char *msg) {
+    if (t_in_sink) return;
     LogSink &s = sink();
-    std::lock_guard<std::mutex> lock(s.mu);
-    if (s.fn != nullptr && level >= s.min_level) s.fn(level, msg, s.user);
+    std::lock_guard<std::recursive_mutex> lock(s.mu);
+    if (s.fn == nullptr || level < s.min_level) return;
+    // The sentence this thread's caller will read: what the sink's own calls
+    // write there is undone when it returns (and the sink reads a copy).
+    struct InSink {
+        char saved[sizeof t_last_error];
+        InSink() {
+            std::memcpy(saved, t_last_error, sizeof saved);
+            t_in_sink = true;
+        }
+        ~InSink() {
+            t_in_sink = false;
+            std::memcpy(t_last_error, saved, sizeof saved);
+        }
+    } in_sink;
+    s.fn(level, msg == t_last_error ? in_sink.saved : msg, s.user);
 }
 
 }  // namespace
@@ -54,7 +78,7 @@ const char *last_error() { return t_last_error; }
 
 void set_log_sink(ikv_log_fn fn, void *user, ikv_log_level min_level) {
     LogSink &s = sink();
-    std::lock_guard<std::mutex> lock(s.mu);
+    std::lock_guard<std::recursive_mutex> lock(s.mu);
     s.fn = fn;
     s.user = user;
     s.min_level = min_level;

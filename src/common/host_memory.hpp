@@ -1,11 +1,15 @@
-// Host memory for the layout, router and plan handles: everything comes from
-// mimalloc's own API (never the host program's malloc). Containers use
-// mi_stl_allocator, which throws std::bad_alloc on failure; the API layer
-// turns that into IKV_E_NOMEM.
+// Host memory for the handles and their containers: everything comes from
+// mimalloc's own C API (never the host program's malloc). Containers use
+// host_allocator, which throws std::bad_alloc when mimalloc returns null; the
+// API layer turns that into IKV_E_NOMEM. (Not mimalloc's mi_stl_allocator:
+// it allocates through mi_new_n, which in the C build of libmimalloc that
+// Debian ships calls abort() when memory runs out, and no call of the
+// library may abort.)
 #pragma once
 
 #include <mimalloc.h>
 
+#include <cstddef>
 #include <new>
 #include <utility>
 #include <vector>
@@ -13,7 +17,29 @@
 namespace ikv {
 
 template <class T>
-using host_vector = std::vector<T, mi_stl_allocator<T>>;
+struct host_allocator {
+    using value_type = T;
+    host_allocator() noexcept = default;
+    template <class U>
+    host_allocator(const host_allocator<U> &) noexcept {}
+    T *allocate(std::size_t n) {
+        void *p = mi_mallocn(n, sizeof(T));  // null on overflow of n * sizeof(T) too
+        if (p == nullptr) throw std::bad_alloc();
+        return static_cast<T *>(p);
+    }
+    void deallocate(T *p, std::size_t) noexcept { mi_free(p); }
+    template <class U>
+    bool operator==(const host_allocator<U> &) const noexcept {
+        return true;
+    }
+    template <class U>
+    bool operator!=(const host_allocator<U> &) const noexcept {
+        return false;
+    }
+};
+
+template <class T>
+using host_vector = std::vector<T, host_allocator<T>>;
 
 // Construct a handle object in mimalloc memory; nullptr when out of memory
 // (or when the constructor throws bad_alloc).

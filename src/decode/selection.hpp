@@ -3,18 +3,17 @@
 // pages dropped, optionally narrowed by query-aware top-k (Quest bound).
 #pragma once
 
-#include <mimalloc.h>
-
 #include <cstdint>
 #include <vector>
 
+#include "common/host_memory.hpp"
 #include "common/page_format.hpp"
 #include "pool/pool_view.hpp"
 
 namespace ikv {
 
 template <class T>
-using dvec = std::vector<T, mi_stl_allocator<T>>;  // decoder memory comes from mimalloc
+using dvec = std::vector<T, host_allocator<T>>;  // decoder memory comes from mimalloc
 
 // A run of tokens of one logical page, absolute positions [begin, end).
 struct Entry {

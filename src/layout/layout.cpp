@@ -46,7 +46,7 @@ ikv_status check_block_desc(const ikv_block_desc &d, const char *fn) {
         return fail(IKV_E_INVALID, "%s: block '%s' has precision_hint %d, expected IKV_FMT_AUTO or 0..%d", fn, d.name,
                     raw_enum(d.precision_hint), IKV_FMT_COUNT - 1);
     if (!std::isfinite(d.score) || d.score < 0.0f || d.score > 1.0f)
-        return fail(IKV_E_INVALID, "%s: block '%s' has score %g, expected a finite value in [0, 1]", fn, d.name,
+        return fail(IKV_E_INVALID, "%s: block '%s' has score %.9g, expected a finite value in [0, 1]", fn, d.name,
                     static_cast<double>(d.score));
     if (d.end <= d.start)
         return fail(IKV_E_RANGE, "%s: block '%s' [%u, %u) has end at or before start", fn, d.name, d.start, d.end);

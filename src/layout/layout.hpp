@@ -13,7 +13,7 @@
 
 struct ikv_layout {
     using IdMap = std::unordered_map<uint32_t, uint32_t, std::hash<uint32_t>, std::equal_to<uint32_t>,
-                                     mi_stl_allocator<std::pair<const uint32_t, uint32_t>>>;
+                                     ikv::host_allocator<std::pair<const uint32_t, uint32_t>>>;
 
     ikv::host_vector<ikv_block_info> blocks;  // ascending start, pairwise disjoint
     IdMap start_of_id;                        // id -> start (starts are unique: blocks are non-empty and disjoint)

@@ -14,6 +14,7 @@ ikv_status plan_from_ranges(const ikv_token_range *ranges, std::size_t n_ranges,
                             uint32_t page_size, ikv_format format, ikv_plan **plan_out, const char *fn);
 
 // Bytes and FLOPs of one decode step under a plan (shape already validated).
-ikv_plan_cost plan_cost(const ikv_plan &plan, const ikv_model_shape &shape);
+// The plan's cost for a shape into *out; false (nothing written) when a figure passes 64 bits.
+bool plan_cost(const ikv_plan &plan, const ikv_model_shape &shape, ikv_plan_cost *out);
 
 }  // namespace ikv

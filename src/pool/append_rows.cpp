@@ -77,6 +77,7 @@ IKV_AVX2_CLONES void find_nonfinite_host(const AppendSource &s, const PageShape 
                     while (d + 1 < shape.head_dim && std::isfinite(row[d])) ++d;
                     out->found = true;
                     out->is_nan = std::isnan(row[d]);
+                    out->negative = row[d] < 0.0f;
                     out->which = which;
                     out->layer = l;
                     out->token = t;

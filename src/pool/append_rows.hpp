@@ -38,8 +38,10 @@ struct AppendSource {
 struct NonFinite {
     bool found = false;
     bool is_nan = false;
+    bool negative = false;  // -inf
     int which = 0;  // 0: k, 1: v
     uint32_t layer = 0, token = 0, head = 0, channel = 0;
+    const char *value_name() const { return is_nan ? "NaN" : negative ? "-inf" : "inf"; }
 };
 
 // One page write of an append: input tokens [token0, token0 + rows) (batch

@@ -323,7 +323,7 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
         return fail(IKV_E_INVALID,
                     "%s: %s[%slayer %u, token %u, head %u, channel %u] is %s; the pool stores finite values only", fn,
                     bad.which == 0 ? "k" : "v", where, bad.layer, bad.token % n, bad.head, bad.channel,
-                    bad.is_nan ? "NaN" : "inf");
+                    bad.value_name());
     }
 
     // Memory first: nothing is visible yet, so a failure just unwinds.
@@ -398,7 +398,7 @@ ikv_status pool_sync(ikv_pool *pool) {
                 "ikv_pool_sync: an asynchronous append met %s[sequence %u, layer %u, token %u, head %u, channel %u] "
                 "= %s and stored it as 0; the pool stores finite values only",
                 bad.which == 0 ? "k" : "v", (unsigned)seq, bad.layer, bad.token, bad.head, bad.channel,
-                bad.is_nan ? "NaN" : "inf");
+                bad.value_name());
 }
 
 }  // namespace ikv

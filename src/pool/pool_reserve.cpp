@@ -290,7 +290,7 @@ ikv_status room_append_prepare(ikv_pool *pool, const std::shared_ptr<Seq> *seqs,
                         "%s: %s[sequence %u, layer %u, token %u, head %u, channel %u] is %s; the pool stores finite "
                         "values only",
                         fn, bad.which == 0 ? "k" : "v", (unsigned)ids[bad.token / n], bad.layer, bad.token % n,
-                        bad.head, bad.channel, bad.is_nan ? "NaN" : "inf");
+                        bad.head, bad.channel, bad.value_name());
     }
     // The kernel for one format when every page of every room has it.
     int only_format = -2;

@@ -11,7 +11,7 @@ bool valid_format(const ikv_format &f) { return enum_below(f, IKV_FMT_COUNT); }
 
 ikv_status check_unit_interval(float v, const char *field, const char *fn) {
     if (!(v >= 0.0f && v <= 1.0f))  // NaN fails both comparisons
-        return fail(IKV_E_INVALID, "%s: %s is %g, expected a finite value in [0, 1]", fn, field,
+        return fail(IKV_E_INVALID, "%s: %s is %.9g, expected a finite value in [0, 1]", fn, field,
                     static_cast<double>(v));
     return IKV_OK;
 }
@@ -51,10 +51,10 @@ ikv_status check_router_config(const ikv_router_config &c, const char *fn) {
             return fail(IKV_E_INVALID, "%s: %s is %d, expected a storage format 0..%d (not AUTO)", fn, f.field,
                         raw_enum(f.value), IKV_FMT_COUNT - 1);
     if (p.attend_mid_score > p.attend_high_score)
-        return fail(IKV_E_INVALID, "%s: config->precision.attend_mid_score %g exceeds attend_high_score %g", fn,
+        return fail(IKV_E_INVALID, "%s: config->precision.attend_mid_score %.9g exceeds attend_high_score %.9g", fn,
                     static_cast<double>(p.attend_mid_score), static_cast<double>(p.attend_high_score));
     if (p.demote1_pressure > p.demote2_pressure)
-        return fail(IKV_E_INVALID, "%s: config->precision.demote1_pressure %g exceeds demote2_pressure %g", fn,
+        return fail(IKV_E_INVALID, "%s: config->precision.demote1_pressure %.9g exceeds demote2_pressure %.9g", fn,
                     static_cast<double>(p.demote1_pressure), static_cast<double>(p.demote2_pressure));
     return IKV_OK;
 }

@@ -1,0 +1,213 @@
+/* Calls that allocate host memory, run out of it. Each case runs in a child
+ * process under an address-space limit (RLIMIT_AS, soft) a little above what
+ * the child maps already: the call must fail with IKV_E_NOMEM and a sentence
+ * (or succeed), never abort, and once the limit is lifted the objects it was
+ * given still work. (Debian's libmimalloc overrides operator new with one that
+ * abort()s when memory runs out; the library must never reach it: see
+ * docs/FORMATS.md, "Memory".) Skips (77) under AddressSanitizer and
+ * ThreadSanitizer, whose shadow memory no such limit allows, and where
+ * fork or setrlimit is unavailable. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "support.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define IKVT_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define IKVT_SANITIZED 1
+#endif
+#endif
+#ifndef IKVT_SANITIZED
+#define IKVT_SANITIZED 0
+#endif
+
+enum { CASE_OK = 0, CASE_WRONG_STATUS = 2, CASE_NEVER_FAILED = 3, CASE_BROKEN_AFTER = 4 };
+
+/* Bytes the process maps now (/proc/self/statm's first field). */
+static unsigned long long mapped_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long pages = 0;
+    if (f == NULL) return 0;
+    if (fscanf(f, "%lu", &pages) != 1) pages = 0;
+    fclose(f);
+    return (unsigned long long)pages * (unsigned long long)sysconf(_SC_PAGESIZE);
+}
+
+/* The soft address-space limit: `extra` bytes above what is mapped now, or none. */
+static void limit_to(unsigned long long extra) {
+    struct rlimit r;
+    getrlimit(RLIMIT_AS, &r);
+    r.rlim_cur = extra == 0 ? r.rlim_max : (rlim_t)(mapped_bytes() + extra);
+    if (setrlimit(RLIMIT_AS, &r) != 0) _exit(77);
+}
+static void unlimit(void) { limit_to(0); }
+
+/* A case's verdict on a status met under the limit: IKV_E_NOMEM with a sentence. */
+static int expect_nomem(const char *what, ikv_status st) {
+    if (st == IKV_E_NOMEM && ikv_last_error()[0] != '\0') return CASE_OK;
+    fprintf(stderr, "%s: %s (%s), expected IKV_E_NOMEM with a sentence\n", what, ikv_status_name(st), ikv_last_error());
+    return CASE_WRONG_STATUS;
+}
+
+static int case_route(void) { /* a plan of 2^29 pages */
+    ikv_router_config c = ikv_router_default_config();
+    c.page_size = 8;
+    ikv_router *r = NULL;
+    ikv_layout *l = NULL;
+    if (ikv_router_create(&c, &r) != IKV_OK || ikv_layout_create(&l) != IKV_OK) return CASE_BROKEN_AFTER;
+    limit_to(256ull << 20);
+    ikv_plan *p = NULL;
+    const int v = expect_nomem("ikv_router_route", ikv_router_route(r, l, UINT32_MAX, &p));
+    unlimit();
+    if (v != CASE_OK) return v;
+    if (p != NULL || ikv_router_route(r, l, 1000, &p) != IKV_OK) return CASE_BROKEN_AFTER;
+    ikv_plan_destroy(p);
+    ikv_layout_destroy(l);
+    ikv_router_destroy(r);
+    return CASE_OK;
+}
+
+static int case_plan_from_ranges(void) {
+    const ikv_token_range one = {0, 1};
+    ikv_plan *p = NULL;
+    limit_to(256ull << 20);
+    const int v = expect_nomem("ikv_plan_from_ranges", ikv_plan_from_ranges(&one, 1, UINT32_MAX, 8, IKV_FMT_F16, &p));
+    unlimit();
+    if (v != CASE_OK) return v;
+    if (p != NULL || ikv_plan_from_ranges(&one, 1, 100, 8, IKV_FMT_F16, &p) != IKV_OK) return CASE_BROKEN_AFTER;
+    ikv_plan_destroy(p);
+    return CASE_OK;
+}
+
+static ikv_pool *small_pool(uint32_t head_dim) {
+    ikv_pool_config c = ikv_pool_default_config();
+    c.n_layers = 1;
+    c.n_kv_heads = 1;
+    c.head_dim = head_dim;
+    ikv_pool *p = NULL;
+    return ikv_pool_create(&c, &p) == IKV_OK ? p : NULL;
+}
+
+/* ikv_seq_create, or ikv_seq_fork of one sequence (fork), until memory runs out. */
+static int seq_loop(int fork) {
+    ikv_pool *p = small_pool(32);
+    ikv_seq_id s0 = 0, s = 0;
+    if (p == NULL || ikv_seq_create(p, &s0) != IKV_OK) return CASE_BROKEN_AFTER;
+    limit_to(8ull << 20);
+    ikv_status st = IKV_OK;
+    for (uint32_t n = 0; n < 50u * 1000 * 1000 && st == IKV_OK; ++n)
+        st = fork ? ikv_seq_fork(p, s0, &s) : ikv_seq_create(p, &s);
+    if (st == IKV_OK) return CASE_NEVER_FAILED;
+    const int v = expect_nomem(fork ? "ikv_seq_fork" : "ikv_seq_create", st);
+    unlimit();
+    if (v != CASE_OK) return v;
+    if (ikv_seq_create(p, &s) != IKV_OK) return CASE_BROKEN_AFTER;
+    ikv_pool_destroy(p);
+    return CASE_OK;
+}
+static int case_seq_create(void) { return seq_loop(0); }
+static int case_seq_fork(void) { return seq_loop(1); }
+
+static int case_query_memory(void) {
+    ikv_pool *p = small_pool(32);
+    ikv_query_memory_config c = ikv_query_memory_default_config();
+    c.n_q_heads = 4;
+    ikv_query_memory *m = NULL;
+    if (p == NULL || ikv_query_memory_create(p, &c, &m) != IKV_OK) return CASE_BROKEN_AFTER;
+    float q[4 * 32];
+    for (int i = 0; i < 4 * 32; ++i) q[i] = (float)(i % 7) - 3.0f;
+    limit_to(8ull << 20);
+    ikv_status st = IKV_OK;
+    for (uint32_t n = 0; n < 50u * 1000 * 1000 && st == IKV_OK; ++n)
+        st = ikv_query_memory_remember(m, n, 0, q, IKV_DTYPE_F32, 1);
+    if (st == IKV_OK) return CASE_NEVER_FAILED;
+    const int v = expect_nomem("ikv_query_memory_remember", st);
+    unlimit();
+    if (v != CASE_OK) return v;
+    if (ikv_query_memory_remember(m, UINT32_MAX, 0, q, IKV_DTYPE_F32, 1) != IKV_OK) return CASE_BROKEN_AFTER;
+    ikv_query_memory_destroy(m);
+    ikv_pool_destroy(p);
+    return CASE_OK;
+}
+
+/* A decode of 2048 query tokens (its scratch grows with them) with little
+ * memory left: IKV_OK or IKV_E_NOMEM; then, unlimited, it runs. */
+static int case_decode(void) {
+    enum { T = 2048, HQ = 8, D = 64 };
+    ikv_pool *p = small_pool(D);
+    ikv_seq_id s = 0;
+    if (p == NULL || ikv_seq_create(p, &s) != IKV_OK) return CASE_BROKEN_AFTER;
+    uint16_t *kv = calloc((size_t)T * D, sizeof(uint16_t)); /* the pool's default input: f16 (zeros) */
+    float *q = calloc((size_t)T * HQ * D, sizeof(float)), *out = calloc((size_t)T * HQ * D, sizeof(float));
+    ikv_append a = ikv_append_default(p, T);
+    a.k = kv;
+    a.v = kv;
+    if (kv == NULL || q == NULL || out == NULL || ikv_pool_append(p, s, &a) != IKV_OK) return CASE_BROKEN_AFTER;
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    dc.n_threads = 1;
+    ikv_decoder *dec = NULL;
+    if (ikv_decoder_create(&dc, &dec) != IKV_OK) return CASE_BROKEN_AFTER;
+    ikv_decode_args d = ikv_decode_args_default();
+    d.n_seqs = 1;
+    d.seqs = &s;
+    d.n_q_heads = HQ;
+    d.n_query_tokens = T;
+    d.q = q;
+    d.out = out;
+    limit_to(1ull << 20);
+    const ikv_status st = ikv_decode(dec, p, &d);
+    unlimit();
+    if (st != IKV_OK && expect_nomem("ikv_decode", st) != CASE_OK) return CASE_WRONG_STATUS;
+    if (ikv_decode(dec, p, &d) != IKV_OK) return CASE_BROKEN_AFTER;
+    ikv_decoder_destroy(dec);
+    ikv_pool_destroy(p);
+    free(kv), free(q), free(out);
+    return CASE_OK;
+}
+
+/* Runs f in a child; fails the test unless it exits with CASE_OK (77: skipped). */
+static void run_case(const char *name, int (*f)(void)) {
+    fflush(stdout);
+    fflush(stderr);
+    const pid_t pid = fork();
+    if (pid < 0) skip();
+    if (pid == 0) _exit(f());
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (WIFSIGNALED(status)) fail_msg("%s: the child was killed by signal %d (%s)", name, WTERMSIG(status), strsignal(WTERMSIG(status)));
+    const int code = WEXITSTATUS(status);
+    if (code == 77) skip();
+    if (code != CASE_OK)
+        fail_msg("%s: %s", name,
+                 code == CASE_WRONG_STATUS    ? "a wrong status under the limit (above)"
+                 : code == CASE_NEVER_FAILED  ? "never ran out of memory under the limit"
+                 : code == CASE_BROKEN_AFTER ? "the objects did not work after the limit was lifted"
+                                             : "the child failed");
+}
+
+static void test_route(void **state) { (void)state, run_case("route", case_route); }
+static void test_plan_from_ranges(void **state) { (void)state, run_case("plan_from_ranges", case_plan_from_ranges); }
+static void test_seq_create(void **state) { (void)state, run_case("seq_create", case_seq_create); }
+static void test_seq_fork(void **state) { (void)state, run_case("seq_fork", case_seq_fork); }
+static void test_query_memory(void **state) { (void)state, run_case("query_memory", case_query_memory); }
+static void test_decode(void **state) { (void)state, run_case("decode", case_decode); }
+
+int main(void) {
+    if (IKVT_SANITIZED) {
+        printf("skipped: address-space limits do not fit a sanitizer's shadow memory\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_route),    cmocka_unit_test(test_plan_from_ranges), cmocka_unit_test(test_seq_create),
+        cmocka_unit_test(test_seq_fork), cmocka_unit_test(test_query_memory),     cmocka_unit_test(test_decode),
+    };
+    if (getenv("IKVT_TEST_FILTER")) cmocka_set_test_filter(getenv("IKVT_TEST_FILTER"));
+    return cmocka_run_group_tests_name("out_of_memory", tests, NULL, NULL);
+}
