@@ -114,9 +114,10 @@ typedef void (*ikv_log_fn)(ikv_log_level level, const char *message, void *user)
  * must be thread-safe. Every failing call also sends its error sentence at
  * IKV_LOG_ERROR. Without a sink nothing is printed anywhere. Deliveries are
  * serialized, and once this call returns no other thread is inside the sink
- * it replaced. The sink may call ikv_* functions, this one included: what
- * those calls raise while the sink runs is not delivered, and once the sink
- * returns ikv_last_error() holds again the sentence being delivered.
+ * it replaced. Messages are sent while the library may hold its own locks,
+ * so the sink must not call the library, except ikv_set_log_callback (this
+ * call, which then takes effect for later messages) and ikv_last_error;
+ * once the sink returns, ikv_last_error() holds what it held before.
  */
 IKV_API void ikv_set_log_callback(ikv_log_fn fn, void *user, ikv_log_level min_level);
 
@@ -398,7 +399,7 @@ IKV_API ikv_status ikv_plan_from_ranges(const ikv_token_range *ranges, size_t n_
 
 IKV_API void ikv_plan_destroy(ikv_plan *plan);
 
-/** Page flags in a plan. */
+/* Page flags in a plan (ikv_plan_page.flags). */
 /** Holds tokens of ALWAYS/GLOBAL blocks or the recent window: query-aware selection never drops it. An
  *  entry is one run of selected tokens within a page, so touching mandatory and optional runs of a page
  *  form one entry, flagged as a whole (summary.mandatory_tokens counts the mandatory tokens alone). */
@@ -470,7 +471,9 @@ IKV_API ikv_status ikv_plan_skipped_pages(const ikv_plan *plan, const uint32_t *
  * Pages likely needed by the next step (not selected now), most likely first:
  * the page the next token lands in (pages_total when seq_len is a multiple of
  * page_size: a page not allocated yet, outside ikv_plan_page_format's range),
- * then the unread pages of ATTEND blocks read in part. Points into the plan.
+ * then the unread pages of ATTEND blocks not read whole (read in part, or
+ * not at all), best score first. Plans from ikv_plan_from_ranges have none.
+ * Points into the plan.
  */
 IKV_API ikv_status ikv_plan_prefetch(const ikv_plan *plan, const uint32_t **pages, size_t *count);
 /** One decision per layout block in start order, plus gaps. Points into the plan. */

@@ -20,6 +20,20 @@ fi
 echo "check_install: exported symbols are all ikv_* ($(nm -D --defined-only "$LIBDIR/libintentkv.so" | grep -c ' ikv_'))"
 readelf -d "$LIBDIR/libintentkv.so" | grep -q 'SONAME.*libintentkv.so.0' && echo "check_install: SONAME libintentkv.so.0"
 
+# The C++ runtime ahead of libmimalloc among a binary's NEEDED libraries:
+# Debian's libmimalloc overrides operator new with one that abort()s when
+# memory runs out, and the first library that defines it serves every caller
+# (docs/FORMATS.md, "Memory").
+runtime_first() {  # runtime_first FILE WHAT
+  local order
+  order=$(readelf -d "$1" | awk '/NEEDED/ && /libstdc\+\+|libmimalloc/ {print $NF}' | tr -d '[]' | tr '\n' ' ')
+  case "$order" in
+    libstdc++*) echo "check_install: $2 loads libstdc++ before libmimalloc" ;;
+    *) echo "check_install: $2 loads libmimalloc before libstdc++ (NEEDED: $order)"; exit 1 ;;
+  esac
+}
+runtime_first "$LIBDIR/libintentkv.so" "the shared library"
+
 export PKG_CONFIG_PATH="$LIBDIR/pkgconfig"
 cc -std=c11 -Wall -Wextra -Werror -pedantic tests/install/consumer.c -o "$WORK/consumer" \
   $(pkg-config --cflags --libs intentkv)
@@ -40,6 +54,7 @@ if ldd "$WORK/consumer_static_pc" | grep -q libintentkv; then
   echo "check_install: the pkg-config --static consumer still loads libintentkv.so"; exit 1
 fi
 "$WORK/consumer_static_pc"
+runtime_first "$WORK/consumer_static_pc" "the pkg-config --static consumer"
 echo "check_install: pkg-config --static consumer OK (libintentkv.a linked in)"
 
 mkdir -p "$WORK/cm"
@@ -51,6 +66,7 @@ if ldd "$WORK/cm/consumer_static" | grep -q libintentkv; then
   echo "check_install: the intentkv::intentkv_static consumer loads libintentkv.so"; exit 1
 fi
 "$WORK/cm/consumer_static"
+runtime_first "$WORK/cm/consumer_static" "the intentkv::intentkv_static consumer"
 echo "check_install: find_package static consumer OK (intentkv::intentkv_static from a C project)"
 
 # The Rust crate finds the installed library through the pkg-config program

@@ -108,17 +108,15 @@ static void test_errors_and_log(void **state) {
     assert_int_equal(small.version, 0); /* unchanged */
 }
 
-/* A sink that calls the library: a failing call and ikv_set_log_callback
- * itself, from inside the sink, neither deadlock nor recurse (alarm: a
- * deadlock fails the test instead of hanging it); what the nested calls
- * raise is not delivered, and the caller reads its own call's sentence. */
+/* A sink may call ikv_set_log_callback and ikv_last_error (the header's
+ * exceptions): no deadlock (alarm: a deadlock fails the test instead of
+ * hanging it), the sentence is both the message and ikv_last_error() inside
+ * the sink, and the caller reads its own call's sentence after. */
 static int g_sink_calls, g_sink_checks; /* checked after the call: no assert may jump out of a sink */
 static void reentrant_sink(ikv_log_level level, const char *msg, void *user) {
     (void)level, (void)user;
     ++g_sink_calls;
-    const int nested_failed = ikv_layout_create(NULL) == IKV_E_NULL; /* its sentence is not delivered */
-    g_sink_checks += nested_failed && strstr(ikv_last_error(), "ikv_layout_create") != NULL &&
-                     strstr(msg, "ikv_runtime_info_get") != NULL; /* the sink's copy is intact */
+    g_sink_checks += strstr(msg, "ikv_runtime_info_get") != NULL && strcmp(msg, ikv_last_error()) == 0;
     ikv_set_log_callback(reentrant_sink, NULL, IKV_LOG_DEBUG);
 }
 static void test_log_sink_calls_the_library(void **state) {
@@ -130,12 +128,12 @@ static void test_log_sink_calls_the_library(void **state) {
     const int first_named = strstr(ikv_last_error(), "ikv_runtime_info_get") != NULL;
     const ikv_status second = ikv_runtime_info_get(NULL);
     ikv_set_log_callback(NULL, NULL, IKV_LOG_DEBUG);
+    alarm(0);
     assert_int_equal(first, IKV_E_NULL);
-    assert_true(first_named); /* the caller reads its own call's sentence */
+    assert_true(first_named);
     assert_int_equal(second, IKV_E_NULL);
     assert_int_equal(g_sink_calls, 2); /* still installed after the first (it re-installed itself) */
     assert_int_equal(g_sink_checks, 2);
-    alarm(0);
 }
 
 /* An out-of-range score is named with the digits that tell it from the bound. */

@@ -1,8 +1,9 @@
 /* Calls that allocate host memory, run out of it. Each case runs in a child
  * process under an address-space limit (RLIMIT_AS, soft) a little above what
- * the child maps already: the call must fail with IKV_E_NOMEM and a sentence
- * (or succeed), never abort, and once the limit is lifted the objects it was
- * given still work. (Debian's libmimalloc overrides operator new with one that
+ * the child maps already: the call must fail with IKV_E_NOMEM and a sentence,
+ * never abort, and once the limit is lifted the objects it was given still
+ * work. (A decode is not among them: its scratch comes from segments
+ * mimalloc reserved before any such limit, so no limit made it fail.) (Debian's libmimalloc overrides operator new with one that
  * abort()s when memory runs out; the library must never reach it: see
  * docs/FORMATS.md, "Memory".) Skips (77) under AddressSanitizer and
  * ThreadSanitizer, whose shadow memory no such limit allows, and where
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,17 +97,17 @@ static ikv_pool *small_pool(uint32_t head_dim) {
     return ikv_pool_create(&c, &p) == IKV_OK ? p : NULL;
 }
 
-/* ikv_seq_create, or ikv_seq_fork of one sequence (fork), until memory runs out. */
-static int seq_loop(int fork) {
+/* ikv_seq_create, or ikv_seq_fork of one sequence (forks), until memory runs out. */
+static int seq_loop(int forks) {
     ikv_pool *p = small_pool(32);
     ikv_seq_id s0 = 0, s = 0;
     if (p == NULL || ikv_seq_create(p, &s0) != IKV_OK) return CASE_BROKEN_AFTER;
     limit_to(8ull << 20);
     ikv_status st = IKV_OK;
     for (uint32_t n = 0; n < 50u * 1000 * 1000 && st == IKV_OK; ++n)
-        st = fork ? ikv_seq_fork(p, s0, &s) : ikv_seq_create(p, &s);
+        st = forks ? ikv_seq_fork(p, s0, &s) : ikv_seq_create(p, &s);
     if (st == IKV_OK) return CASE_NEVER_FAILED;
-    const int v = expect_nomem(fork ? "ikv_seq_fork" : "ikv_seq_create", st);
+    const int v = expect_nomem(forks ? "ikv_seq_fork" : "ikv_seq_create", st);
     unlimit();
     if (v != CASE_OK) return v;
     if (ikv_seq_create(p, &s) != IKV_OK) return CASE_BROKEN_AFTER;
@@ -137,48 +139,17 @@ static int case_query_memory(void) {
     return CASE_OK;
 }
 
-/* A decode of 2048 query tokens (its scratch grows with them) with little
- * memory left: IKV_OK or IKV_E_NOMEM; then, unlimited, it runs. */
-static int case_decode(void) {
-    enum { T = 2048, HQ = 8, D = 64 };
-    ikv_pool *p = small_pool(D);
-    ikv_seq_id s = 0;
-    if (p == NULL || ikv_seq_create(p, &s) != IKV_OK) return CASE_BROKEN_AFTER;
-    uint16_t *kv = calloc((size_t)T * D, sizeof(uint16_t)); /* the pool's default input: f16 (zeros) */
-    float *q = calloc((size_t)T * HQ * D, sizeof(float)), *out = calloc((size_t)T * HQ * D, sizeof(float));
-    ikv_append a = ikv_append_default(p, T);
-    a.k = kv;
-    a.v = kv;
-    if (kv == NULL || q == NULL || out == NULL || ikv_pool_append(p, s, &a) != IKV_OK) return CASE_BROKEN_AFTER;
-    ikv_decoder_config dc = ikv_decoder_default_config();
-    dc.n_threads = 1;
-    ikv_decoder *dec = NULL;
-    if (ikv_decoder_create(&dc, &dec) != IKV_OK) return CASE_BROKEN_AFTER;
-    ikv_decode_args d = ikv_decode_args_default();
-    d.n_seqs = 1;
-    d.seqs = &s;
-    d.n_q_heads = HQ;
-    d.n_query_tokens = T;
-    d.q = q;
-    d.out = out;
-    limit_to(1ull << 20);
-    const ikv_status st = ikv_decode(dec, p, &d);
-    unlimit();
-    if (st != IKV_OK && expect_nomem("ikv_decode", st) != CASE_OK) return CASE_WRONG_STATUS;
-    if (ikv_decode(dec, p, &d) != IKV_OK) return CASE_BROKEN_AFTER;
-    ikv_decoder_destroy(dec);
-    ikv_pool_destroy(p);
-    free(kv), free(q), free(out);
-    return CASE_OK;
-}
-
 /* Runs f in a child; fails the test unless it exits with CASE_OK (77: skipped). */
 static void run_case(const char *name, int (*f)(void)) {
     fflush(stdout);
     fflush(stderr);
     const pid_t pid = fork();
     if (pid < 0) skip();
-    if (pid == 0) _exit(f());
+    if (pid == 0) { /* a crash is the child's death, not a jump back into CMocka's runner */
+        const int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGABRT};
+        for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; ++i) signal(sigs[i], SIG_DFL);
+        _exit(f());
+    }
     int status = 0;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     if (WIFSIGNALED(status)) fail_msg("%s: the child was killed by signal %d (%s)", name, WTERMSIG(status), strsignal(WTERMSIG(status)));
@@ -197,7 +168,6 @@ static void test_plan_from_ranges(void **state) { (void)state, run_case("plan_fr
 static void test_seq_create(void **state) { (void)state, run_case("seq_create", case_seq_create); }
 static void test_seq_fork(void **state) { (void)state, run_case("seq_fork", case_seq_fork); }
 static void test_query_memory(void **state) { (void)state, run_case("query_memory", case_query_memory); }
-static void test_decode(void **state) { (void)state, run_case("decode", case_decode); }
 
 int main(void) {
     if (IKVT_SANITIZED) {
@@ -206,7 +176,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_route),    cmocka_unit_test(test_plan_from_ranges), cmocka_unit_test(test_seq_create),
-        cmocka_unit_test(test_seq_fork), cmocka_unit_test(test_query_memory),     cmocka_unit_test(test_decode),
+        cmocka_unit_test(test_seq_fork), cmocka_unit_test(test_query_memory),
     };
     if (getenv("IKVT_TEST_FILTER")) cmocka_set_test_filter(getenv("IKVT_TEST_FILTER"));
     return cmocka_run_group_tests_name("out_of_memory", tests, NULL, NULL);

@@ -147,16 +147,30 @@ static void test_cost_from_ranges(void **state) {
     assert_int_equal(c.bytes_dense_f16, 4 * D * 40 * sub);
     assert_int_equal(c.flops, 4ull * 19 * D * 4 * 2);
     assert_int_equal(c.flops_dense, 4ull * 40 * D * 4 * 2);
-    /* A shape whose figures pass 64 bits is refused, *out unchanged (not wrapped). */
-    sh.n_layers = sh.n_q_heads = sh.n_kv_heads = UINT32_MAX;
-    sh.head_dim = 0xFFFFFFF0u;
-    ikv_plan_cost before = c;
+    /* Shapes whose figures pass 64 bits are refused, *out unchanged (never
+     * wrapped). With n_q_heads = n_kv_heads = 2^20 and D = 64, bytes_dense_f16
+     * = flops_dense = 4 * 64 * 40 * 2^20 * n_layers: 1717986918 layers is the
+     * most that fits. */
+    sh.n_q_heads = sh.n_kv_heads = 1u << 20;
+    sh.n_layers = 1717986918u;
+    IKVT_OK(ikv_plan_get_cost(plan, &sh, &c));
+    assert_true(c.flops_dense == 4ull * 64 * 40 * (1ull << 20) * 1717986918u);
+    assert_true(c.bytes_dense_f16 == c.flops_dense);
+    const ikv_plan_cost before = c;
+    sh.n_layers = 1717986919u;
     IKVT_EXPECT_STATUS(ikv_plan_get_cost(plan, &sh, &c), IKV_E_INVALID, "64 bits");
     assert_memory_equal(&before, &c, sizeof c);
-    /* The largest n_layers that still fits: 4 * 40 * 64 * 4 * n_layers <= 2^64 - 1. */
-    sh.n_q_heads = 4, sh.n_kv_heads = 2, sh.head_dim = 64, sh.n_layers = UINT32_MAX;
-    IKVT_OK(ikv_plan_get_cost(plan, &sh, &c));
-    assert_true(c.flops_dense == 4ull * 40 * 64 * 4 * UINT32_MAX);
+    sh.n_layers = sh.n_q_heads = sh.n_kv_heads = UINT32_MAX;
+    sh.head_dim = 0xFFFFFFF0u;
+    IKVT_EXPECT_STATUS(ikv_plan_get_cost(plan, &sh, &c), IKV_E_INVALID, "64 bits");
+    ikv_plan_destroy(plan);
+    /* A plan that reads nothing: only its dense figures pass 64 bits. */
+    IKVT_OK(ikv_plan_from_ranges(NULL, 0, 128000, 128, IKV_FMT_F16, &plan));
+    sh.head_dim = 3291364672u;
+    sh.n_layers = 3130009905u;
+    sh.n_q_heads = sh.n_kv_heads = 2078799982u;
+    IKVT_EXPECT_STATUS(ikv_plan_get_cost(plan, &sh, &c), IKV_E_INVALID, "64 bits");
+    assert_memory_equal(&before, &c, sizeof c);
     ikv_plan_destroy(plan);
 }
 

@@ -13,10 +13,11 @@ thread_local char t_last_error[512] = "";
 
 // The sink runs under mu, so that once ikv_set_log_callback returns no other
 // thread is still inside the sink it replaced. Recursive, and a flag per
-// thread: a sink that calls the library (ikv_set_log_callback, or a call that
-// fails) neither deadlocks nor recurses; what such nested calls raise while
-// the sink runs is not delivered, and is gone from ikv_last_error once the
-// sink returns.
+// thread: a sink that calls ikv_set_log_callback does not deadlock, and one
+// that calls what the header forbids does not recurse at least (what such
+// nested calls raise is not delivered, and is gone from ikv_last_error once
+// the sink returns). Other calls may still deadlock on the locks the library
+// holds while it logs: the header forbids them.
 struct LogSink {
     std::recursive_mutex mu;
     ikv_log_fn fn = nullptr;

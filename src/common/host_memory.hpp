@@ -1,6 +1,8 @@
-// Host memory for the handles and their containers: everything comes from
-// mimalloc's own C API (never the host program's malloc). Containers use
-// host_allocator, which throws std::bad_alloc when mimalloc returns null; the
+// Host memory for the layout, router, plan, query-memory and feedback handles
+// and the decoder's scratch: mimalloc's own C API (never the host program's
+// malloc). The pool's bookkeeping uses std containers (operator new, see
+// docs/FORMATS.md "Memory"); its page slabs come from mimalloc. Containers here
+// use host_allocator, which throws std::bad_alloc when mimalloc returns null; the
 // API layer turns that into IKV_E_NOMEM. (Not mimalloc's mi_stl_allocator:
 // it allocates through mi_new_n, which in the C build of libmimalloc that
 // Debian ships calls abort() when memory runs out, and no call of the
@@ -18,6 +20,7 @@ namespace ikv {
 
 template <class T>
 struct host_allocator {
+    static_assert(alignof(T) <= alignof(std::max_align_t), "mi_mallocn aligns as malloc does, no more");
     using value_type = T;
     host_allocator() noexcept = default;
     template <class U>

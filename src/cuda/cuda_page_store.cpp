@@ -574,6 +574,7 @@ public:
         const uint64_t r = row % rows_per_array;
         out->found = true;
         out->is_nan = (key & 1) == 0;
+        out->sign_unknown = !out->is_nan;
         out->which = int(row / rows_per_array);
         out->channel = uint32_t(e % D);
         out->head = uint32_t(r % H);
@@ -652,6 +653,7 @@ public:
         if (!e.claimed) return IKV_OK;
         out->found = true;
         out->is_nan = e.is_nan != 0;
+        out->sign_unknown = !out->is_nan;
         out->which = int(e.which);
         out->layer = e.layer;
         out->token = e.token;

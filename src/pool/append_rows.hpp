@@ -38,10 +38,11 @@ struct AppendSource {
 struct NonFinite {
     bool found = false;
     bool is_nan = false;
-    bool negative = false;  // -inf
+    bool negative = false;      // -inf
+    bool sign_unknown = false;  // an infinity found on the device (its checks keep no sign)
     int which = 0;  // 0: k, 1: v
     uint32_t layer = 0, token = 0, head = 0, channel = 0;
-    const char *value_name() const { return is_nan ? "NaN" : negative ? "-inf" : "inf"; }
+    const char *value_name() const { return is_nan ? "NaN" : sign_unknown ? "infinite" : negative ? "-inf" : "inf"; }
 };
 
 // One page write of an append: input tokens [token0, token0 + rows) (batch
