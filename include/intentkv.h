@@ -161,10 +161,11 @@ typedef enum ikv_format {
     IKV_FMT_INT4 = 4,     /**< asymmetric 4-bit, packed; K per channel over the page, V per token in groups of 32 channels;
                                minimums and scales are halves, so values beyond +-65504 saturate (docs/FORMATS.md) */
     IKV_FMT_COUNT = 5,
-    IKV_FMT_AUTO = 255    /**< "no preference" (layout precision hints; pool default = router's choice) */
+    IKV_FMT_AUTO = 255    /**< "no preference" (layout precision hints; as a pool's default_format: a plan's
+                               format where an append passes one, else F16) */
 } ikv_format;
 
-/** Name of a format, e.g. "int8"; "?" for others. Static storage. */
+/** Name of a format, e.g. "int8" ("auto" for IKV_FMT_AUTO); "?" for others. Static storage. */
 IKV_API const char *ikv_format_name(ikv_format format);
 
 /** Element type of engine-side arrays (K, V, queries, outputs). */
@@ -525,8 +526,8 @@ typedef struct ikv_pool_config {
     uint32_t struct_size;
     ikv_backend backend;        /**< CPU (default) or CUDA */
     int device;                 /**< CUDA device ordinal; default 0 */
-    uint32_t n_layers;          /**< >= 1 */
-    uint32_t n_kv_heads;        /**< >= 1 */
+    uint32_t n_layers;          /**< 1..65536 */
+    uint32_t n_kv_heads;        /**< 1..65536 */
     uint32_t head_dim;          /**< 32, 64, 80, 96, 128 or 256 (CUDA pools decode 32, 64, 128 and 256) */
     uint32_t page_size;         /**< power of two in [8, 128]; default 16 */
     uint64_t capacity_bytes;    /**< bytes of page storage (all formats, scales included); default 1 GiB */
@@ -683,8 +684,9 @@ IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
  * unknown flags, IKV_APPEND_ASYNC with host input on a CUDA pool, a stream
  * that is capturing a CUDA graph unless the sequences have room reserved:
  * ikv_pool_reserve; with room: host input, more than page_size tokens,
- * sequences with and without room in one batch), IKV_E_RANGE (an append
- * that would pass a reserved room), IKV_E_NOMEM (capacity), IKV_E_EVICTED
+ * sequences with and without room in one batch), IKV_E_RANGE (on a CUDA
+ * pool, an append that would pass a reserved room; a CPU pool allocates
+ * pages past it as without room), IKV_E_NOMEM (capacity), IKV_E_EVICTED
  * (the page the tokens land in was evicted), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append *args);
@@ -1213,7 +1215,7 @@ IKV_API ikv_status ikv_page_feedback_reset(ikv_page_feedback *feedback);
 
 typedef struct ikv_decoder_config {
     uint32_t struct_size;
-    uint32_t n_threads;         /**< CPU worker threads incl. the caller; 0 = hardware threads; default 0 */
+    uint32_t n_threads;         /**< CPU worker threads incl. the caller, at most 1024; 0 = hardware threads; default 0 */
 } ikv_decoder_config;
 
 IKV_API ikv_decoder_config ikv_decoder_default_config(void);
@@ -1348,7 +1350,7 @@ typedef struct ikv_decode_args {
     const ikv_plan *const *plans; /**< n_seqs plans or NULL entries; NULL array = all dense */
     uint32_t n_query_tokens;      /**< 1..IKV_MAX_QUERY_TOKENS */
     uint32_t n_q_heads;           /**< multiple of the pool's n_kv_heads */
-    const void *q;
+    const void *q;                /**< not checked for finiteness: a NaN or inf makes its rows' outputs non-finite */
     ikv_dtype q_dtype;
     void *out;
     ikv_dtype out_dtype;
@@ -1447,8 +1449,8 @@ IKV_API ikv_decode_args ikv_decode_args_default_v3(void);
  * Run the step. Errors (nothing is written on error): IKV_E_NULL,
  * IKV_E_NOT_FOUND (a sequence), IKV_E_RANGE (layer), IKV_E_INVALID (heads,
  * n_query_tokens, dtypes, a plan of another page size, n_query_tokens > length,
- * topk_mode, topk_mass outside (0, 1], topk_min_tokens above a non-zero
- * topk_token_budget, topk_score, a query_memory of another pool or other
+ * topk_mode, under IKV_TOPK_MASS topk_mass outside (0, 1] or topk_min_tokens
+ * above a non-zero topk_token_budget, topk_score, a query_memory of another pool or other
  * n_q_heads, a feedback of another pool, topk_feedback_weight; on a CUDA
  * pool, feedback on a stream that is capturing a graph),
  * IKV_E_UNSUPPORTED (a CUDA pool with query-aware selection: more than 256
