@@ -407,6 +407,45 @@ static void test_room_append_refusals(void **state) {
     ikv_pool_destroy(pool);
 }
 
+/* Two CUDA F16 pools with the same prefill and room, a decoder and the
+ * sequences of each, a stream, one step's device buffers and host input. */
+typedef struct fused_pair {
+    ikv_pool *ga, *gb;
+    ikv_seq_id sa[B], sb[B];
+    ikv_decoder *da, *db;
+    void *stream;
+    bufs bf;
+    uint16_t *k, *v;
+    float *q, *out_a, *out_b;
+} fused_pair;
+
+static void fused_pair_make(fused_pair *x) {
+    x->ga = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16);
+    x->gb = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16);
+    prefill(x->ga, x->sa);
+    prefill(x->gb, x->sb);
+    IKVT_OK(ikv_pool_reserve(x->ga, x->sa, B, ROOM));
+    IKVT_OK(ikv_pool_reserve(x->gb, x->sb, B, ROOM));
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    x->da = x->db = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &x->da));
+    IKVT_OK(ikv_decoder_create(&dc, &x->db));
+    x->stream = NULL;
+    assert_int_equal(ikvt_rt.stream_create_(&x->stream), 0);
+    x->bf = (bufs){ikvt_dev_upload(NULL, 2 * KV_STEP), ikvt_dev_upload(NULL, 2 * KV_STEP),
+                   ikvt_dev_upload(NULL, 4 * Q_STEP), ikvt_dev_upload(NULL, 4 * Q_STEP)};
+    x->k = malloc(2 * KV_STEP), x->v = malloc(2 * KV_STEP);
+    x->q = malloc(4 * Q_STEP), x->out_a = malloc(4 * Q_STEP), x->out_b = malloc(4 * Q_STEP);
+}
+
+static void fused_pair_free(fused_pair *x) {
+    ikvt_rt.stream_destroy_(x->stream);
+    ikvt_rt.free_(x->bf.dk), ikvt_rt.free_(x->bf.dv), ikvt_rt.free_(x->bf.dq), ikvt_rt.free_(x->bf.dout);
+    free(x->k), free(x->v), free(x->q), free(x->out_a), free(x->out_b);
+    ikv_decoder_destroy(x->da), ikv_decoder_destroy(x->db);
+    ikv_pool_destroy(x->ga), ikv_pool_destroy(x->gb);
+}
+
 /* Eager decodes that append (ikv_decode_args.append) on F16 pools with room:
  * each step's outputs and the pools equal the same tokens appended by
  * separate calls; the fused path is taken; bad arguments are refused with a
@@ -414,80 +453,62 @@ static void test_room_append_refusals(void **state) {
  * ikv_pool_sync, as an asynchronous append's. */
 static void test_fused_append_eager(void **state) {
     (void)state;
-    ikv_pool *ga = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16), *gb = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16);
-    ikv_seq_id sa[B], sb[B];
-    prefill(ga, sa);
-    prefill(gb, sb);
-    IKVT_OK(ikv_pool_reserve(ga, sa, B, ROOM));
-    IKVT_OK(ikv_pool_reserve(gb, sb, B, ROOM));
-    ikv_decoder_config dc = ikv_decoder_default_config();
-    ikv_decoder *da = NULL, *db = NULL;
-    IKVT_OK(ikv_decoder_create(&dc, &da));
-    IKVT_OK(ikv_decoder_create(&dc, &db));
-    void *stream = NULL;
-    assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
-    bufs bf = {ikvt_dev_upload(NULL, 2 * KV_STEP), ikvt_dev_upload(NULL, 2 * KV_STEP), ikvt_dev_upload(NULL, 4 * Q_STEP),
-               ikvt_dev_upload(NULL, 4 * Q_STEP)};
-    uint16_t *k = malloc(2 * KV_STEP), *v = malloc(2 * KV_STEP);
-    float *q = malloc(4 * Q_STEP), *out_a = malloc(4 * Q_STEP), *out_b = malloc(4 * Q_STEP);
+    fused_pair x;
+    fused_pair_make(&x);
     enum { STEPS = 20 };
     for (uint32_t t = 0; t < STEPS; ++t) {
-        step_input(t, k, v, q);
-        assert_int_equal(ikvt_rt.memcpy_(bf.dk, k, 2 * KV_STEP, IKVT_H2D), 0);
-        assert_int_equal(ikvt_rt.memcpy_(bf.dv, v, 2 * KV_STEP, IKVT_H2D), 0);
-        assert_int_equal(ikvt_rt.memcpy_(bf.dq, q, 4 * Q_STEP, IKVT_H2D), 0);
+        step_input(t, x.k, x.v, x.q);
+        assert_int_equal(ikvt_rt.memcpy_(x.bf.dk, x.k, 2 * KV_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(x.bf.dv, x.v, 2 * KV_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(x.bf.dq, x.q, 4 * Q_STEP, IKVT_H2D), 0);
         assert_int_equal(ikvt_rt.sync_(), 0);
-        IKVT_OK(cuda_step(ga, da, sa, &bf, stream, NULL, DENSE, 1));
-        assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
-        assert_int_equal(ikvt_rt.memcpy_(out_a, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
-        IKVT_OK(cuda_step(gb, db, sb, &bf, stream, NULL, DENSE, 0));
-        assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
-        assert_int_equal(ikvt_rt.memcpy_(out_b, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
-        if (memcmp(out_a, out_b, 4 * Q_STEP) != 0) fail_msg("step %u: the fused step's output differs", t);
+        IKVT_OK(cuda_step(x.ga, x.da, x.sa, &x.bf, x.stream, NULL, DENSE, 1));
+        assert_int_equal(ikvt_rt.stream_sync_(x.stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_(x.out_a, x.bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
+        IKVT_OK(cuda_step(x.gb, x.db, x.sb, &x.bf, x.stream, NULL, DENSE, 0));
+        assert_int_equal(ikvt_rt.stream_sync_(x.stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_(x.out_b, x.bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
+        if (memcmp(x.out_a, x.out_b, 4 * Q_STEP) != 0) fail_msg("step %u: the fused step's output differs", t);
     }
-    assert_int_equal(appends_fused(da), (uint64_t)L * STEPS);
-    IKVT_OK(ikv_pool_sync(ga));
-    IKVT_OK(ikv_pool_sync(gb));
-    assert_same_pools(ga, sa, gb, sb);
+    assert_int_equal(appends_fused(x.da), (uint64_t)L * STEPS);
+    IKVT_OK(ikv_pool_sync(x.ga));
+    IKVT_OK(ikv_pool_sync(x.gb));
+    assert_same_pools(x.ga, x.sa, x.gb, x.sb);
 
-    /* Refused before anything is appended: the append's layer or stream not the
+    /* Refused before anything is appended: the append's layer or x.stream not the
      * decode's, a query longer than the sequence would be, a bad append argument. */
-    ikv_append a = ikv_append_default(ga, 1);
-    a.k = bf.dk;
-    a.v = bf.dv;
+    ikv_append a = ikv_append_default(x.ga, 1);
+    a.k = x.bf.dk;
+    a.v = x.bf.dv;
     a.src_on_device = 1;
-    a.stream = stream;
+    a.stream = x.stream;
     a.flags = IKV_APPEND_ASYNC;
-    ikv_decode_args d = decode_args(sa, 0, bf.dq, bf.dout, stream, NULL, DENSE);
+    ikv_decode_args d = decode_args(x.sa, 0, x.bf.dq, x.bf.dout, x.stream, NULL, DENSE);
     d.append = &a;
     a.layer = 1;
-    IKVT_EXPECT_STATUS(ikv_decode(da, ga, &d), IKV_E_INVALID, "args->append->layer");
+    IKVT_EXPECT_STATUS(ikv_decode(x.da, x.ga, &d), IKV_E_INVALID, "args->append->layer");
     a.layer = 0;
     a.stream = NULL;
-    IKVT_EXPECT_STATUS(ikv_decode(da, ga, &d), IKV_E_INVALID, "args->append->stream");
-    a.stream = stream;
+    IKVT_EXPECT_STATUS(ikv_decode(x.da, x.ga, &d), IKV_E_INVALID, "args->append->stream");
+    a.stream = x.stream;
     d.n_query_tokens = 1000;
-    IKVT_EXPECT_STATUS(ikv_decode(da, ga, &d), IKV_E_INVALID, "n_query_tokens");
+    IKVT_EXPECT_STATUS(ikv_decode(x.da, x.ga, &d), IKV_E_INVALID, "n_query_tokens");
     d.n_query_tokens = 1;
     a.n_tokens = 0;
-    IKVT_EXPECT_STATUS(ikv_decode(da, ga, &d), IKV_E_INVALID, "ikv_decode (args->append)");
+    IKVT_EXPECT_STATUS(ikv_decode(x.da, x.ga, &d), IKV_E_INVALID, "ikv_decode (args->append)");
     a.n_tokens = 1;
-    IKVT_OK(ikv_pool_sync(ga));
-    assert_same_pools(ga, sa, gb, sb); /* nothing was appended */
+    IKVT_OK(ikv_pool_sync(x.ga));
+    assert_same_pools(x.ga, x.sa, x.gb, x.sb); /* nothing was appended */
 
     /* A NaN: stored as 0, reported by the sync, the length advanced (as an asynchronous append). */
-    assert_int_equal(ikvt_rt.memset_(bf.dk, 0xFF, 2 * (size_t)H * D), 0); /* f16 0xFFFF: NaN */
-    IKVT_OK(ikv_decode(da, ga, &d));
-    IKVT_EXPECT_STATUS(ikv_pool_sync(ga), IKV_E_INVALID, "NaN");
+    assert_int_equal(ikvt_rt.memset_(x.bf.dk, 0xFF, 2 * (size_t)H * D), 0); /* f16 0xFFFF: NaN */
+    IKVT_OK(ikv_decode(x.da, x.ga, &d));
+    IKVT_EXPECT_STATUS(ikv_pool_sync(x.ga), IKV_E_INVALID, "NaN");
     uint32_t len = 0;
-    IKVT_OK(ikv_seq_layer_length(ga, sa[0], 0, &len));
+    IKVT_OK(ikv_seq_layer_length(x.ga, x.sa[0], 0, &len));
     assert_int_equal(len, kPrefill[0] + STEPS + 1);
 
-    ikvt_rt.stream_destroy_(stream);
-    ikvt_rt.free_(bf.dk), ikvt_rt.free_(bf.dv), ikvt_rt.free_(bf.dq), ikvt_rt.free_(bf.dout);
-    free(k), free(v), free(q), free(out_a), free(out_b);
-    ikv_decoder_destroy(da), ikv_decoder_destroy(db);
-    ikv_pool_destroy(ga), ikv_pool_destroy(gb);
+    fused_pair_free(&x);
 }
 
 /* Decodes that append when the layers' lengths differ and the layers come in
@@ -499,71 +520,53 @@ static void test_fused_append_eager(void **state) {
  * append calls byte for byte, and so do the pools. */
 static void test_fused_append_layers_apart(void **state) {
     (void)state;
-    ikv_pool *ga = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16), *gb = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16);
-    ikv_seq_id sa[B], sb[B];
-    prefill(ga, sa);
-    prefill(gb, sb);
-    IKVT_OK(ikv_pool_reserve(ga, sa, B, ROOM));
-    IKVT_OK(ikv_pool_reserve(gb, sb, B, ROOM));
-    ikv_decoder_config dc = ikv_decoder_default_config();
-    ikv_decoder *da = NULL, *db = NULL;
-    IKVT_OK(ikv_decoder_create(&dc, &da));
-    IKVT_OK(ikv_decoder_create(&dc, &db));
-    void *stream = NULL;
-    assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
-    bufs bf = {ikvt_dev_upload(NULL, 2 * KV_STEP), ikvt_dev_upload(NULL, 2 * KV_STEP), ikvt_dev_upload(NULL, 4 * Q_STEP),
-               ikvt_dev_upload(NULL, 4 * Q_STEP)};
-    uint16_t *k = malloc(2 * KV_STEP), *v = malloc(2 * KV_STEP);
-    float *q = malloc(4 * Q_STEP), *out_a = malloc(4 * Q_STEP), *out_b = malloc(4 * Q_STEP);
+    fused_pair x;
+    fused_pair_make(&x);
     enum { EAGER = 12, REPLAYS = 8 };
     void *graphs[2] = {NULL, NULL}, *execs[2] = {NULL, NULL}; /* pool A's step, forward and backward */
     uint64_t fused_calls = 0;
     for (uint32_t t = 0; t < EAGER + 2 + REPLAYS; ++t) {
         const int backward = t % 2 == 1;
-        step_input(t, k, v, q);
-        assert_int_equal(ikvt_rt.memcpy_(bf.dk, k, 2 * KV_STEP, IKVT_H2D), 0);
-        assert_int_equal(ikvt_rt.memcpy_(bf.dv, v, 2 * KV_STEP, IKVT_H2D), 0);
-        assert_int_equal(ikvt_rt.memcpy_(bf.dq, q, 4 * Q_STEP, IKVT_H2D), 0);
+        step_input(t, x.k, x.v, x.q);
+        assert_int_equal(ikvt_rt.memcpy_(x.bf.dk, x.k, 2 * KV_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(x.bf.dv, x.v, 2 * KV_STEP, IKVT_H2D), 0);
+        assert_int_equal(ikvt_rt.memcpy_(x.bf.dq, x.q, 4 * Q_STEP, IKVT_H2D), 0);
         assert_int_equal(ikvt_rt.sync_(), 0);
         if (t == 3) { /* layer 0 a token ahead from here on, in both pools */
-            ikv_append a = layer_append(ga, &bf, stream, 0);
-            IKVT_OK(ikv_pool_append_batch(ga, sa, B, &a));
-            a = layer_append(gb, &bf, stream, 0);
-            IKVT_OK(ikv_pool_append_batch(gb, sb, B, &a));
+            ikv_append a = layer_append(x.ga, &x.bf, x.stream, 0);
+            IKVT_OK(ikv_pool_append_batch(x.ga, x.sa, B, &a));
+            a = layer_append(x.gb, &x.bf, x.stream, 0);
+            IKVT_OK(ikv_pool_append_batch(x.gb, x.sb, B, &a));
         }
         if (t < EAGER) { /* eager */
-            for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(ga, da, sa, &bf, stream, NULL, DENSE, 1, backward ? L - 1 - i : i));
+            for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(x.ga, x.da, x.sa, &x.bf, x.stream, NULL, DENSE, 1, backward ? L - 1 - i : i));
             fused_calls += L;
         } else if (t < EAGER + 2) { /* captured (the calls run at the first replay, below) */
-            assert_int_equal(ikvt_rt.begin_capture_(stream, IKVT_CAPTURE_GLOBAL), 0);
-            for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(ga, da, sa, &bf, stream, NULL, DENSE, 1, backward ? L - 1 - i : i));
-            assert_int_equal(ikvt_rt.end_capture_(stream, &graphs[backward]), 0);
+            assert_int_equal(ikvt_rt.begin_capture_(x.stream, IKVT_CAPTURE_GLOBAL), 0);
+            for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(x.ga, x.da, x.sa, &x.bf, x.stream, NULL, DENSE, 1, backward ? L - 1 - i : i));
+            assert_int_equal(ikvt_rt.end_capture_(x.stream, &graphs[backward]), 0);
             assert_int_equal(ikvt_rt.graph_instantiate_(&execs[backward], graphs[backward], 0), 0);
         }
-        if (t >= EAGER) assert_int_equal(ikvt_rt.graph_launch_(execs[backward], stream), 0);
-        assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
-        assert_int_equal(ikvt_rt.memcpy_(out_a, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
-        for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(gb, db, sb, &bf, stream, NULL, DENSE, 0, backward ? L - 1 - i : i));
-        assert_int_equal(ikvt_rt.stream_sync_(stream), 0);
-        assert_int_equal(ikvt_rt.memcpy_(out_b, bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
-        if (memcmp(out_a, out_b, 4 * Q_STEP) != 0) fail_msg("step %u: the fused step's output differs", t);
+        if (t >= EAGER) assert_int_equal(ikvt_rt.graph_launch_(execs[backward], x.stream), 0);
+        assert_int_equal(ikvt_rt.stream_sync_(x.stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_(x.out_a, x.bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
+        for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(x.gb, x.db, x.sb, &x.bf, x.stream, NULL, DENSE, 0, backward ? L - 1 - i : i));
+        assert_int_equal(ikvt_rt.stream_sync_(x.stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_(x.out_b, x.bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
+        if (memcmp(x.out_a, x.out_b, 4 * Q_STEP) != 0) fail_msg("step %u: the fused step's output differs", t);
     }
-    assert_int_equal(appends_fused(da), fused_calls + 2 * L);
-    IKVT_OK(ikv_pool_sync(ga));
-    IKVT_OK(ikv_pool_sync(gb));
-    assert_same_pools(ga, sa, gb, sb);
+    assert_int_equal(appends_fused(x.da), fused_calls + 2 * L);
+    IKVT_OK(ikv_pool_sync(x.ga));
+    IKVT_OK(ikv_pool_sync(x.gb));
+    assert_same_pools(x.ga, x.sa, x.gb, x.sb);
     uint32_t l0 = 0, l1 = 0;
-    IKVT_OK(ikv_seq_layer_length(ga, sa[0], 0, &l0));
-    IKVT_OK(ikv_seq_layer_length(ga, sa[0], 1, &l1));
+    IKVT_OK(ikv_seq_layer_length(x.ga, x.sa[0], 0, &l0));
+    IKVT_OK(ikv_seq_layer_length(x.ga, x.sa[0], 1, &l1));
     assert_int_equal(l0, kPrefill[0] + EAGER + 2 + REPLAYS + 1);
     assert_int_equal(l1, l0 - 1);
 
     for (int i = 0; i < 2; ++i) ikvt_rt.graph_exec_destroy_(execs[i]), ikvt_rt.graph_destroy_(graphs[i]);
-    ikvt_rt.stream_destroy_(stream);
-    ikvt_rt.free_(bf.dk), ikvt_rt.free_(bf.dv), ikvt_rt.free_(bf.dq), ikvt_rt.free_(bf.dout);
-    free(k), free(v), free(q), free(out_a), free(out_b);
-    ikv_decoder_destroy(da), ikv_decoder_destroy(db);
-    ikv_pool_destroy(ga), ikv_pool_destroy(gb);
+    fused_pair_free(&x);
 }
 
 /* Fused against separate calls, eagerly, at other shapes: F16 pools of nh
