@@ -25,7 +25,10 @@
  *   - Config structs carry struct_size as their first field. Always start from
  *     the matching *_default_config() and change fields by name; the library
  *     reads only the first struct_size bytes, so programs built against an
- *     older header keep working when fields are appended.
+ *     older header keep working when fields are appended. A struct the
+ *     library fills (*_get_config, *_get_stats, ikv_runtime_info_get) is
+ *     written up to the smaller of its struct_size and the library's own
+ *     size, and struct_size is set to the bytes written.
  *   - Units: token positions and counts are tokens; sizes in *_bytes are bytes;
  *     strides are in elements of the array's dtype.
  *   - Handles are opaque. The creator owns a handle and frees it with the
@@ -378,8 +381,13 @@ IKV_API ikv_status ikv_router_set_pressure(ikv_router *router, float memory_pres
  * Route a layout for a sequence of seq_len tokens (seq_len >= 1; every block
  * must end at or before it). Mandatory tokens (ALWAYS, GLOBAL, the recent
  * window) are placed first; ATTEND blocks at or above the threshold follow by
- * descending score, whole blocks, greedily while they fit the budget. SKIP
- * blocks are never read, not even inside the recent window.
+ * descending score (ties: the later block first), whole blocks: a block that
+ * does not fit what is left of the budget is passed over and the next ones
+ * are still tried. SKIP blocks are never read, not even inside the recent
+ * window. A block read only because it reaches into the recent window (an
+ * ATTEND block below the threshold or over the budget, or a gap) takes
+ * recent_format and the reason IKV_REASON_RECENT_WINDOW; an ATTEND block read
+ * on its score keeps the precision table's format, inside the window too.
  * The caller owns *plan_out (ikv_plan_destroy). The router is not changed and
  * may route from several threads at once.
  * Errors: IKV_E_NULL, IKV_E_INVALID (seq_len 0), IKV_E_RANGE (a block beyond

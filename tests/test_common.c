@@ -296,6 +296,18 @@ static void test_runtime_info(void **state) {
     assert_non_null(strstr(info.cpu_isa_available, info.cpu_isa));
     assert_non_null(strstr(info.cpu_isa_available, "scalar"));
     if (!info.cuda_built) assert_int_equal(info.cuda_device_count, 0);
+    /* A caller built against a newer header (a larger struct): the library's
+     * size is written, nothing past it, and struct_size says how much. */
+    struct {
+        ikv_runtime_info info;
+        unsigned char later[16];
+    } newer;
+    memset(&newer, 0xAB, sizeof newer);
+    newer.info.struct_size = sizeof newer;
+    IKVT_OK(ikv_runtime_info_get(&newer.info));
+    assert_int_equal(newer.info.struct_size, sizeof(ikv_runtime_info));
+    assert_int_equal(newer.info.version, IKV_VERSION_NUMBER);
+    for (size_t i = 0; i < sizeof newer.later; ++i) assert_int_equal(newer.later[i], 0xAB);
 }
 
 int main(void) {

@@ -62,9 +62,8 @@ IKV_API void ikv_set_log_callback(ikv_log_fn fn, void *user, ikv_log_level min_l
 IKV_API ikv_status ikv_runtime_info_get(ikv_runtime_info *info) {
     IKV_CHECK_NULL(info, "ikv_runtime_info_get");
     IKV_CHECK_STRUCT(info, sizeof(ikv_runtime_info), "ikv_runtime_info_get");
-    const uint32_t size = info->struct_size;
-    std::memset(info, 0, sizeof *info);
-    info->struct_size = size;
+    std::memset(info, 0, sizeof *info);  // struct_size >= sizeof: all of it is written
+    info->struct_size = sizeof *info;
     info->version = ikv_version();
     ikv::cuda_fill_runtime_info(info);
     std::snprintf(info->cpu_isa, sizeof info->cpu_isa, "%s", ikv::isa_name(ikv::active_isa()));

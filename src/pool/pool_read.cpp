@@ -19,7 +19,7 @@ ikv_status seq_read(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, uint32_
     if (begin > end || end > len)
         return fail(IKV_E_RANGE, "%s: [%u, %u) is not inside [0, %u), the tokens of layer %u of sequence %u", fn,
                     begin, end, len, layer, (unsigned)id);
-    for (uint32_t p = begin / P; p * P < end; ++p)
+    for (uint32_t p = begin / P; begin < end && p * P < end; ++p)  // an empty range reads no page
         if (seq.pages[p] == nullptr)
             return fail(IKV_E_EVICTED, "%s: tokens [%u, %u) of sequence %u were evicted", fn, p * P, (p + 1) * P,
                         (unsigned)id);
