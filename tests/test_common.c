@@ -1,5 +1,6 @@
 /* Version, status names, error sentence, log callback, runtime info. */
 #define _DEFAULT_SOURCE /* alarm */
+#include <limits.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -66,6 +67,7 @@ static void test_status_names(void **state) {
     assert_string_equal(ikv_status_name(IKV_E_INTERNAL), "IKV_E_INTERNAL");
     assert_string_equal(ikv_status_name((ikv_status)-99), "IKV_UNKNOWN_STATUS");
     assert_string_equal(ikv_status_name((ikv_status)5), "IKV_UNKNOWN_STATUS");
+    assert_string_equal(ikv_status_name((ikv_status)INT_MIN), "IKV_UNKNOWN_STATUS"); /* UBSan: no overflow */
     assert_string_equal(ikv_format_name(IKV_FMT_INT4), "int4");
     assert_string_equal(ikv_format_name(IKV_FMT_AUTO), "auto");
     assert_string_equal(ikv_format_name((ikv_format)17), "?");

@@ -1,5 +1,6 @@
 // extern "C" boundary: version, status and enum names, errors, logging and
 // runtime information.
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -41,7 +42,9 @@ IKV_API unsigned ikv_version(void) { return IKV_VERSION_NUMBER; }
 IKV_API const char *ikv_version_string(void) { return IKV_VERSION_STRING; }
 
 IKV_API const char *ikv_status_name(ikv_status status) {
-    return name_of(kStatusNames, -static_cast<int>(status), "IKV_UNKNOWN_STATUS");
+    const int64_t index = -static_cast<int64_t>(status);  // 64 bits: -INT_MIN does not overflow
+    return index < 0 || index > INT32_MAX ? "IKV_UNKNOWN_STATUS"
+                                          : name_of(kStatusNames, static_cast<int>(index), "IKV_UNKNOWN_STATUS");
 }
 
 IKV_API const char *ikv_format_name(ikv_format format) {
