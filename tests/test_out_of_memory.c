@@ -2,12 +2,12 @@
  * process under an address-space limit (RLIMIT_AS, soft) a little above what
  * the child maps already: the call must fail with IKV_E_NOMEM and a sentence,
  * never abort, and once the limit is lifted the objects it was given still
- * work. (A decode is not among them: its scratch comes from segments
- * mimalloc reserved before any such limit, so no limit made it fail.) (Debian's libmimalloc overrides operator new with one that
- * abort()s when memory runs out; the library must never reach it: see
- * docs/FORMATS.md, "Memory".) Skips (77) under AddressSanitizer and
- * ThreadSanitizer, whose shadow memory no such limit allows, and where
- * fork or setrlimit is unavailable. */
+ * work. (Debian's libmimalloc overrides operator new with one that abort()s
+ * when memory runs out; the library must never reach it: docs/FORMATS.md,
+ * "Memory".) A decode is not among the cases: its scratch comes from
+ * segments mimalloc reserved before any such limit, so no limit made it
+ * fail. Skips (77) under AddressSanitizer and ThreadSanitizer, whose shadow
+ * memory no such limit allows, and where fork or setrlimit is unavailable. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>

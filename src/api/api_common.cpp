@@ -1,6 +1,6 @@
 // extern "C" boundary: version, status and enum names, errors, logging and
 // runtime information.
-#include <cstdint>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 
@@ -42,9 +42,9 @@ IKV_API unsigned ikv_version(void) { return IKV_VERSION_NUMBER; }
 IKV_API const char *ikv_version_string(void) { return IKV_VERSION_STRING; }
 
 IKV_API const char *ikv_status_name(ikv_status status) {
-    const int64_t index = -static_cast<int64_t>(status);  // 64 bits: -INT_MIN does not overflow
-    return index < 0 || index > INT32_MAX ? "IKV_UNKNOWN_STATUS"
-                                          : name_of(kStatusNames, static_cast<int>(index), "IKV_UNKNOWN_STATUS");
+    // Codes are 0 and negative; a positive one (or INT_MIN, whose negation overflows int) is unknown.
+    const int code = static_cast<int>(status);
+    return code > 0 || code == INT_MIN ? "IKV_UNKNOWN_STATUS" : name_of(kStatusNames, -code, "IKV_UNKNOWN_STATUS");
 }
 
 IKV_API const char *ikv_format_name(ikv_format format) {
