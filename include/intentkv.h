@@ -1420,11 +1420,13 @@ typedef struct ikv_decode_args {
      *    selection (topk_token_budget 0 and IKV_TOPK_FIXED), no feedback
      *    and at most 8 query rows per kv-head (n_query_tokens x n_q_heads /
      *    n_kv_heads), and each sequence's list reads every position of its
-     *    room (a dense decode, or a plan whose entries cover the room), the
-     *    decode's own kernels write the token: an engine's captured layer is
-     *    then two kernel launches instead of four (no append and no room
-     *    clip kernel; bench/RESULTS.md section 7c). Otherwise the append is
-     *    enqueued first, as by ikv_pool_append_batch.
+     *    room with one entry per page (a dense decode, or a plan whose
+     *    entries cover the room), the decode's own kernels write the token:
+     *    an engine's captured layer is then two kernel launches instead of
+     *    four (no append and no room clip kernel; a graph's first such
+     *    decode, and an eager one after a call that clipped the lists, adds
+     *    one small kernel; bench/RESULTS.md sections 7c, 7f). Otherwise the
+     *    append is enqueued first, as by ikv_pool_append_batch.
      * Ownership: the ikv_append and the K/V it points to are the caller's;
      * device K/V must stay valid until the stream has passed the call (as
      * for an IKV_APPEND_ASYNC append). Thread-safety: that of

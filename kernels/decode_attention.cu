@@ -339,19 +339,22 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
 }
 
 // A decode that appends its step's token first (FusedAppend, sequences with
-// room): what room_clip_kernel computes for the sequence, at the length the
-// layer has once this step's token is in, read by every CTA of the sequence
-// (the block's threads test the room's entries in parallel), and where the
-// token goes. Its loads take two round trips (the tail record, then the
-// device record and the room's entries together): under a decode's full
-// memory traffic each round trip costs microseconds.
+// room): the sequence's length once this step's token is in, from the room
+// record, and where the token goes. The list holds the room's entries as the
+// host listed them, to the room's end (cuda_decode.cpp restores them where a
+// clip may have cut them), one entry per page from t.first on: the token's
+// page is entry t.first + (old / P - t.page0), the entries a clip at the
+// length keeps end at the one of page ceil(len / P) - 1 (the count the CTAs'
+// slices are cut from, as for a clipped list: the same split of the work,
+// so the same output bits as a decode after separate appends), and rows at
+// and past the length are never read. One round trip (the record's fields),
+// as a plain decode's (two for a sequence past the first kInlineRoomTails:
+// its tail, then the record). (A version that clipped the room's entries here, in a
+// loop over them, made every fused step 2.5% slower at B = 1 by its mere
+// presence in the kernel: bench/RESULTS.md section 7f.)
 struct RoomView {
     uint32_t old_len, len, count;
-    uint32_t first;        // list index of the first entry from the full copies
-    uint32_t offset;       // where those copies start in RoomArgs::full
     uint32_t tail_idx;     // list index of the entry the token lands in (UINT32_MAX: nothing is written)
-    const uint8_t *tail_page;  // that entry's page, and its format
-    uint32_t tail_format;
     float *stage;          // the layer's staging (RoomRecord::stages)
     uint32_t seq_id;       // the sequence (AppendError)
 };
@@ -365,32 +368,19 @@ using RoomParam = std::conditional_t<kAppend, RoomArgs, NoRoom>;
 __device__ __forceinline__ RoomTail room_tail(const RoomArgs &ra, uint32_t seq) {
     return seq < kInlineRoomTails ? ra.inline_tails[seq] : ra.tails[seq];
 }
-__device__ RoomView room_view(const DecodeParams &p, const RoomArgs &ra, uint32_t seq) {
-    __shared__ uint32_t found;
-    __shared__ const uint8_t *found_page;
-    __shared__ uint32_t found_format;
+__device__ __forceinline__ RoomView room_view(const DecodeParams &p, const RoomArgs &ra, uint32_t seq) {
     const RoomTail t = room_tail(ra, seq);
     const RoomRecord &r = *t.record;
-    DevPage e = room_first_entry(t, ra.full);  // the first pass's entry, loaded with the record's fields
-    const uint32_t gen = r.generation, old = *room_length(t.record, p.layer), end = r.end;
-    RoomView v{old, old, 0, t.first, t.offset, UINT32_MAX, nullptr, 0, room_stage(t.record, p.layer, p.shape.n_layers),
-               r.seq};
+    const uint32_t gen = r.generation, old = *room_length(t.record, p.layer), end = r.end, id = r.seq;
+    RoomView v{old, old, 0, UINT32_MAX, room_stage(t.record, p.layer, p.shape.n_layers), id};
     if (gen != t.generation) return v;  // lists of an earlier room: read nothing (the merge reports it)
     const bool fits = uint64_t(old) + 1 <= end;  // else nothing is written (the merge reports the overrun)
     v.len = fits ? old + 1 : old;
-    uint32_t kept = 0;  // entries come in position order: the kept ones are a prefix
-    bool any = false;   // one entry holds the token's position (when the room covers it)
-    for (uint32_t j0 = 0; j0 < t.n; j0 += blockDim.x) {
-        const uint32_t j = j0 + threadIdx.x;
-        if (j0 > 0 && j < t.n) e = ra.full[t.offset + j];
-        const bool keep = j < t.n && e.pos0 + e.begin < v.len;
-        const bool hit = j < t.n && fits && e.pos0 + e.begin <= old && old < e.pos0 + e.end;
-        if (hit) found = j, found_page = e.base, found_format = e.format;
-        kept += uint32_t(__syncthreads_count(keep));
-        any = __syncthreads_or(hit) || any;  // its barrier publishes `found`
-    }
-    v.count = t.first + kept;
-    if (any) v.tail_idx = t.first + found, v.tail_page = found_page, v.tail_format = found_format;
+    const uint32_t P = p.shape.page_size, pages = (v.len + P - 1) / P;  // pages holding rows below len
+    // Past the listed room (a graph captured before the room grew: the merge reports it), no more than listed.
+    v.count = t.first + min(pages > t.page0 ? pages - t.page0 : 0u, t.n);
+    if (fits && old < t.list_end && old / P >= t.page0 && t.first + (old / P - t.page0) < v.count)
+        v.tail_idx = t.first + (old / P - t.page0);
     return v;
 }
 
@@ -426,14 +416,14 @@ __device__ __forceinline__ TokenPart<D> load_token(const DecodeParams &p, const 
 // the CTA's copies (cp.async reads L2) read the page. fold.rows is advanced by
 // the caller once every thread has read it.
 template <int D>
-__device__ void write_token_f16(const DecodeParams &p, const RoomArgs &ra, const RoomView &v, uint32_t seq,
-                                uint32_t h, const TokenPart<D> &x) {
+__device__ void write_token_f16(const DecodeParams &p, const RoomArgs &ra, const RoomView &v, const DevPage &tail,
+                                uint32_t seq, uint32_t h, const TokenPart<D> &x) {
     const PageShape &shape = p.shape;
     const uint32_t P = shape.page_size, H = shape.n_kv_heads, row = v.old_len % P;
-    const ikv_format f = ikv_format(v.tail_format);
+    const ikv_format f = ikv_format(tail.format);
     const bool f16 = f == IKV_FMT_F16;
     const StageFold fold = stage_fold(shape, v.stage);
-    const AppendJob j{const_cast<uint8_t *>(v.tail_page), v.stage, p.layer, seq, row, 1u, uint32_t(f), v.seq_id};
+    const AppendJob j{const_cast<uint8_t *>(tail.base), v.stage, p.layer, seq, row, 1u, uint32_t(f), v.seq_id};
     const SubpageLayout L = subpage_layout(f, P, D);
     uint8_t *sub = j.page + subpage_offset(shape, f, p.layer, h);
     uint16_t *rec = reinterpret_cast<uint16_t *>(j.page + summary_offset(shape, f, p.layer, h));
@@ -520,17 +510,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
 
     auto entry = [&](int i) { return list[first + uint32_t(i / cpp)]; };
     if constexpr (kAppend) {
-        // The room's entries of this CTA's slice, clipped to the length as
-        // room_clip_kernel clips them, written over the list before it is read
-        // (the list holds an earlier step's clip there). The CTAs of every
-        // kv-head that share the slice write the same bytes; the main loop
-        // stays the plain decode's (a branch in its entry load to read them
-        // from the full copies instead cost 10% of every step: the slowdown
-        // the per-variant instantiations above were first made for).
-        DevPage *own = const_cast<DevPage *>(list);
-        const uint32_t r0 = max(first, room.first), r1 = first + npages;
-        for (uint32_t k = r0 + threadIdx.x; k < r1; k += kThreads)
-            own[k] = clip_entry(ra.full[room.offset + (k - room.first)], len);
         // The CTA whose slice holds the page the appended token lands in writes
         // the token there first (row chunk 0 of its kv-head: the only CTA that
         // reads that sub-page, cuda_decode.cpp asks for one row chunk), then
@@ -538,8 +517,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
         const bool writer = room.tail_idx >= first && room.tail_idx < first + npages && row_chunk == 0;
         // The token's input is loaded by this CTA alone (loaded by every CTA
         // in the record's round trip, the step took 1% longer at B = 1).
-        if (writer) write_token_f16<D>(p, ra, room, seq, head, load_token<D>(p, ra, seq, head));
-        __syncthreads();  // the slice's entries (and the token) are written before any thread reads them
+        if (writer) write_token_f16<D>(p, ra, room, list[room.tail_idx], seq, head, load_token<D>(p, ra, seq, head));
+        __syncthreads();  // the token is written before any thread reads its page
         if (writer && threadIdx.x == 0) stage_fold(p.shape, room.stage).rows[head] = room.old_len % p.shape.page_size + 1;
     }
     // Copy chunk i (entry pg) into ring stage st; lane 0 records what the slot holds.
@@ -705,29 +684,23 @@ __device__ __forceinline__ float block_reduce(float v, bool is_max, float *tmp) 
 
 // After the decode grid of a decode that appended (FusedAppend), by a block
 // of the merge grid of its own (beside the merge's, not before their work):
-// every decode CTA has read the old length,
-// so it advances now (RoomJobs::done's work), and the sequence's list, count
-// and length take the form room_clip_kernel leaves them in (what
-// ikv_decoder_last_selection reads back).
+// every decode CTA has read the old length, so it advances now (RoomJobs::
+// done's work), and the list's length becomes the one the decode read at
+// (ikv_decoder_last_selection clips the room's entries to it on the host;
+// the list itself stays whole for the next decode that appends).
 __device__ void commit_room(const DecodeParams &p, const RoomArgs &ra, uint32_t seq) {
+    if (threadIdx.x != 0) return;
     const RoomTail t = room_tail(ra, seq);
     RoomRecord &r = *t.record;
-    uint32_t *counts = const_cast<uint32_t *>(p.lists.counts);
-    const DevPage first = room_first_entry(t, ra.full);  // in flight with the record's fields
     if (r.generation != t.generation) {  // the decode read nothing: report the stale graph
-        if (threadIdx.x == 0) counts[seq] = 0, r.stale_read = 1;
+        const_cast<uint32_t *>(p.lists.counts)[seq] = 0;  // (ikv_decoder_last_selection; a later plain call clips anew)
+        r.stale_read = 1;
         return;
     }
     const uint32_t old = *room_length(t.record, p.layer), len = uint64_t(old) + 1 <= r.end ? old + 1 : old;
-    const uint32_t kept =
-        clip_room_entries(t, ra.full, const_cast<DevPage *>(p.lists.pages) + uint64_t(seq) * p.lists.stride, len, first);
-    __syncthreads();  // every thread has read the old length
-    if (threadIdx.x == 0) {
-        counts[seq] = t.first + kept;
-        const_cast<uint32_t *>(p.seq_len)[seq] = len;
-        advance_room_length(r, p.layer, old, 1);
-        if (len > t.list_end) r.stale_read = 1;  // a graph captured before the room grew
-    }
+    const_cast<uint32_t *>(p.seq_len)[seq] = len;
+    advance_room_length(r, p.layer, old, 1);
+    if (len > t.list_end) r.stale_read = 1;  // a graph captured before the room grew
 }
 
 constexpr int kMergeThreads = 128;

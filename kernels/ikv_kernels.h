@@ -56,9 +56,11 @@ struct AppendRows {
 };
 
 // A decode's lists for sequences with room: the host listed each room to its
-// end; before every decode (eager or captured) the entries from `first` on are
-// rewritten from their full copies, clipped to the layer's device length, and
-// the sequence's count and length set. One per sequence with room.
+// end; before a decode that does not append (eager or captured) the entries
+// from `first` on are rewritten from their full copies, clipped to the
+// layer's device length, and the sequence's count and length set
+// (room_clip.cu); a decode that appends reads them whole (FusedAppend). One
+// per sequence with room.
 struct RoomRecord;
 struct RoomTail {
     RoomRecord *record;
@@ -68,19 +70,24 @@ struct RoomTail {
     uint32_t offset;
     uint32_t list_end;    // positions the full list covers (a longer device length: stale_read)
     uint32_t generation;  // the record's when the lists were built (another: nothing is read, stale_read)
+    uint32_t page0;       // page of entry `first`; the room lists one entry per page from there (fused decodes)
 };
 struct AppendError;
 constexpr uint32_t kInlineRoomTails = 8;
 // A decode that appends one token per sequence first (ikv_decode_args.append;
 // cuda_decode.cpp decides when it applies: every sequence has room, F16/BF16
 // pages, no top-k, one row chunk per kv-head). The decode kernel reads each
-// sequence's device length itself (the clip kernel's work, from the tails'
-// full entries), and the CTA whose slice holds the page the token lands in
-// writes the token's rows first (as the room append kernel's block of that
-// kv-head: staging, page row, key summary), then reads that page as usual;
-// the merge kernel, which runs after every decode CTA read the length,
-// advances it. So a step of the engine's layer loop is the decode's two
-// launches instead of four (append, clip, decode, merge).
+// sequence's device length itself from the room record and reads the list
+// as the host made it, to the room's end (rows at and past the length are
+// never read; cuda_decode.cpp restores the room's entries with
+// launch_room_clip(restore) where a clip may have cut them); the CTA whose
+// slice holds the page the token lands in (the room lists one entry per
+// page, so that entry's index follows from the length) writes the token's
+// rows first (as the room append kernel's block of that kv-head: staging,
+// page row, key summary), then reads that page as usual; the merge kernel,
+// which runs after every decode CTA read the length, advances it. So a step
+// of the engine's layer loop is the decode's two launches instead of four
+// (append, clip, decode, merge).
 // Query rows per kv-head a decode that appends takes (its kernels are built
 // for one row chunk of at most 8 rows in every compute mode).
 constexpr uint32_t kFusedAppendMaxRows = 8;
@@ -117,7 +124,6 @@ struct DecodeParams {
 // B = 1 decode 1.3% slower, bench/RESULTS.md 7c).
 struct RoomArgs {
     const RoomTail *tails;  // device [n_seqs]: sequence b's tail is tails[b]
-    const DevPage *full;    // device: the tails' full entries
     FusedAppend fused;      // the append's input
     // The first kInlineRoomTails tails again, in the parameters: a decode
     // CTA then reads its sequence's length in its first round trip.
@@ -420,8 +426,10 @@ struct RoomAppend {
 cudaError_t launch_room_append(const PageShape &shape, const AppendRows &in, const RoomAppend &a, int only_format,
                                AppendError *error, cudaStream_t stream);
 
+// restore: the room's entries written back in full and the counts to the
+// room's end, lengths untouched (what a decode that appends reads; see FusedAppend).
 cudaError_t launch_room_clip(const RoomTail *tails, uint32_t n_tails, const DevPage *full, DevPage *pages,
-                             uint32_t stride, uint32_t *counts, uint32_t *seq_len, uint32_t layer,
+                             uint32_t stride, uint32_t *counts, uint32_t *seq_len, uint32_t layer, bool restore,
                              cudaStream_t stream);
 
 

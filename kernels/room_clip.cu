@@ -6,7 +6,9 @@
 // from their full copies, clipped to it, with the list's count and the
 // sequence's length, so every later kernel (top-k scoring, decode, the
 // multi-token path, feedback) sees exactly the lists an eager call at that
-// length builds on the host.
+// length builds on the host. With `restore` it writes the room's entries back
+// as the host listed them, to the room's end: what a decode that appends its
+// token reads (FusedAppend), where a clip may have cut them.
 #include <cuda_runtime.h>
 
 #include "ikv_kernels.h"
@@ -24,10 +26,16 @@ constexpr uint32_t kClipThreads = 128;
 
 __global__ void __launch_bounds__(kClipThreads) room_clip_kernel(const RoomTail *tails, const DevPage *full,
                                                                  DevPage *pages, uint32_t stride, uint32_t *counts,
-                                                                 uint32_t *seq_len, uint32_t layer) {
+                                                                 uint32_t *seq_len, uint32_t layer, bool restore) {
     pdl_wait();  // the lengths come from the step's appends (kernels/launch_pdl.cuh)
     pdl_launch_dependents();
     const RoomTail t = tails[blockIdx.x];
+    if (restore) {  // the room's entries as the host listed them, to its end (a decode that appends reads them)
+        DevPage *out = pages + uint64_t(t.seq) * stride;
+        for (uint32_t j = threadIdx.x; j < t.n; j += blockDim.x) out[t.first + j] = full[t.offset + j];
+        if (threadIdx.x == 0) counts[t.seq] = t.first + t.n;
+        return;
+    }
     const DevPage first = room_first_entry(t, full);  // in flight with the record's fields
     const uint32_t gen = t.record->generation, len = *room_length(t.record, layer);
     if (gen != t.generation) {  // lists of an earlier room: read nothing, report
@@ -45,11 +53,11 @@ __global__ void __launch_bounds__(kClipThreads) room_clip_kernel(const RoomTail 
 }  // namespace
 
 cudaError_t launch_room_clip(const RoomTail *tails, uint32_t n_tails, const DevPage *full, DevPage *pages,
-                             uint32_t stride, uint32_t *counts, uint32_t *seq_len, uint32_t layer,
+                             uint32_t stride, uint32_t *counts, uint32_t *seq_len, uint32_t layer, bool restore,
                              cudaStream_t stream) {
     if (n_tails == 0) return cudaSuccess;
     return launch_pdl(room_clip_kernel, dim3(n_tails), dim3(kClipThreads), 0, stream, tails, full, pages, stride,
-                      counts, seq_len, layer);
+                      counts, seq_len, layer, restore);
 }
 
 }  // namespace cuda

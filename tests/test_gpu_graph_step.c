@@ -17,7 +17,8 @@
  * (IKV_E_STATE); the calls a room forbids are refused with a sentence and
  * allowed again once the room ends. Decodes that append their token
  * (args->append) equal separate appends, eagerly and replayed, at other
- * shapes, and with the layers run in either order and a token apart. */
+ * shapes, and with the layers run in either order, a token apart and beside
+ * top-k steps whose lists are clipped. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -511,22 +512,49 @@ static void test_fused_append_eager(void **state) {
     fused_pair_free(&x);
 }
 
-/* Decodes that append when the layers' lengths differ and the layers come in
- * any order (a decode finds the page lists at the length the decode before it
- * left them, which is its own only while the layers agree): eager steps whose
- * layers run forward on even steps and backward on odd ones, and from step 3
- * on one layer a token ahead of the other (one more append to layer 0), then
- * the same steps captured once per order and replayed. Outputs equal separate
- * append calls byte for byte, and so do the pools. */
+/* ikv_decoder_last_selection of decoders a and b (the same call on pools
+ * holding the same tokens) agree for every sequence and kv-head; for a dense
+ * step each is the one run [0, length of layer l) (the appended token read). */
+static void assert_same_selection(const ikv_decoder *a, const ikv_decoder *b, ikv_pool *pool, const ikv_seq_id *seqs,
+                                  uint32_t l, int dense, uint32_t t) {
+    for (uint32_t s = 0; s < B; ++s) {
+        uint32_t len = 0;
+        IKVT_OK(ikv_seq_layer_length(pool, seqs[s], l, &len));
+        for (uint32_t h = 0; h < H; ++h) {
+            ikv_token_range ra[64], rb[64];
+            size_t na = 0, nb = 0;
+            IKVT_OK(ikv_decoder_last_selection(a, s, h, ra, 64, &na));
+            IKVT_OK(ikv_decoder_last_selection(b, s, h, rb, 64, &nb));
+            if (na != nb || na > 64 || memcmp(ra, rb, na * sizeof ra[0]) != 0)
+                fail_msg("step %u, seq %u, kv-head %u: the selections differ (%zu and %zu runs)", t, s, h, na, nb);
+            if (dense && (na != 1 || ra[0].begin != 0 || ra[0].end != len))
+                fail_msg("step %u, seq %u, kv-head %u: a dense step read %zu runs, [%u, %u), not [0, %u)", t, s, h, na,
+                         na ? ra[0].begin : 0, na ? ra[0].end : 0, len);
+        }
+    }
+}
+
+/* Decodes that append (which read their rooms' entries whole) beside calls
+ * that clip those entries, with the layers in any order and a token apart:
+ * steps whose layers run forward on even steps and backward on odd ones,
+ * from step 3 on one layer a token ahead of the other (one more append to
+ * layer 0), and every fourth step a top-k step (its append by the append
+ * kernel, its lists clipped to the length); eager, then three graphs (dense
+ * forward, dense backward, top-k) captured once and replayed in turn, then
+ * eager again. Outputs equal separate append calls byte for byte, and so do
+ * the pools and, after eager steps, the decoders' last selections. */
 static void test_fused_append_layers_apart(void **state) {
     (void)state;
     fused_pair x;
     fused_pair_make(&x);
-    enum { EAGER = 12, REPLAYS = 8 };
-    void *graphs[2] = {NULL, NULL}, *execs[2] = {NULL, NULL}; /* pool A's step, forward and backward */
+    enum { EAGER = 12, CAPTURES = 3, REPLAYS = 9, AFTER = 4, STEPS = EAGER + CAPTURES + REPLAYS + AFTER };
+    void *graphs[CAPTURES] = {NULL}, *execs[CAPTURES] = {NULL}; /* dense forward, dense backward, top-k */
     uint64_t fused_calls = 0;
-    for (uint32_t t = 0; t < EAGER + 2 + REPLAYS; ++t) {
-        const int backward = t % 2 == 1;
+    for (uint32_t t = 0; t < STEPS; ++t) {
+        const int graph_step = t >= EAGER && t < EAGER + CAPTURES + REPLAYS;
+        const int g = graph_step ? (int)((t - EAGER) % CAPTURES) : -1;
+        const int backward = graph_step ? g == 1 : t % 2 == 1;
+        const enum kind kind = graph_step ? (g == 2 ? TOPK : DENSE) : (t % 4 == 2 ? TOPK : DENSE);
         step_input(t, x.k, x.v, x.q);
         assert_int_equal(ikvt_rt.memcpy_(x.bf.dk, x.k, 2 * KV_STEP, IKVT_H2D), 0);
         assert_int_equal(ikvt_rt.memcpy_(x.bf.dv, x.v, 2 * KV_STEP, IKVT_H2D), 0);
@@ -538,34 +566,39 @@ static void test_fused_append_layers_apart(void **state) {
             a = layer_append(x.gb, &x.bf, x.stream, 0);
             IKVT_OK(ikv_pool_append_batch(x.gb, x.sb, B, &a));
         }
-        if (t < EAGER) { /* eager */
-            for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(x.ga, x.da, x.sa, &x.bf, x.stream, NULL, DENSE, 1, backward ? L - 1 - i : i));
-            fused_calls += L;
-        } else if (t < EAGER + 2) { /* captured (the calls run at the first replay, below) */
-            assert_int_equal(ikvt_rt.begin_capture_(x.stream, IKVT_CAPTURE_GLOBAL), 0);
-            for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(x.ga, x.da, x.sa, &x.bf, x.stream, NULL, DENSE, 1, backward ? L - 1 - i : i));
-            assert_int_equal(ikvt_rt.end_capture_(x.stream, &graphs[backward]), 0);
-            assert_int_equal(ikvt_rt.graph_instantiate_(&execs[backward], graphs[backward], 0), 0);
+        const int capture = graph_step && t < EAGER + CAPTURES;
+        if (capture) assert_int_equal(ikvt_rt.begin_capture_(x.stream, IKVT_CAPTURE_GLOBAL), 0);
+        if (!graph_step || capture) {
+            for (uint32_t i = 0; i < L; ++i)
+                IKVT_OK(layer_step(x.ga, x.da, x.sa, &x.bf, x.stream, NULL, kind, 1, backward ? L - 1 - i : i));
+            fused_calls += kind == DENSE ? L : 0;
         }
-        if (t >= EAGER) assert_int_equal(ikvt_rt.graph_launch_(execs[backward], x.stream), 0);
+        if (capture) {
+            assert_int_equal(ikvt_rt.end_capture_(x.stream, &graphs[g]), 0);
+            assert_int_equal(ikvt_rt.graph_instantiate_(&execs[g], graphs[g], 0), 0);
+        }
+        if (graph_step) assert_int_equal(ikvt_rt.graph_launch_(execs[g], x.stream), 0);
         assert_int_equal(ikvt_rt.stream_sync_(x.stream), 0);
         assert_int_equal(ikvt_rt.memcpy_(x.out_a, x.bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
-        for (uint32_t i = 0; i < L; ++i) IKVT_OK(layer_step(x.gb, x.db, x.sb, &x.bf, x.stream, NULL, DENSE, 0, backward ? L - 1 - i : i));
+        for (uint32_t i = 0; i < L; ++i)
+            IKVT_OK(layer_step(x.gb, x.db, x.sb, &x.bf, x.stream, NULL, kind, 0, backward ? L - 1 - i : i));
         assert_int_equal(ikvt_rt.stream_sync_(x.stream), 0);
         assert_int_equal(ikvt_rt.memcpy_(x.out_b, x.bf.dout, 4 * Q_STEP, IKVT_D2H), 0);
-        if (memcmp(x.out_a, x.out_b, 4 * Q_STEP) != 0) fail_msg("step %u: the fused step's output differs", t);
+        if (memcmp(x.out_a, x.out_b, 4 * Q_STEP) != 0) fail_msg("step %u (kind %d): the output differs", t, kind);
+        if (!graph_step) /* (a replay's selection is not the host's to read: IKV_E_STATE) */
+            assert_same_selection(x.da, x.db, x.ga, x.sa, backward ? 0 : L - 1, kind == DENSE, t);
     }
-    assert_int_equal(appends_fused(x.da), fused_calls + 2 * L);
+    assert_int_equal(appends_fused(x.da), fused_calls);
     IKVT_OK(ikv_pool_sync(x.ga));
     IKVT_OK(ikv_pool_sync(x.gb));
     assert_same_pools(x.ga, x.sa, x.gb, x.sb);
     uint32_t l0 = 0, l1 = 0;
     IKVT_OK(ikv_seq_layer_length(x.ga, x.sa[0], 0, &l0));
     IKVT_OK(ikv_seq_layer_length(x.ga, x.sa[0], 1, &l1));
-    assert_int_equal(l0, kPrefill[0] + EAGER + 2 + REPLAYS + 1);
+    assert_int_equal(l0, kPrefill[0] + STEPS + 1); /* every step appended once (a capture at its first replay) */
     assert_int_equal(l1, l0 - 1);
 
-    for (int i = 0; i < 2; ++i) ikvt_rt.graph_exec_destroy_(execs[i]), ikvt_rt.graph_destroy_(graphs[i]);
+    for (int i = 0; i < CAPTURES; ++i) ikvt_rt.graph_exec_destroy_(execs[i]), ikvt_rt.graph_destroy_(graphs[i]);
     fused_pair_free(&x);
 }
 

@@ -65,7 +65,18 @@ struct ListSummary {
     // Every room's entries read each position from the host's length to the
     // room's end (a decode that appends can write its token where one reads it).
     bool rooms_covered = false;
+    // And one entry per page from the room's first (RoomTail::page0): a decode
+    // that appends finds its token's entry from the length.
+    bool rooms_paged = false;
 };
+
+// Where the decoder's device lists hold every room's entries in full, as a
+// decode that appends reads them (FusedAppend): after an upload or a restore
+// (launch_room_clip(restore)) in the same context (eager calls, or one
+// capture: its id) and no clip since. A graph that clips (captured clip
+// kernel) may run between any two eager calls, so eager calls restore
+// whenever one was captured.
+constexpr unsigned long long kEagerContext = 0, kNoContext = ~0ull;
 
 struct CudaDecoderState {
     int device = -1;
@@ -82,6 +93,8 @@ struct CudaDecoderState {
     uint8_t *lists = nullptr;
     uint64_t lists_bytes = 0;
     int lists_half = -1;                // staging half whose copy filled them; -1: none
+    unsigned long long rooms_whole_in = kNoContext;  // the context where the rooms' entries are whole (above)
+    bool clip_captured = false;                       // a capture of this decoder clips rooms' entries
     cudaStream_t lists_stream = nullptr;  // the stream of that copy
     ListSummary sum;
     // Device workspace: top-k scores and lists, then the decode's split partials.
@@ -233,7 +246,8 @@ cudaError_t grow_device(uint8_t **buf, uint64_t *bytes, uint64_t need, cudaStrea
 // sequence's entries, write the DevPage records into a pinned staging half
 // and copy it to s.lists on the stream; s.sum describes the result.
 ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_args &a, const StepLists &lists,
-                       cudaStream_t stream, bool capturing) {
+                       cudaStream_t stream, unsigned long long context) {
+    const bool capturing = context != kEagerContext;
     const PageShape &shape = pool_shape(pool);
     const uint32_t P = shape.page_size, D = shape.head_dim, Hkv = shape.n_kv_heads, B = a.n_seqs;
     s.lists_half = -1;  // whatever happens below, the old lists are gone
@@ -360,13 +374,16 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     s.room_tails_host.clear();
     cuda::DevPage *full = reinterpret_cast<cuda::DevPage *>(h + sum.off_full);
     uint32_t offset = 0;
+    sum.rooms_paged = true;
     for (uint32_t b = 0; b < B; ++b) {
         if (snaps[b].room == nullptr) continue;
         const uint32_t n = counts[b] - room_first[b];
         const cuda::DevPage *listed = reinterpret_cast<const cuda::DevPage *>(h + sum.off_pages) + uint64_t(b) * sum.stride;
         std::memcpy(full + offset, listed + room_first[b], n * sizeof(cuda::DevPage));
+        const uint32_t page0 = n > 0 ? full[offset].pos0 / P : 0;
+        for (uint32_t j = 0; j < n && sum.rooms_paged; ++j) sum.rooms_paged = full[offset + j].pos0 == (page0 + j) * P;
         *tail = cuda::RoomTail{static_cast<cuda::RoomRecord *>(snaps[b].room), b, room_first[b], n, offset,
-                               snaps[b].length, snaps[b].room_generation};
+                               snaps[b].length, snaps[b].room_generation, page0};
         s.room_tails_host.push_back(*tail++);
         offset += n;
     }
@@ -381,6 +398,7 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     // orders its own copy. So only eager copies are waited for later, and
     // only eager lists are kept: a captured copy runs at replay time.
     s.copied_valid[half] = !capturing;
+    s.rooms_whole_in = context;  // the rooms' entries as listed, to their ends
     if (!capturing) {
         s.lists_half = half;
         s.lists_stream = stream;
@@ -523,9 +541,11 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const ikv_query_memory *memory = topk_enabled(a) ? a.query_memory : nullptr;
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    cudaError_t err = cudaStreamIsCapturing(stream, &cap);
-    if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaStreamIsCapturing");
+    unsigned long long capture_id = 0;
+    cudaError_t err = cudaStreamGetCaptureInfo(stream, &cap, &capture_id);
+    if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaStreamGetCaptureInfo");
     const bool capturing = cap != cudaStreamCaptureStatusNone;
+    const unsigned long long context = capturing ? capture_id + 1 : kEagerContext;  // where the rooms are whole
 
     // 1-2. The page lists on the device: the last call's when they are still
     // exact, else built now. A capture reuses them too when they came from an
@@ -540,7 +560,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
             if (err != cudaSuccess) return cuda_fail(err, kFn, "ordering the stream after the page lists' copy");
         }
     } else {
-        st = build_lists(s, pool, a, lists, stream, capturing);
+        st = build_lists(s, pool, a, lists, stream, context);
         if (st != IKV_OK) return st;
     }
     lists.reuse = reuse;
@@ -632,26 +652,44 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     // they can (FusedAppend, ikv_decode_args.append lists when), else enqueued now.
     RoomAppendReady *ready = lists.append;
     const bool fuse = ready != nullptr && fused_append_enabled() && sum.n_room == B && sum.rooms_covered &&
-                      ready->pages16 && ready->src.async && ready->src.seq_tokens == 1 && ready->l0 == a.layer &&
-                      ready->l1 == a.layer + 1 && !topk && !feedback && !gemm &&
+                      sum.rooms_paged && ready->pages16 && ready->src.async && ready->src.seq_tokens == 1 &&
+                      ready->l0 == a.layer && ready->l1 == a.layer + 1 && !topk && !feedback && !gemm &&
                       a.n_query_tokens * (a.n_q_heads / Hkv) <= cuda::kFusedAppendMaxRows;
     if (ready != nullptr && !fuse) {
         st = room_append_run(pool, *ready);
         if (st != IKV_OK) return st;
     }
+    const auto room_clip = [&](bool restore) {
+        return cuda::launch_room_clip(reinterpret_cast<const cuda::RoomTail *>(s.lists + sum.off_tails), sum.n_room,
+                                      reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_full),
+                                      reinterpret_cast<cuda::DevPage *>(s.lists + sum.off_pages), stride,
+                                      reinterpret_cast<uint32_t *>(s.lists),
+                                      reinterpret_cast<uint32_t *>(s.lists + sum.off_lens), a.layer, restore, stream);
+    };
     cuda::RoomArgs room{};  // the fused variants' argument
     if (fuse) {
-        st = pool_fused_append_begin(pool, *ready, &room.fused);
+        st = pool_fused_append_begin(pool, *ready, &room.fused);  // (may order the stream after another: first)
         if (st != IKV_OK) return st;
+        // The decode reads the rooms' entries whole (FusedAppend): put them
+        // back where a clip may have cut them since they were (a harmless
+        // rewrite of the same entries otherwise), right before the decode so
+        // that programmatic dependent launch links the two. A graph's first
+        // decode that appends does it; eagerly, every decode that appends
+        // once a graph that clips was captured (its replays are not seen).
+        // (A second copy of the lists that only these decodes read and no
+        // clip writes would drop this bookkeeping for one more list upload
+        // per build.)
+        if (s.rooms_whole_in != context || (!capturing && s.clip_captured)) {
+            err = room_clip(true);
+            if (err != cudaSuccess) return cuda_fail(err, kFn, "restoring the page lists of sequences with room");
+            s.rooms_whole_in = context;
+        }
         room.tails = reinterpret_cast<const cuda::RoomTail *>(s.lists + sum.off_tails);
-        room.full = reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_full);
         for (uint32_t b = 0; b < B && b < cuda::kInlineRoomTails; ++b) room.inline_tails[b] = s.room_tails_host[b];
     } else if (sum.n_room > 0) {  // sequences with room: their lists and lengths at the device's length, now
-        err = cuda::launch_room_clip(reinterpret_cast<const cuda::RoomTail *>(s.lists + sum.off_tails), sum.n_room,
-                                     reinterpret_cast<const cuda::DevPage *>(s.lists + sum.off_full),
-                                     reinterpret_cast<cuda::DevPage *>(s.lists + sum.off_pages), stride,
-                                     reinterpret_cast<uint32_t *>(s.lists), reinterpret_cast<uint32_t *>(s.lists + sum.off_lens),
-                                     a.layer, stream);
+        s.rooms_whole_in = kNoContext;  // (set before the launch: a failed one may have run in part)
+        s.clip_captured = s.clip_captured || capturing;
+        err = room_clip(false);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "clipping the page lists of sequences with room");
     }
     if (feedback) {
@@ -764,7 +802,7 @@ ikv_status cuda_last_selection(const CudaDecoderState *state, uint32_t b, uint32
     const char *fn = "ikv_decoder_last_selection";
     const CudaDecoderState &s = *state;
     runs.clear();
-    const bool room = s.sum.n_room > 0;  // sequences with room: their lists were clipped on the device
+    const bool room = s.sum.n_room > 0;  // sequences with room: their lists and lengths are on the device
     if (s.sel_pages == nullptr && !room) {  // no top-k: every kv-head read the sequence's host entries
         for (uint64_t i = s.entry_first[b]; i < s.entry_first[b + 1]; ++i) add_run(runs, s.entries[i].begin, s.entries[i].end);
         return IKV_OK;
@@ -778,13 +816,19 @@ ikv_status cuda_last_selection(const CudaDecoderState *state, uint32_t b, uint32
     const cuda::DevPage *lists =
         sel ? s.sel_pages : reinterpret_cast<const cuda::DevPage *>(s.lists + s.sum.off_pages);
     const uint64_t stride = sel ? s.sel_stride : s.sum.stride;
-    uint32_t count = 0;
+    uint32_t count = 0, len = UINT32_MAX;
     if (err == cudaSuccess) err = cudaMemcpy(&count, counts + list, sizeof count, cudaMemcpyDeviceToHost);
+    // Without top-k, rows read stop at the sequence's length (a decode that
+    // appended read its room's entries whole, and left the length it read at).
+    if (err == cudaSuccess && !sel)
+        err = cudaMemcpy(&len, reinterpret_cast<const uint32_t *>(s.lists + s.sum.off_lens) + b, sizeof len,
+                         cudaMemcpyDeviceToHost);
     std::vector<cuda::DevPage> pages(count);
     if (err == cudaSuccess && count > 0)
         err = cudaMemcpy(pages.data(), lists + list * stride, count * sizeof(cuda::DevPage), cudaMemcpyDeviceToHost);
     if (err != cudaSuccess) return cuda_fail(err, fn, "copying the selection from the device");
-    for (const cuda::DevPage &d : pages) add_run(runs, d.pos0 + d.begin, d.pos0 + d.end);
+    for (const cuda::DevPage &d : pages)
+        if (d.pos0 + d.begin < len) add_run(runs, d.pos0 + d.begin, std::min<uint32_t>(d.pos0 + d.end, len));
     return IKV_OK;
 }
 
