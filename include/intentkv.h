@@ -1291,10 +1291,36 @@ typedef enum ikv_topk_mode {
  * 6 * head_dim summary bytes per page and kv-head instead of 4. Every other
  * rule (mandatory entries, ties, NaN last, the budget of ikv_topk_mode, with
  * this score in place of the bound) is unchanged.
+ *
+ * IKV_TOPK_SCORE_KEYS: two passes. The first ranks by the hybrid score and
+ * selects, by the rules above, candidates for twice the budget's
+ * non-mandatory tokens (the budget: topk_token_budget, or under
+ * IKV_TOPK_MASS the one the rule derives from the hybrid scores; with M
+ * mandatory tokens and budget T > M the candidates' budget is
+ * M + 2 * (T - M)). The second reads each non-mandatory candidate's keys
+ * (every token of its span, dequantized as the decode reads them) and scores
+ * it by its share of the attention over the candidates: for each scored row
+ * r (the group's query heads at the first query token, scaled by scale,
+ * logits softcapped when softcap > 0; with a query memory, also the rows it
+ * recalls) lse_r(i) = log sum over the entry's tokens of exp(logit), and
+ *   s_i = log sum_r w_r * exp(lse_r(i) - Z_r),  Z_r = log sum_j exp(lse_r(j))
+ * over the non-mandatory candidates j, w_r = 1 for the query heads and the
+ * memory's decay for its rows (0 for a sequence it has nothing for at this
+ * layer). The budget then selects among the candidates by s_i, by the same
+ * rules (ties: earlier entry first; NaN last; stop at the first that does not
+ * fit). A feedback prior (topk_feedback_weight) applies to the first pass.
+ * Why: page summaries rank pages by what their keys could do, and on real
+ * attention they miss 6% of the best page choice's mass at a 12.5% budget;
+ * the candidates' keys give each page its true share (for one query head,
+ * the same ranking as the best choice within the candidates), at the cost of
+ * reading the candidates' K rows: ikv_decoder_last_bytes_read counts them,
+ * and bench/RESULTS.md section 6w measures recall and bytes. CPU pools only
+ * in this version (a CUDA pool returns IKV_E_UNSUPPORTED).
  */
 typedef enum ikv_topk_score {
     IKV_TOPK_SCORE_QUEST = 0,
-    IKV_TOPK_SCORE_HYBRID = 1
+    IKV_TOPK_SCORE_HYBRID = 1,
+    IKV_TOPK_SCORE_KEYS = 2
 } ikv_topk_score;
 
 /**
@@ -1389,7 +1415,7 @@ typedef struct ikv_decode_args {
     ikv_topk_mode topk_mode;
     float topk_mass;              /**< IKV_TOPK_MASS: estimated attention-mass share to cover, in (0, 1]; default 0.9 */
     uint32_t topk_min_tokens;     /**< IKV_TOPK_MASS: fewest tokens a selection keeps (mandatory ones count); default 0 */
-    ikv_topk_score topk_score;    /**< what pages are ranked by: IKV_TOPK_SCORE_QUEST (default) or _HYBRID */
+    ikv_topk_score topk_score;    /**< what pages are ranked by: IKV_TOPK_SCORE_QUEST (default), _HYBRID or _KEYS */
     const ikv_query_memory *query_memory; /**< optional, with query-aware selection: see ikv_query_memory */
     ikv_page_feedback *feedback;  /**< optional: receives the mass each read page got (ikv_page_feedback) */
     /**
@@ -1467,7 +1493,7 @@ IKV_API ikv_decode_args ikv_decode_args_default_v3(void);
  * scored rows per kv-head with IKV_TOPK_SCORE_HYBRID (query heads, twice
  * with a query memory), a kv-group's queries larger than the device's
  * shared memory per block, more candidate pages than its top-k handles, a
- * query memory with more than 256 sequences),
+ * query memory with more than 256 sequences; IKV_TOPK_SCORE_KEYS),
  * IKV_E_STATE (a captured call that would have to grow the decoder's
  * buffers: see CUDA graphs above), IKV_E_DEVICE.
  */
@@ -1479,8 +1505,10 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
  * one page it read, the K and V rows plus that page's scales (per-channel K
  * scales of INT8/INT4 count once per run). With top-k selection the key
  * summaries' k_min and k_max it scores count too (4 * head_dim bytes per page
- * and kv-head, 6 * head_dim with k_mean under IKV_TOPK_SCORE_HYBRID: the CPU
- * scores the non-mandatory entries, CUDA every entry);
+ * and kv-head, 6 * head_dim with k_mean under IKV_TOPK_SCORE_HYBRID and
+ * IKV_TOPK_SCORE_KEYS: the CPU scores the non-mandatory entries, CUDA every
+ * entry); IKV_TOPK_SCORE_KEYS also counts its non-mandatory candidates' K
+ * rows and K scales (FP8 4 bytes, INT8 and INT4 4 * head_dim per entry);
  * on CUDA the selection never leaves the device, so the rows count as the
  * budget's tokens at the entries' mean row cost (an estimate; the CPU count
  * is exact). Errors: IKV_E_NULL.

@@ -212,6 +212,8 @@ typedef struct mass_rule {
     double share, scale;
     uint32_t min_tokens, max_tokens;
     int hybrid; /* IKV_TOPK_SCORE_HYBRID ranks (with or without the mass rule) */
+    int keys;   /* IKV_TOPK_SCORE_KEYS: hybrid candidates ranked again by their keys (set hybrid too) */
+    double softcap;
     /* A query memory's queries [q_head][D] (unscaled; NULL: none): `group` more rows per
      * kv-head whose scores count log(decay) lower in the scaled domain. */
     const double *mem_q;
@@ -241,6 +243,56 @@ static uint64_t mass_rule_budget(const mass_rule *m, const rank_item *rk, size_t
     if (tokens < m->min_tokens) tokens = m->min_tokens;
     if (m->max_tokens && tokens > m->max_tokens) tokens = m->max_tokens;
     return tokens;
+}
+
+/* IKV_TOPK_SCORE_KEYS' second pass, plainly (the header's ikv_topk_score):
+ * the candidates (rk's prefix that fits M + 2 * (budget - M), M the
+ * mandatory tokens taken) get s = log sum_r w_r exp(lse_r - Z_r) from the
+ * stored keys in float64; rk becomes them, ranked by s. Returns their count.
+ * Scores of neighbours in rank closer than 1e-4 could order either way in the
+ * library's float sums, so the test refuses such data (the seeds have none). */
+static size_t keys_rerank(const mass_rule *m, const stored_kv *s, uint32_t h, uint32_t H, uint32_t D, uint32_t group,
+                          uint32_t nrow, const void *q, ikv_dtype q_dtype, const uint32_t *eb, const uint32_t *ee,
+                          rank_item *rk, size_t nr, uint64_t taken, uint64_t budget) {
+    const uint64_t cb = budget > taken ? taken + 2 * (budget - taken) : budget;
+    size_t nc = 0;
+    for (uint64_t t = taken; nc < nr && t + (ee[rk[nc].index] - eb[rk[nc].index]) <= cb; ++nc)
+        t += ee[rk[nc].index] - eb[rk[nc].index];
+    double *lse = malloc((nc * nrow + 1) * sizeof *lse), *qr = malloc(D * sizeof *qr);
+    for (size_t c = 0; c < nc; ++c)
+        for (uint32_t r = 0; r < nrow; ++r) {
+            const uint32_t hq = h * group + r % group;
+            for (uint32_t d = 0; d < D; ++d)
+                qr[d] = m->scale * (r < group ? dtype_get(q, q_dtype, (size_t)hq * D + d) : m->mem_q[(size_t)hq * D + d]);
+            double mx = -INFINITY, sum = 0;
+            for (int pass = 0; pass < 2; ++pass)
+                for (uint32_t t = eb[rk[c].index]; t < ee[rk[c].index]; ++t) {
+                    double l = 0;
+                    for (uint32_t d = 0; d < D; ++d) l += qr[d] * s->k[((size_t)t * H + h) * D + d];
+                    if (m->softcap > 0) l = m->softcap * tanh(l / m->softcap);
+                    if (pass == 0) mx = l > mx ? l : mx;
+                    else sum += exp(l - mx);
+                }
+            lse[c * nrow + r] = mx + log(sum);
+        }
+    for (size_t c = 0; c < nc; ++c) rk[c].bound = 0;
+    for (uint32_t r = 0; r < nrow; ++r) {
+        double mx = -INFINITY, z = 0;
+        for (size_t c = 0; c < nc; ++c) mx = lse[c * nrow + r] > mx ? lse[c * nrow + r] : mx;
+        for (size_t c = 0; c < nc; ++c) z += exp(lse[c * nrow + r] - mx);
+        const double w = r < group ? 1.0 : m->decay;
+        for (size_t c = 0; c < nc; ++c) rk[c].bound += w * exp(lse[c * nrow + r] - mx - log(z));
+    }
+    for (size_t c = 0; c < nc; ++c) rk[c].bound = log(rk[c].bound);
+    qsort(rk, nc, sizeof *rk, cmp_rank);
+    for (size_t c = 0; c + 1 < nc; ++c)
+        if (rk[c].bound - rk[c + 1].bound < 1e-4) {
+            print_error("keys rerank: scores %.9g and %.9g too close for an exact test\n", rk[c].bound, rk[c + 1].bound);
+            fail();
+        }
+    free(lse);
+    free(qr);
+    return nc;
 }
 
 static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, const ikv_plan *plan,
@@ -332,6 +384,7 @@ static uint8_t *topk_selection(const ikv_pool *pool, ikv_seq_id seq, uint32_t la
         }
         qsort(rk, nr, sizeof *rk, cmp_rank);
         if (mass->on) budget = (uint32_t)mass_rule_budget(mass, rk, nr, eb, ee, taken);
+        if (mass->keys) nr = keys_rerank(mass, s, h, H, D, group, nrow, q, q_dtype, eb, ee, rk, nr, taken, budget);
         for (size_t j = 0; j < nr; ++j) {
             const size_t i = rk[j].index;
             if (taken + (ee[i] - eb[i]) > budget) break;
@@ -585,6 +638,7 @@ static void run_step(const step_cfg *c) {
     mass_rule mass = c->mass;
     mass.scale = scale;
     mass.max_tokens = c->topk;
+    mass.softcap = c->softcap;
     ikv_query_memory *memory = c->memory_turns ? remember_turns(f.pool, f.seq, c, nq, q, c->q_dtype, &rng, &mass) : NULL;
     uint8_t *sel = selective ? topk_selection(f.pool, f.seq, c->layer, plan, &s, c->length, c->H, c->D, c->P, nq, q,
                                               c->q_dtype, c->topk, &mass)
@@ -613,7 +667,7 @@ static void run_step(const step_cfg *c) {
         a.scale = c->scale;
         a.softcap = c->softcap;
         a.topk_token_budget = c->topk;
-        if (c->mass.hybrid) a.topk_score = IKV_TOPK_SCORE_HYBRID;
+        if (c->mass.hybrid) a.topk_score = c->mass.keys ? IKV_TOPK_SCORE_KEYS : IKV_TOPK_SCORE_HYBRID;
         a.query_memory = memory;
         if (c->mass.on) {
             a.topk_mode = IKV_TOPK_MASS;
@@ -893,6 +947,37 @@ static void test_topk_hybrid_score(void **state) {
             c.seed = 2900 + i * 2 + with_plan;
             run_step(&c);
         }
+}
+
+/* IKV_TOPK_SCORE_KEYS: hybrid candidates for twice the budget ranked again by
+ * their keys' attention share, with the fixed budget and the mass rule, a
+ * plan with mandatory pages, softcap, a query memory, GQA groups of 1-4,
+ * every format; the selection is the reference's exactly (and so the output
+ * and ikv_decoder_last_selection). */
+static void test_topk_keys_score(void **state) {
+    (void)state;
+    static const ikv_token_range ranges[] = {{0, 20}, {33, 140}, {150, 380}};
+    for (int i = 0; i < 10; ++i) {
+        step_cfg c = base_cfg();
+        c.length = 390;
+        c.H = 2;
+        c.group = 1u << (i % 3);
+        c.D = i % 4 == 1 ? 32 : 64;
+        c.q_sigma = 2.0f;
+        c.mass.hybrid = c.mass.keys = 1;
+        c.mass.on = i >= 6 && i < 8;
+        c.mass.share = 0.8;
+        c.topk = (const uint32_t[]){16, 32, 100, 160, 32, 80, 0, 120, 16, 96}[i];
+        c.softcap = i == 4 ? 8.0f : 0.0f;
+        c.routed = i == 5 || i == 9;
+        c.ranges = i == 2 || i == 7 ? ranges : NULL;
+        c.n_ranges = 3;
+        c.memory_turns = i == 8 || i == 9 ? 2 : 0;
+        c.memory_slots = 0;
+        c.fmt = (ikv_format)(i % IKV_FMT_COUNT);
+        c.seed = 5900 + (uint64_t)i;
+        run_step(&c);
+    }
 }
 
 /* Plans with mandatory pages (routed: ALWAYS and RECENT blocks): they are kept
@@ -1737,6 +1822,7 @@ int main(void) {
         cmocka_unit_test(test_topk_selection_whole_pages),
         cmocka_unit_test(test_topk_mass_selection),
         cmocka_unit_test(test_topk_hybrid_score),
+        cmocka_unit_test(test_topk_keys_score),
         cmocka_unit_test(test_topk_with_mandatory_pages),
         cmocka_unit_test(test_query_memory_selection),
         cmocka_unit_test(test_query_memory_errors),

@@ -438,6 +438,44 @@ static void test_query_memory_matches_cpu(void **state) {
     ikv_decoder_destroy(dec);
 }
 
+/* IKV_TOPK_SCORE_KEYS is built for CPU pools only: a CUDA pool refuses it
+ * with a sentence (top-k on) and writes nothing; with top-k off the score is
+ * not used and the step runs. */
+static void test_keys_score_refused(void **state) {
+    (void)state;
+    ikvt_rng rng = {0x4E4};
+    ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, IKV_FMT_F16), *gpu = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16);
+    ikv_seq_id sc, sg;
+    fill_both(cpu, gpu, &sc, &sg, 100, &rng);
+    const size_t n_out = (size_t)HQ * D;
+    float *q = malloc(4 * n_out), *out = malloc(4 * n_out);
+    ikvt_fill_normal(&rng, q, n_out, 1.0f);
+    void *dq = ikvt_dev_upload(q, 4 * n_out), *dout = ikvt_dev_upload(NULL, 4 * n_out);
+    assert_int_equal(ikvt_rt.memset_(dout, 0x5A, 4 * n_out), 0);
+    ikv_decoder *dec = two_thread_decoder();
+    ikv_decode_args a = ikv_decode_args_default();
+    a.n_seqs = 1;
+    a.seqs = &sg;
+    a.n_q_heads = HQ;
+    a.q = dq;
+    a.out = dout;
+    a.topk_score = IKV_TOPK_SCORE_KEYS;
+    a.topk_token_budget = 32;
+    IKVT_EXPECT_STATUS(ikv_decode(dec, gpu, &a), IKV_E_UNSUPPORTED, "IKV_TOPK_SCORE_KEYS");
+    assert_int_equal(ikvt_rt.sync_(), 0);
+    assert_int_equal(ikvt_rt.memcpy_(out, dout, 4 * n_out, IKVT_D2H), 0);
+    for (size_t i = 0; i < n_out; ++i)
+        if (memcmp(out + i, &(uint32_t){0x5A5A5A5Au}, 4) != 0) fail_msg("element %zu written by a refused call", i);
+    a.topk_token_budget = 0;
+    IKVT_OK(ikv_decode(dec, gpu, &a));
+    assert_int_equal(ikvt_rt.sync_(), 0);
+    ikvt_rt.free_(dq), ikvt_rt.free_(dout);
+    free(q), free(out);
+    ikv_decoder_destroy(dec);
+    ikv_pool_destroy(cpu);
+    ikv_pool_destroy(gpu);
+}
+
 /* Attention feedback on a CUDA pool: after dense, planned, top-k and causal
  * multi-token steps the averages equal the CPU pool's (every format; within
  * the step's tolerance: the device sums in fp32 from the lse its path
@@ -1120,6 +1158,7 @@ int main(void) {
     if (getenv("IKVT_TEST_FILTER")) cmocka_set_test_filter(getenv("IKVT_TEST_FILTER"));
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_cuda_pool_and_decode_match_cpu),
+        cmocka_unit_test(test_keys_score_refused),
         cmocka_unit_test(test_long_multi_token_step),
         cmocka_unit_test_setup_teardown(test_cuda_pool_and_decode_match_cpu_head_dim_32, use_head_dim_32,
                                         use_head_dim_128),

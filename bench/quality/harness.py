@@ -25,7 +25,9 @@ Methods (a budget is a share of the context's tokens, in whole pages):
   quest      query-aware top-k by Quest bound, no plan (IKV_TOPK_FIXED)
   hybrid     the same ranked by IKV_TOPK_SCORE_HYBRID (per-head shifted mean
              of the bound and the mean key's logit)
-  plan+quest / plan+hybrid   the plan routed at twice the budget, top-k within it
+  keys       IKV_TOPK_SCORE_KEYS: hybrid's best pages for twice the budget, ranked
+             again by their keys' attention share (reads those pages' keys)
+  plan+quest / plan+hybrid / plan+keys   the plan routed at twice the budget, top-k within it
   adaptive-0.9 / adaptive-0.95   IKV_TOPK_MASS (90% / 95% estimated mass) on
              hybrid scores, capped at the budget and floored at a quarter of it
 """
@@ -42,7 +44,7 @@ import intentkv as ikv  # noqa: E402
 
 PAGE = 16
 BUDGETS = (0.0625, 0.125, 0.25, 0.5)
-SCORES = {"quest": ikv.TopkScore.QUEST, "hybrid": ikv.TopkScore.HYBRID}
+SCORES = {"quest": ikv.TopkScore.QUEST, "hybrid": ikv.TopkScore.HYBRID, "keys": ikv.TopkScore.KEYS}
 
 
 @dataclass
@@ -207,10 +209,10 @@ def evaluate(case, methods, budgets=BUDGETS, checks=None, seed=1234, n_threads=0
                             out, runs, nbytes = run.decode(layer, h, ref)
                         elif method == "plan":
                             out, runs, nbytes = run.decode(layer, h, ref, plans=[plan_for(B)] * run.N)
-                        elif method in ("quest", "hybrid"):
+                        elif method in ("quest", "hybrid", "keys"):
                             out, runs, nbytes = run.decode(layer, h, ref, topk_token_budget=B,
                                                            topk_score=SCORES[method])
-                        elif method in ("plan+quest", "plan+hybrid"):
+                        elif method in ("plan+quest", "plan+hybrid", "plan+keys"):
                             out, runs, nbytes = run.decode(layer, h, ref, plans=[plan_for(2 * B)] * run.N,
                                                            topk_token_budget=B, topk_score=SCORES[method[5:]])
                         elif method.startswith("adaptive-"):

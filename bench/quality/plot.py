@@ -6,7 +6,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 STYLE = {"oracle": ("k", "-"), "random": ("0.6", ":"), "sinks+recent": ("tab:brown", "--"),
          "plan": ("tab:green", "--"), "quest": ("tab:blue", "-"), "hybrid": ("tab:orange", "-"),
-         "plan+quest": ("tab:purple", "-"), "plan+hybrid": ("tab:pink", "-"), "adaptive-0.9": ("tab:red", "-."),
+         "plan+quest": ("tab:purple", "-"), "plan+hybrid": ("tab:pink", "-"), "keys": ("tab:cyan", "-"),
+         "plan+keys": ("tab:gray", "-"), "adaptive-0.9": ("tab:red", "-."),
          "adaptive-0.95": ("tab:olive", "-.")}
 
 

@@ -22,8 +22,8 @@ import harness  # noqa: E402
 import synthetic  # noqa: E402
 import user_tensors  # noqa: E402
 
-METHODS = ("dense", "oracle", "random", "sinks+recent", "plan", "quest", "hybrid", "plan+quest", "plan+hybrid",
-           "adaptive-0.9", "adaptive-0.95")
+METHODS = ("dense", "oracle", "random", "sinks+recent", "plan", "quest", "hybrid", "keys", "plan+quest",
+           "plan+hybrid", "plan+keys", "adaptive-0.9", "adaptive-0.95")
 REAL_SETS = ("real-single", "real-multidoc-8k", "real-multidoc-32k")
 SYNTH_SETS = ("synth-32k", "synth-128k")
 SESSION_SETS = ("synth-revisit-32k", "synth-revisit-weak-32k", "session-feedback")  # sessions of steps (sessions.py)

@@ -107,7 +107,7 @@ class UserTensorsTest(unittest.TestCase):
         self.assertAlmostEqual(summary[("dense", 1.0)]["recall_mean"], 1.0, places=9)
         for budget in harness.BUDGETS:
             oracle = summary[("oracle", budget)]["recall_mean"]
-            for method in ("random", "sinks+recent", "quest", "hybrid", "adaptive-0.9"):
+            for method in ("random", "sinks+recent", "quest", "hybrid", "keys", "adaptive-0.9"):
                 self.assertLessEqual(summary[(method, budget)]["recall_mean"], oracle + 1e-9, (method, budget))
 
 

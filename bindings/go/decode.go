@@ -21,6 +21,7 @@ type TopkScore int
 const (
 	TopkQuest  TopkScore = C.IKV_TOPK_SCORE_QUEST
 	TopkHybrid TopkScore = C.IKV_TOPK_SCORE_HYBRID
+	TopkKeys   TopkScore = C.IKV_TOPK_SCORE_KEYS // hybrid candidates ranked again by their keys (CPU pools)
 )
 
 func (s TopkScore) String() string {
@@ -29,6 +30,8 @@ func (s TopkScore) String() string {
 		return "QUEST"
 	case TopkHybrid:
 		return "HYBRID"
+	case TopkKeys:
+		return "KEYS"
 	}
 	return fmt.Sprintf("TopkScore(%d)", int(s))
 }

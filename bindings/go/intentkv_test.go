@@ -171,6 +171,19 @@ func TestRouteAppendDecodeMatchesFloat64(t *testing.T) {
 	if n == 0 || n > 160 {
 		t.Fatalf("top-k read %d tokens for a budget of 160", n)
 	}
+	// Hybrid candidates ranked again by their keys: within the budget too.
+	if _, err := dec.Decode(pool, DecodeRequest{Layer: 1, Seqs: []uint32{seq}, Plans: []*Plan{plan}, QHeads: qHeads,
+		Q: q, TopkTokenBudget: 160, TopkScore: TopkKeys}); err != nil {
+		t.Fatal(err)
+	}
+	runs, _ = dec.LastSelection(0, 0)
+	n = 0
+	for _, r := range runs {
+		n += r.End - r.Begin
+	}
+	if n == 0 || n > 160 {
+		t.Fatalf("keys top-k read %d tokens for a budget of 160", n)
+	}
 }
 
 func TestErrorsCarryStatusAndSentenceAndChangeNothing(t *testing.T) {

@@ -65,8 +65,10 @@ ikv_status check_args(const ikv_pool *pool, const ikv_decode_args &a, ikv::ListM
     if (mode != IKV_TOPK_FIXED && mode != IKV_TOPK_MASS)
         return ikv::fail(IKV_E_INVALID, "%s: args->topk_mode %d is not IKV_TOPK_FIXED or IKV_TOPK_MASS", fn, mode);
     const int score = ikv::raw_enum(a.topk_score);
-    if (score != IKV_TOPK_SCORE_QUEST && score != IKV_TOPK_SCORE_HYBRID)
-        return ikv::fail(IKV_E_INVALID, "%s: args->topk_score %d is not IKV_TOPK_SCORE_QUEST or IKV_TOPK_SCORE_HYBRID",
+    if (score != IKV_TOPK_SCORE_QUEST && score != IKV_TOPK_SCORE_HYBRID && score != IKV_TOPK_SCORE_KEYS)
+        return ikv::fail(IKV_E_INVALID,
+                         "%s: args->topk_score %d is not IKV_TOPK_SCORE_QUEST, IKV_TOPK_SCORE_HYBRID or "
+                         "IKV_TOPK_SCORE_KEYS",
                          fn, score);
     if (a.query_memory != nullptr) {
         if (a.query_memory->pool != pool)

@@ -492,6 +492,9 @@ ikv_status check_limits(CudaDecoderState **state, ikv_pool *pool, const ikv_deco
     const CudaDecoderState &s = **state;
     // A query memory joins query-aware selection only (as on the CPU).
     const ikv_query_memory *memory = topk_enabled(a) ? a.query_memory : nullptr;
+    if (topk_enabled(a) && a.topk_score == IKV_TOPK_SCORE_KEYS)
+        return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_KEYS is not built for CUDA pools yet; a CPU pool runs it",
+                    kFn);
     if (topk_enabled(a)) {  // what the scoring kernels can take (checked before any device work)
         const uint32_t G = a.n_q_heads / Hkv, parts = a.topk_score == IKV_TOPK_SCORE_HYBRID ? 3 : 2;
         const uint32_t rows = memory ? 2 * G : G;  // a memory's recalled queries are scored as more rows

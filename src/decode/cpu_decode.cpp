@@ -121,7 +121,8 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
     const bool topk = topk_enabled(a);
     const TopkRule rule = topk_rule(a);
     const uint64_t n_all = S.entries.size();
-    const bool hybrid = a.topk_score == IKV_TOPK_SCORE_HYBRID;
+    const bool keys = a.topk_score == IKV_TOPK_SCORE_KEYS;        // hybrid candidates, ranked again from their keys
+    const bool hybrid = a.topk_score == IKV_TOPK_SCORE_HYBRID || keys;
     const ikv_query_memory *mem = topk ? a.query_memory : nullptr;
     // Scored query rows per (b, h): the group's heads at query token 0, then
     // with a query memory the memory's queries of the same heads.
@@ -189,6 +190,40 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             };
             threads.parallel_for(BH, prior);
         }
+        if (keys) {  // both passes of every (b, h), in parallel: the second reads the candidates' keys
+            if (S.keys_worker.size() < threads.size()) S.keys_worker.resize(threads.size());
+            S.keys_picked.resize(BH);
+            S.keys_bytes.assign(BH, 0);
+            const float softcap = a.softcap;
+            auto rerank = [&](std::size_t bh, unsigned w) {
+                const uint32_t b = uint32_t(bh) / H, h = uint32_t(bh) % H, lo = S.entry_lo[b], n = S.entry_lo[b + 1] - lo;
+                DecodeScratch::KeysWorker &K = S.keys_worker[w];
+                const Entry *in = S.entries.data() + lo;
+                const float *bounds = S.bounds.data() + h * n_all + lo;
+                // The rule's budget on the hybrid scores (a mass rule's too), then its candidates.
+                const uint64_t budget =
+                    rule.mass ? select_topk(in, n, bounds, rule, K.order, K.keep, K.candidates) : rule.budget;
+                uint64_t mandatory = 0;
+                for (uint32_t i = 0; i < n; ++i) mandatory += in[i].mandatory ? in[i].end - in[i].begin : 0;
+                TopkRule fixed;
+                fixed.budget = uint32_t(std::min<uint64_t>(keys_candidate_budget(budget, mandatory), UINT32_MAX));
+                select_topk(in, n, bounds, fixed, K.order, K.keep, K.candidates);
+                const uint32_t nc = uint32_t(K.candidates.size());
+                const float *halved = S.qsigns.data() + uint64_t(bh) * parts * ND + 2 * ND;  // hybrid's q / 2
+                K.q.resize(ND);
+                for (uint64_t e = 0; e < ND; ++e) K.q[e] = 2.0f * halved[e];
+                K.scores.resize(nc);
+                K.scratch.resize(key_scratch_floats(P, D, nc, n_rows));
+                const Entry *c = K.candidates.data();
+                key_share_scores(c, nc, snaps[b], shape, a.layer, h, K.q.data(), S.row_offset.data() + bh * n_rows,
+                                 n_rows, softcap, K.scores.data(), K.scratch.data());
+                for (uint32_t i = 0; i < nc; ++i)
+                    S.keys_bytes[bh] += c[i].mandatory ? 0 : key_read_bytes(snaps[b].pages[c[i].page].format, D, c[i].end - c[i].begin);
+                fixed.budget = uint32_t(std::min<uint64_t>(budget, UINT32_MAX));
+                select_topk(c, nc, K.scores.data(), fixed, K.order, K.keep, S.keys_picked[bh]);
+            };
+            threads.parallel_for(BH, rerank);
+        }
     }
 
     // ---- selection -> spans per (b, h) ----
@@ -204,9 +239,13 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             const Entry *use = S.entries.data() + lo;
             uint32_t count = n;
             if (topk) {
-                select_topk(use, n, S.bounds.data() + h * n_all + lo, rule, S.order, S.keep, S.picked);
-                use = S.picked.data();
-                count = uint32_t(S.picked.size());
+                const dvec<Entry> &picked = keys ? S.keys_picked[b * H + h] : S.picked;
+                if (keys)
+                    bytes += S.keys_bytes[b * H + h];
+                else
+                    select_topk(use, n, S.bounds.data() + h * n_all + lo, rule, S.order, S.keep, S.picked);
+                use = picked.data();
+                count = uint32_t(picked.size());
                 bytes += scored * (hybrid ? summary_hybrid_bytes(D) : summary_bound_bytes(D));
             }
             for (const Entry *e = use; e < use + count; ++e) {

@@ -33,6 +33,17 @@ struct DecodeScratch {
         uint32_t b, h, e0, e1;  // entries [e0, e1) of sequence b, kv-head h
     };
     dvec<BoundTask> bound_tasks;
+    // IKV_TOPK_SCORE_KEYS: per worker, the two passes' scratch; per (b, h),
+    // the selection and the bytes of the candidates' keys it read.
+    struct KeysWorker {
+        dvec<uint32_t> order;
+        dvec<uint8_t> keep;
+        dvec<Entry> candidates;
+        dvec<float> q, scores, scratch;
+    };
+    dvec<KeysWorker> keys_worker;
+    dvec<dvec<Entry>> keys_picked;
+    dvec<uint64_t> keys_bytes;
     dvec<SpanRef> spans;    // all spans, grouped by (b, h)
     dvec<uint64_t> span_lo; // [B*H + 1] offsets into spans
     struct Item {

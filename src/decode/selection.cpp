@@ -8,6 +8,7 @@
 #include "cpu/attn_kernel.hpp"
 #include "cpu/dispatch.hpp"
 #include "feedback/page_feedback.hpp"
+#include "pool/host_codec.hpp"
 
 namespace ikv {
 
@@ -157,8 +158,8 @@ void apply_feedback_prior(const Entry *entries, uint32_t n, const PageAverages *
     }
 }
 
-void select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, dvec<uint32_t> &order,
-                 dvec<uint8_t> &keep, dvec<Entry> &out) {
+uint64_t select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, dvec<uint32_t> &order,
+                     dvec<uint8_t> &keep, dvec<Entry> &out) {
     order.clear();
     uint64_t taken = 0;
     for (uint32_t i = 0; i < n; ++i) {
@@ -210,6 +211,65 @@ void select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRul
     out.clear();
     for (uint32_t i = 0; i < n; ++i)
         if (keep[i]) out.push_back(in[i]);
+    return budget;
+}
+
+void key_share_scores(const Entry *in, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
+                      uint32_t head, const float *q, const float *w_log, uint32_t n_rows, float softcap, float *scores,
+                      float *scratch) {
+    const uint32_t D = shape.head_dim, P = shape.page_size;
+    float *keys = scratch, *lse = scratch + uint64_t(P) * D;  // one entry's K rows; [n][n_rows] log sums
+    for (uint32_t i = 0; i < n; ++i) {
+        if (in[i].mandatory) continue;
+        const PageRef &ref = snap.pages[in[i].page];
+        const uint32_t t0 = in[i].begin - in[i].page * P, nt = in[i].end - in[i].begin;
+        dequant_rows(ref.format, P, D, ref.base + subpage_offset(shape, ref.format, layer, head), 0, t0, nt, keys, D);
+        for (uint32_t r = 0; r < n_rows; ++r) {
+            const float *qr = q + uint64_t(r) * D;
+            double m = -INFINITY, sum = 0.0;  // running max and sum of exp(logit - max)
+            for (uint32_t t = 0; t < nt; ++t) {
+                float l = 0.0f;
+                for (uint32_t d = 0; d < D; ++d) l += qr[d] * keys[uint64_t(t) * D + d];
+                const double x = softcap > 0.0f ? double(softcap) * std::tanh(double(l) / softcap) : double(l);
+                if (!(x == x)) {
+                    m = x;  // a NaN logit makes the entry's score NaN (ranked last)
+                    break;
+                }
+                if (x > m) sum = sum * std::exp(m - x) + 1.0, m = x;
+                else sum += std::exp(x - m);
+            }
+            lse[uint64_t(i) * n_rows + r] = float(m + std::log(sum));  // -inf + log(0): -inf; NaN stays NaN
+        }
+    }
+    float *z_log = lse + uint64_t(n) * n_rows;  // [n_rows] Z_r
+    for (uint32_t r = 0; r < n_rows; ++r) {
+        double m = -INFINITY, sum = 0.0;
+        for (uint32_t i = 0; i < n; ++i) {
+            const double x = in[i].mandatory ? -INFINITY : double(lse[uint64_t(i) * n_rows + r]);
+            if (!(x > -INFINITY)) continue;  // -inf adds nothing; NaN is the entry's own (below)
+            if (x > m) sum = sum * std::exp(m - x) + 1.0, m = x;
+            else sum += std::exp(x - m);
+        }
+        z_log[r] = float(m + std::log(sum));  // -inf when no candidate has a number
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+        if (in[i].mandatory) {
+            scores[i] = -INFINITY;
+            continue;
+        }
+        double share = 0.0;
+        for (uint32_t r = 0; r < n_rows; ++r) {
+            if (w_log[r] == -INFINITY || z_log[r] == -INFINITY) continue;
+            const double x = double(lse[uint64_t(i) * n_rows + r]);
+            share += x == -INFINITY ? 0.0 : std::exp(double(w_log[r]) + x - double(z_log[r]));  // NaN propagates
+        }
+        scores[i] = float(std::log(share));  // log(0) = -inf: no share at all
+    }
+}
+
+uint64_t key_read_bytes(ikv_format f, uint32_t D, uint32_t tokens) {
+    const uint64_t scales = f == IKV_FMT_FP8_E4M3 ? 4 : f == IKV_FMT_INT8 || f == IKV_FMT_INT4 ? 4ull * D : 0;
+    return row_bytes(f, D) * tokens + scales;
 }
 
 }  // namespace ikv

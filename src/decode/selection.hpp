@@ -87,8 +87,41 @@ inline bool topk_enabled(const ikv_decode_args &a) { return a.topk_token_budget 
 // first that does not fit. The budget is rule.budget, or with rule.mass the
 // one the estimated mass share asks for (mass_budget). The result is in page
 // order. order and keep are scratch, reused across calls.
-void select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, dvec<uint32_t> &order,
-                 dvec<uint8_t> &keep, dvec<Entry> &out);
+// Returns the budget it selected under.
+uint64_t select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, dvec<uint32_t> &order,
+                     dvec<uint8_t> &keep, dvec<Entry> &out);
+
+// IKV_TOPK_SCORE_KEYS' first pass takes candidates for this many times the
+// budget's non-mandatory tokens (bench/RESULTS.md section 6w measured 2 and 4).
+constexpr uint64_t kKeysCandidateFactor = 2;
+
+// The first pass's budget for a selection whose budget is `budget`, of which
+// `mandatory` tokens are mandatory entries'.
+inline uint64_t keys_candidate_budget(uint64_t budget, uint64_t mandatory) {
+    return budget > mandatory ? mandatory + kKeysCandidateFactor * (budget - mandatory) : budget;
+}
+
+// IKV_TOPK_SCORE_KEYS' second pass for one (sequence, kv-head): each
+// non-mandatory entry i of the candidates in[0, n) scored from its keys
+// (dequantized as the decode reads them): for each row r of q (n_rows rows
+// of head_dim floats, scaled as for attention) lse_r(i) = log sum over the
+// entry's tokens of exp(logit), the logit softcapped when softcap > 0; then
+// scores[i] = log sum_r exp(w_log[r] + lse_r(i) - Z_r), Z_r = log sum over
+// the non-mandatory candidates of exp(lse_r(j)): the entry's share of each
+// row's attention over the candidates, summed with weights exp(w_log[r])
+// (-inf: a row that does not count). Mandatory entries get -inf. Sums in
+// double. scratch: key_scratch_floats(...) floats. No allocation.
+void key_share_scores(const Entry *in, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
+                      uint32_t head, const float *q, const float *w_log, uint32_t n_rows, float softcap, float *scores,
+                      float *scratch);
+
+inline uint64_t key_scratch_floats(uint32_t page_size, uint32_t head_dim, uint32_t n, uint32_t n_rows) {
+    return uint64_t(page_size) * head_dim + uint64_t(n) * n_rows + n_rows;
+}
+
+// Bytes key_share_scores reads of an entry of `tokens` tokens of a page in
+// format f: the K rows and K's scales.
+uint64_t key_read_bytes(ikv_format f, uint32_t D, uint32_t tokens);
 
 // IKV_TOPK_MASS's budget: mandatory tokens plus the tokens of the shortest
 // prefix of `order` (candidates by bound, descending) whose weights

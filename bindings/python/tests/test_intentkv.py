@@ -93,6 +93,19 @@ class RoundTripTest(unittest.TestCase):
             picked = [t for b, e in decoder.last_selection(0, 0) for t in range(b, e)]
             mandatory = {t for p in plan.pages() if p.flags & 1 for t in range(p.token_begin, p.token_end)}
             self.assertTrue(mandatory <= set(picked) <= set(tokens))
+            # Hybrid candidates ranked again by their keys: within the plan and the budget, and the
+            # candidates' keys count as bytes read beyond a hybrid step's.
+            budget = len(mandatory) + 64
+            decoder.decode(pool, [seq], q, N_Q_HEADS, layer=layer, plans=[plan], topk_token_budget=budget,
+                           topk_score=ikv.TopkScore.HYBRID)
+            hybrid_bytes = decoder.last_bytes_read()
+            decoder.decode(pool, [seq], q, N_Q_HEADS, layer=layer, plans=[plan], topk_token_budget=budget,
+                           topk_score=ikv.TopkScore.KEYS)
+            for h in range(N_KV_HEADS):
+                picked = [t for b, e in decoder.last_selection(0, h) for t in range(b, e)]
+                self.assertTrue(mandatory <= set(picked) <= set(tokens))
+                self.assertLessEqual(len(picked), budget)
+            self.assertGreater(decoder.last_bytes_read(), hybrid_bytes)
             ref = reference_attention(q, k_read, v_read, tokens, N_Q_HEADS, N_KV_HEADS, HEAD_DIM)
             num = math.sqrt(sum((a - b) ** 2 for a, b in zip(out, ref)))
             den = math.sqrt(sum(b * b for b in ref))

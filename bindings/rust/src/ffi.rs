@@ -40,6 +40,7 @@ pub const IKV_TOPK_MASS: ikv_topk_mode = 1;
 pub type ikv_topk_score = c_int;
 pub const IKV_TOPK_SCORE_QUEST: ikv_topk_score = 0;
 pub const IKV_TOPK_SCORE_HYBRID: ikv_topk_score = 1;
+pub const IKV_TOPK_SCORE_KEYS: ikv_topk_score = 2;
 pub const IKV_DTYPE_F32: ikv_dtype = 0;
 pub const IKV_DTYPE_F16: ikv_dtype = 1;
 pub const IKV_DTYPE_BF16: ikv_dtype = 2;
