@@ -1314,8 +1314,10 @@ typedef enum ikv_topk_mode {
  * the candidates' keys give each page its true share (for one query head,
  * the same ranking as the best choice within the candidates), at the cost of
  * reading the candidates' K rows: ikv_decoder_last_bytes_read counts them,
- * and bench/RESULTS.md section 6w measures recall and bytes. CPU pools only
- * in this version (a CUDA pool returns IKV_E_UNSUPPORTED).
+ * and bench/RESULTS.md section 6w measures recall, bytes and time. On a CUDA
+ * pool both passes run on the device (kernels/keys_rerank.cu) for at most 16
+ * scored rows per kv-head; the logits are summed in another order there, so
+ * candidates whose scores differ by rounding can rank the other way.
  */
 typedef enum ikv_topk_score {
     IKV_TOPK_SCORE_QUEST = 0,
@@ -1493,7 +1495,8 @@ IKV_API ikv_decode_args ikv_decode_args_default_v3(void);
  * scored rows per kv-head with IKV_TOPK_SCORE_HYBRID (query heads, twice
  * with a query memory), a kv-group's queries larger than the device's
  * shared memory per block, more candidate pages than its top-k handles, a
- * query memory with more than 256 sequences; IKV_TOPK_SCORE_KEYS),
+ * query memory with more than 256 sequences; IKV_TOPK_SCORE_KEYS with more
+ * than 16 scored rows per kv-head),
  * IKV_E_STATE (a captured call that would have to grow the decoder's
  * buffers: see CUDA graphs above), IKV_E_DEVICE.
  */
@@ -1510,8 +1513,9 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
  * entry); IKV_TOPK_SCORE_KEYS also counts its non-mandatory candidates' K
  * rows and K scales (FP8 4 bytes, INT8 and INT4 4 * head_dim per entry);
  * on CUDA the selection never leaves the device, so the rows count as the
- * budget's tokens at the entries' mean row cost (an estimate; the CPU count
- * is exact). Errors: IKV_E_NULL.
+ * budget's tokens at the entries' mean row cost, and IKV_TOPK_SCORE_KEYS'
+ * candidates' keys as half that cost for twice the budget's tokens (an
+ * estimate; the CPU count is exact). Errors: IKV_E_NULL.
  */
 IKV_API ikv_status ikv_decoder_last_bytes_read(const ikv_decoder *decoder, uint64_t *bytes_out);
 

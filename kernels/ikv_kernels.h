@@ -261,6 +261,11 @@ struct TopkParams {
     // decode/selection.cpp's apply_feedback_prior does on the CPU.
     const float *prior;
     const uint32_t *prior_on;
+    // IKV_TOPK_SCORE_KEYS' first pass: > 1 makes the select kernel take
+    // candidates for M + candidate_factor * (budget - M) tokens (M: the
+    // mandatory tokens; budget > M), as decode/selection.hpp's
+    // keys_candidate_budget does; 0 or 1: the budget itself.
+    uint32_t candidate_factor;
 };
 
 // The device copies of a query memory for the sequences of one call
@@ -296,6 +301,44 @@ constexpr uint64_t mem_block_header_bytes(uint32_t n_layers) { return (uint64_t(
 // cosines, as ikv_query_memory::recall does on the host.
 cudaError_t launch_score_topk(const TopkParams &p, const MemoryRecall *mem, cudaStream_t stream);
 constexpr uint32_t kMaxHybridGroup = 256;  // score rows per kv-head (query heads, with a memory twice) the hybrid shift handles
+
+// The select kernel of launch_score_topk alone, on p.scores as they are: for
+// candidates listed per (seq, kv-head) (p.candidates.list_heads n_kv_heads,
+// stride p.max_candidates), as IKV_TOPK_SCORE_KEYS' second pass selects. No
+// hybrid combine, no prior; p.budgets (when set) read as they are.
+cudaError_t launch_topk_select(const TopkParams &p, cudaStream_t stream);
+
+// IKV_TOPK_SCORE_KEYS' second pass (kernels/keys_rerank.cu): each
+// non-mandatory entry of the first pass's lists (candidates, list_heads
+// n_kv_heads) scored from its keys: scores[bh * candidates.stride + i] =
+// log sum_r w_r exp(lse_r(i) - Z_r) over the scored rows r (the group's
+// query heads at query token 0, scaled by scale, logits softcapped; then,
+// where mem_ok[bh], the memory's recalled rows mem_rows (unscaled, as
+// TopkParams::mem_rows) with log w_r = mem_log_weight, else w_r = 1),
+// lse_r(i) the log-sum-exp of the entry's logits, Z_r that over the
+// non-mandatory candidates; mandatory entries -inf. lse: device scratch
+// [n_seqs * n_kv_heads][candidates.stride][lse_rows], lse_rows >= the
+// scored rows (<= kMaxKeysRows).
+constexpr uint32_t kMaxKeysRows = 16;
+struct KeysRerankParams {
+    PageShape shape;
+    uint32_t layer;
+    uint32_t n_seqs;
+    uint32_t n_q_heads;
+    uint32_t n_query_tokens;
+    const void *q;
+    ikv_dtype q_dtype;
+    float scale;
+    float softcap;
+    DevLists candidates;
+    const float *mem_rows;   // nullptr: no memory
+    const uint32_t *mem_ok;
+    float mem_log_weight;    // log(decay)
+    float *lse;
+    uint32_t lse_rows;
+    float *scores;
+};
+cudaError_t launch_keys_rerank(const KeysRerankParams &p, cudaStream_t stream);
 
 // ------------------------------------------------------ quantize-on-write --
 // Quantize one layer of a page from fp32 rows in device memory: k, v are

@@ -931,9 +931,10 @@ __global__ void __launch_bounds__(kSelectThreads, C == 1 ? 2 : 1)
     const uint32_t head = blockIdx.x / C, seq = blockIdx.y, Hkv = p.shape.n_kv_heads;
     pdl_wait();  // the scores are complete and visible
     pdl_launch_dependents();  // the decode's CTAs may take the slots these few blocks leave free
-    const uint32_t count_all = p.candidates.counts[seq], per = (count_all + C - 1) / C;
+    const uint32_t list = p.candidates.list_heads > 1 ? seq * Hkv + head : seq;  // per sequence, or per (seq, head)
+    const uint32_t count_all = p.candidates.counts[list], per = (count_all + C - 1) / C;
     const uint32_t lo = min(Team::rank() * per, count_all), count = min(lo + per, count_all) - lo;
-    const DevPage *cand = p.candidates.pages + uint64_t(seq) * p.candidates.stride + lo;
+    const DevPage *cand = p.candidates.pages + uint64_t(list) * p.candidates.stride + lo;
     const float *scores = p.scores + (uint64_t(seq) * Hkv + head) * p.max_candidates + lo;
     const uint32_t tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
 
@@ -985,7 +986,11 @@ __global__ void __launch_bounds__(kSelectThreads, C == 1 ? 2 : 1)
     Team::sync();
     // Tokens left for non-mandatory pages (negative: none fits), in every thread.
     const uint32_t budget = p.budgets ? p.budgets[uint64_t(seq) * Hkv + head] : p.token_budget;
-    const int64_t rem0 = int64_t(budget) - int64_t(Team::sum(&mand_sh, false));
+    const uint64_t mand = Team::sum(&mand_sh, false);
+    // IKV_TOPK_SCORE_KEYS' first pass: candidates for M + factor * (budget - M) tokens.
+    const uint64_t wanted = p.candidate_factor > 1 && budget > mand ? mand + uint64_t(p.candidate_factor) * (budget - mand)
+                                                                    : uint64_t(budget);
+    const int64_t rem0 = int64_t(wanted) - int64_t(mand);
     if (tid == 0) rem_sh = rem0;  // find_digit's running copy (read after the next barrier)
     // Radix select over the 32-bit key, MSB first: keys < lim are all taken; keys == tie are taken in
     // candidate order while they fit. Every block of the team finds the same digits from the same
@@ -1200,6 +1205,14 @@ cudaError_t launch_score(const TopkParams &p, const MemoryRecall *mem, bool fuse
                     : launch_score<D, false>(p, mem, false, false, stream);
 }
 
+// The one-block select kernel (fused_rows: see select_kernel).
+cudaError_t launch_select(const TopkParams &p, uint32_t npad, uint32_t fused_rows, cudaStream_t stream) {
+    const cudaError_t err = allow_select_smem();
+    if (err != cudaSuccess) return err;
+    return launch_pdl(select_kernel<1>, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kSelectThreads), size_t(npad * 6),
+                      stream, p, npad, fused_rows);
+}
+
 }  // namespace
 
 cudaError_t launch_score_topk(const TopkParams &p, const MemoryRecall *mem, cudaStream_t stream) {
@@ -1231,10 +1244,16 @@ cudaError_t launch_score_topk(const TopkParams &p, const MemoryRecall *mem, cuda
                          dim3(p.shape.n_kv_heads * kSelectCluster, p.n_seqs), dim3(kSelectThreads),
                          size_t(share * 6), stream, p, share, 0u);
     }
-    err = allow_select_smem();
-    if (err != cudaSuccess) return err;
-    return launch_pdl(select_kernel<1>, dim3(p.shape.n_kv_heads, p.n_seqs), dim3(kSelectThreads), size_t(npad * 6),
-                      stream, p, npad, fuse ? rows : 0u);
+    return launch_select(p, npad, fuse ? rows : 0u, stream);
+}
+
+cudaError_t launch_topk_select(const TopkParams &p, cudaStream_t stream) {
+    if (p.max_candidates == 0 || p.max_candidates > kMaxTopkCandidates ||
+        p.candidates.list_heads != p.shape.n_kv_heads || p.candidates.stride != p.max_candidates || p.prior != nullptr)
+        return cudaErrorInvalidValue;
+    uint32_t npad = 1;
+    while (npad < p.max_candidates) npad <<= 1;
+    return launch_select(p, npad, 0u, stream);
 }
 
 }  // namespace cuda

@@ -10,7 +10,9 @@
  * sequence b: exactly a quarter, scattered); "topk25": device Quest top-k to
  * a quarter of the tokens; "-graph": the same step captured (global mode)
  * after one eager call and replayed; "hyb25" / "hyb25-mem": top-k on the
- * hybrid score without / with a query memory of 4 ended turns;
+ * hybrid score without / with a query memory of 4 ended turns; "keys25":
+ * IKV_TOPK_SCORE_KEYS (hybrid candidates for half the tokens, ranked again
+ * by their keys);
  * "dense-feedback": dense with attention feedback (the call waits for it).
  * Prints `RESULT <B> <ctx> <column> <ms>` lines (read by peer_table.py) and
  * the K/V bytes each column reads. Not a CTest test: run by the device
@@ -175,6 +177,9 @@ static void test_api_table(void **state) {
                  * memory of 4 ended turns per sequence (recall + twice the scored rows). */
                 a.topk_score = IKV_TOPK_SCORE_HYBRID;
                 time_column(dec, pool, &a, stream, B, ctx, "hyb25", 0);
+                a.topk_score = IKV_TOPK_SCORE_KEYS; /* hybrid candidates for 50%, ranked again by their keys */
+                time_column(dec, pool, &a, stream, B, ctx, "keys25", 0);
+                a.topk_score = IKV_TOPK_SCORE_HYBRID;
                 ikv_query_memory_config mc = ikv_query_memory_default_config();
                 mc.n_q_heads = HQ;
                 ikv_query_memory *mem = NULL;

@@ -161,7 +161,7 @@ typedef struct {
     const ikv_plan *plan;
     uint32_t topk;
     ikv_dtype q_dtype; /* F32 or F16 (q must then hold f16-representable values) */
-    int hybrid;        /* top-k ranks by IKV_TOPK_SCORE_HYBRID */
+    int hybrid;        /* top-k ranks by IKV_TOPK_SCORE_HYBRID (2: IKV_TOPK_SCORE_KEYS) */
     int mass;          /* IKV_TOPK_MASS at share 0.8, 2: at share 1 (topk: the cap; 0 = none) */
     const ikv_query_memory *mem_cpu, *mem_gpu; /* query memories of the two pools (optional) */
     ikv_page_feedback *fb_cpu, *fb_gpu;        /* attention feedback of the two pools (optional) */
@@ -229,7 +229,7 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     a.q_dtype = cfg.q_dtype == IKV_DTYPE_F16 ? IKV_DTYPE_F16 : IKV_DTYPE_F32;
     a.out_dtype = IKV_DTYPE_F32;
     a.topk_token_budget = cfg.topk;
-    a.topk_score = cfg.hybrid ? IKV_TOPK_SCORE_HYBRID : IKV_TOPK_SCORE_QUEST;
+    a.topk_score = cfg.hybrid == 2 ? IKV_TOPK_SCORE_KEYS : cfg.hybrid ? IKV_TOPK_SCORE_HYBRID : IKV_TOPK_SCORE_QUEST;
     a.topk_feedback_weight = cfg.prior;
     if (cfg.mass) {
         a.topk_mode = IKV_TOPK_MASS;
@@ -307,19 +307,21 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
          * each compute path through IKV_CUDA_DECODE_COMPUTE). */
         /* Variants 8-9: top-k by IKV_TOPK_SCORE_HYBRID, dense and inside the plan;
          * 10-11: IKV_TOPK_MASS (Quest capped, hybrid uncapped inside the plan);
-         * 12-13: the same at mass share 1 (the device takes its threshold from double sums there). */
-        for (int variant = 0; variant < 14; ++variant) {
-            step_cfg cfg = {variant % 4 == 1 && variant < 8 ? 3u : 1u, NULL, 0,
-                            variant < 4 || variant == 8 || variant == 10 || variant == 12 ? IKV_DTYPE_F32 : IKV_DTYPE_F16,
-                            variant == 8 || variant == 9 || variant == 11 || variant == 13,
-                            variant >= 12 ? 2 : variant >= 10, NULL, NULL, NULL, NULL, 0.0f};
+         * 12-13: the same at mass share 1 (the device takes its threshold from double sums there);
+         * 14-17: IKV_TOPK_SCORE_KEYS as 8-11 (the mass rule's budget, both hybrid). */
+        for (int variant = 0; variant < 18; ++variant) {
+            const int v = variant >= 14 ? variant - 6 : variant;  /* the keys variants' shape */
+            step_cfg cfg = {v % 4 == 1 && v < 8 ? 3u : 1u, NULL, 0,
+                            v < 4 || v == 8 || v == 10 || v == 12 ? IKV_DTYPE_F32 : IKV_DTYPE_F16,
+                            variant >= 14 ? 2 : v == 8 || v == 9 || v == 11 || v == 13,
+                            v >= 12 ? 2 : v >= 10, NULL, NULL, NULL, NULL, 0.0f};
             ikv_plan *plan = NULL;
             ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
-            if (variant % 4 == 2 || variant == 9 || variant == 11 || variant == 13) {
+            if (v % 4 == 2 || v == 9 || v == 11 || v == 13) {
                 IKVT_OK(ikv_plan_from_ranges(ranges, 3, 97, P, fmts[fi], &plan));
                 cfg.plan = plan;
             }
-            if (variant % 4 == 3 || (variant >= 8 && variant != 11 && variant != 13)) cfg.topk = variant == 9 ? 40 : 64;
+            if (v % 4 == 3 || (v >= 8 && v != 11 && v != 13)) cfg.topk = v == 9 ? 40 : 64;
             const size_t n_out = (size_t)B * cfg.T * HQ * D;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * cfg.T * HQ);
             ikvt_fill_normal(&rng, q, n_out, 1.0f);
@@ -403,8 +405,9 @@ static void test_query_memory_matches_cpu(void **state) {
                 IKVT_OK(ikv_query_memory_end_turn(mem_cpu, sc[0]));
                 IKVT_OK(ikv_query_memory_end_turn(mem_gpu, sg[0]));
                 ikvt_fill_normal(&rng, q, n_out, 1.0f);
-                for (int kind = 0; kind < 3; ++kind) { /* Quest top-k, hybrid top-k, IKV_TOPK_MASS (hybrid) */
-                    step_cfg cfg = {1, NULL, kind == 2 ? 0u : 64u, IKV_DTYPE_F32, kind >= 1, kind == 2, NULL, NULL, NULL, NULL, 0.0f};
+                for (int kind = 0; kind < 4; ++kind) { /* Quest top-k, hybrid top-k, IKV_TOPK_MASS (hybrid), keys */
+                    step_cfg cfg = {1, NULL, kind == 2 ? 0u : 64u, IKV_DTYPE_F32, kind == 3 ? 2 : kind >= 1, kind == 2,
+                                    NULL, NULL, NULL, NULL, 0.0f};
                     const double tol = step_tol(1, IKV_DTYPE_F32);
                     double e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
                     if (!(e <= tol)) fail_msg("memory off, kind %d: rel L2 %.3g vs CPU", kind, e);
@@ -438,16 +441,18 @@ static void test_query_memory_matches_cpu(void **state) {
     ikv_decoder_destroy(dec);
 }
 
-/* IKV_TOPK_SCORE_KEYS is built for CPU pools only: a CUDA pool refuses it
- * with a sentence (top-k on) and writes nothing; with top-k off the score is
- * not used and the step runs. */
-static void test_keys_score_refused(void **state) {
+/* IKV_TOPK_SCORE_KEYS on a CUDA pool scores at most 16 rows per kv-head: 17
+ * query heads per kv-head are refused with a sentence and write nothing
+ * (a CPU pool runs them); with top-k off the score is not used and the step
+ * runs. */
+static void test_keys_score_limits(void **state) {
     (void)state;
     ikvt_rng rng = {0x4E4};
     ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, IKV_FMT_F16), *gpu = make_pool(IKV_BACKEND_CUDA, IKV_FMT_F16);
     ikv_seq_id sc, sg;
     fill_both(cpu, gpu, &sc, &sg, 100, &rng);
-    const size_t n_out = (size_t)HQ * D;
+    const uint32_t nq = 17 * HKV;
+    const size_t n_out = (size_t)nq * D;
     float *q = malloc(4 * n_out), *out = malloc(4 * n_out);
     ikvt_fill_normal(&rng, q, n_out, 1.0f);
     void *dq = ikvt_dev_upload(q, 4 * n_out), *dout = ikvt_dev_upload(NULL, 4 * n_out);
@@ -456,7 +461,7 @@ static void test_keys_score_refused(void **state) {
     ikv_decode_args a = ikv_decode_args_default();
     a.n_seqs = 1;
     a.seqs = &sg;
-    a.n_q_heads = HQ;
+    a.n_q_heads = nq;
     a.q = dq;
     a.out = dout;
     a.topk_score = IKV_TOPK_SCORE_KEYS;
@@ -466,6 +471,13 @@ static void test_keys_score_refused(void **state) {
     assert_int_equal(ikvt_rt.memcpy_(out, dout, 4 * n_out, IKVT_D2H), 0);
     for (size_t i = 0; i < n_out; ++i)
         if (memcmp(out + i, &(uint32_t){0x5A5A5A5Au}, 4) != 0) fail_msg("element %zu written by a refused call", i);
+    a.seqs = &sc; /* the CPU pool runs it (host buffers) */
+    a.q = q;
+    a.out = out;
+    IKVT_OK(ikv_decode(dec, cpu, &a));
+    a.seqs = &sg;
+    a.q = dq;
+    a.out = dout;
     a.topk_token_budget = 0;
     IKVT_OK(ikv_decode(dec, gpu, &a));
     assert_int_equal(ikvt_rt.sync_(), 0);
@@ -1158,7 +1170,7 @@ int main(void) {
     if (getenv("IKVT_TEST_FILTER")) cmocka_set_test_filter(getenv("IKVT_TEST_FILTER"));
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_cuda_pool_and_decode_match_cpu),
-        cmocka_unit_test(test_keys_score_refused),
+        cmocka_unit_test(test_keys_score_limits),
         cmocka_unit_test(test_long_multi_token_step),
         cmocka_unit_test_setup_teardown(test_cuda_pool_and_decode_match_cpu_head_dim_32, use_head_dim_32,
                                         use_head_dim_128),

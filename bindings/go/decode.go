@@ -21,7 +21,7 @@ type TopkScore int
 const (
 	TopkQuest  TopkScore = C.IKV_TOPK_SCORE_QUEST
 	TopkHybrid TopkScore = C.IKV_TOPK_SCORE_HYBRID
-	TopkKeys   TopkScore = C.IKV_TOPK_SCORE_KEYS // hybrid candidates ranked again by their keys (CPU pools)
+	TopkKeys   TopkScore = C.IKV_TOPK_SCORE_KEYS // hybrid candidates ranked again by their keys
 )
 
 func (s TopkScore) String() string {

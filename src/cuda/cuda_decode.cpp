@@ -492,12 +492,13 @@ ikv_status check_limits(CudaDecoderState **state, ikv_pool *pool, const ikv_deco
     const CudaDecoderState &s = **state;
     // A query memory joins query-aware selection only (as on the CPU).
     const ikv_query_memory *memory = topk_enabled(a) ? a.query_memory : nullptr;
-    if (topk_enabled(a) && a.topk_score == IKV_TOPK_SCORE_KEYS)
-        return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_KEYS is not built for CUDA pools yet; a CPU pool runs it",
-                    kFn);
     if (topk_enabled(a)) {  // what the scoring kernels can take (checked before any device work)
-        const uint32_t G = a.n_q_heads / Hkv, parts = a.topk_score == IKV_TOPK_SCORE_HYBRID ? 3 : 2;
+        const uint32_t G = a.n_q_heads / Hkv, parts = a.topk_score != IKV_TOPK_SCORE_QUEST ? 3 : 2;
         const uint32_t rows = memory ? 2 * G : G;  // a memory's recalled queries are scored as more rows
+        if (a.topk_score == IKV_TOPK_SCORE_KEYS && rows > cuda::kMaxKeysRows)
+            return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_KEYS on a CUDA pool handles at most %u scored rows "
+                        "per kv-head (query heads, twice with a query memory), the call has %u", kFn,
+                        cuda::kMaxKeysRows, rows);
         const uint64_t qbytes = uint64_t(rows) * D * 4 * parts;
         if (parts == 3 && rows > cuda::kMaxHybridGroup)
             return fail(IKV_E_UNSUPPORTED, "%s: IKV_TOPK_SCORE_HYBRID on a CUDA pool handles at most %u scored rows "
@@ -618,7 +619,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint64_t off_scores = 0;
     const uint64_t off_sel = off_scores + (topk ? align256(4ull * B * Hkv * stride) : 0);
     const uint64_t off_selc = off_sel + (topk ? align256(uint64_t(B) * Hkv * stride * sizeof(cuda::DevPage)) : 0);
-    const bool hybrid = topk && a.topk_score == IKV_TOPK_SCORE_HYBRID;
+    const bool keys = topk && a.topk_score == IKV_TOPK_SCORE_KEYS;  // hybrid candidates, ranked again by their keys
+    const bool hybrid = topk && (a.topk_score == IKV_TOPK_SCORE_HYBRID || keys);
     const uint32_t group = a.n_q_heads / Hkv;
     const uint64_t off_rows = off_selc + (topk ? align256(4ull * B * Hkv) : 0);
     const uint32_t score_rows = memory ? 2 * group : group;
@@ -635,7 +637,11 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     // The feedback prior of top-k: each candidate's log(weight * ema), then per (sequence, kv-head) whether fed back.
     const bool prior = topk && feedback && a.topk_feedback_weight > 0.0f;
     const uint64_t off_prior_on = off_prior + (prior ? align256(4ull * B * Hkv * stride) : 0);
-    const uint64_t off_ws = off_prior_on + (prior ? align256(4ull * B * Hkv) : 0);
+    // IKV_TOPK_SCORE_KEYS: the first pass's lists and counts, each candidate's per-row lse.
+    const uint64_t off_cand = off_prior_on + (prior ? align256(4ull * B * Hkv) : 0);
+    const uint64_t off_candc = off_cand + (keys ? align256(uint64_t(B) * Hkv * stride * sizeof(cuda::DevPage)) : 0);
+    const uint64_t off_keys_lse = off_candc + (keys ? align256(4ull * B * Hkv) : 0);
+    const uint64_t off_ws = off_keys_lse + (keys ? align256(4ull * B * Hkv * stride * score_rows) : 0);
     const uint64_t total = off_ws + align256(gemm ? cuda::multi_token_workspace_bytes(p, max_tokens)
                                                   : cuda::decode_workspace_bytes(p, p.n_splits));
     if (capturing && s.dev_bytes < total) return refuse_growth_in_capture("device workspace", total);
@@ -735,8 +741,10 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         t.max_candidates = stride;
         t.token_budget = a.topk_token_budget;
         t.scores = reinterpret_cast<float *>(s.dev + off_scores);
-        t.out_pages = reinterpret_cast<cuda::DevPage *>(s.dev + off_sel);
-        t.out_counts = reinterpret_cast<uint32_t *>(s.dev + off_selc);
+        // (IKV_TOPK_SCORE_KEYS: the first pass writes candidates for twice the budget)
+        t.out_pages = reinterpret_cast<cuda::DevPage *>(s.dev + (keys ? off_cand : off_sel));
+        t.out_counts = reinterpret_cast<uint32_t *>(s.dev + (keys ? off_candc : off_selc));
+        t.candidate_factor = keys ? uint32_t(kKeysCandidateFactor) : 0u;
         t.hybrid = hybrid;
         t.rows = hybrid ? reinterpret_cast<float *>(s.dev + off_rows) : nullptr;
         t.budgets = mass ? reinterpret_cast<uint32_t *>(s.dev + off_budgets) : nullptr;
@@ -764,6 +772,40 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         }
         err = cuda::launch_score_topk(t, memory ? &recall : nullptr, stream);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the page scoring / top-k kernels");
+        if (keys) {  // the second pass: the candidates' keys, then the budget among them
+            cuda::KeysRerankParams k{};
+            k.shape = shape;
+            k.layer = a.layer;
+            k.n_seqs = B;
+            k.n_q_heads = a.n_q_heads;
+            k.n_query_tokens = a.n_query_tokens;
+            k.q = a.q;
+            k.q_dtype = a.q_dtype;
+            k.scale = p.scale;
+            k.softcap = a.softcap;
+            k.candidates = cuda::DevLists{t.out_pages, t.out_counts, stride, Hkv};
+            k.mem_rows = t.mem_rows;
+            k.mem_ok = t.mem_ok;
+            k.mem_log_weight = memory ? std::log(memory->decay) : 0.0f;
+            k.lse = reinterpret_cast<float *>(s.dev + off_keys_lse);
+            k.lse_rows = score_rows;
+            k.scores = t.scores;
+            err = cuda::launch_keys_rerank(k, stream);
+            if (err != cudaSuccess) return cuda_fail(err, kFn, "the keys' rerank kernels");
+            cuda::TopkParams second = t;
+            second.candidates = k.candidates;
+            second.hybrid = false;
+            second.rows = nullptr;
+            second.prior = nullptr;
+            second.prior_on = nullptr;
+            second.candidate_factor = 0;
+            second.out_pages = reinterpret_cast<cuda::DevPage *>(s.dev + off_sel);
+            second.out_counts = reinterpret_cast<uint32_t *>(s.dev + off_selc);
+            err = cuda::launch_topk_select(second, stream);
+            if (err != cudaSuccess) return cuda_fail(err, kFn, "the keys' select kernel");
+            t.out_pages = second.out_pages;
+            t.out_counts = second.out_counts;
+        }
         p.lists = cuda::DevLists{t.out_pages, t.out_counts, stride, Hkv};
         s.sel_pages = t.out_pages;
         s.sel_counts = t.out_counts;
@@ -774,6 +816,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         const uint64_t cap = a.topk_token_budget > 0 ? uint64_t(a.topk_token_budget) * B : sum.all_tokens;
         bytes = std::min<uint64_t>(sum.all_tokens, cap) * per_token +
                 sum.n_entries * Hkv * (hybrid ? summary_hybrid_bytes(D) : summary_bound_bytes(D));
+        // IKV_TOPK_SCORE_KEYS: the candidates' keys, about half of their rows' cost (twice the cap's tokens).
+        if (keys) bytes += std::min<uint64_t>(sum.all_tokens, kKeysCandidateFactor * cap) * (per_token / 2);
     }
 
     // 4. Fused decode + split-K merge, or the multi-token GEMM path.

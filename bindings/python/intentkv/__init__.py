@@ -866,8 +866,8 @@ class Decoder(_Handle):
         else the default stream) and returns without synchronizing.
         topk_mass=share selects adaptively (IKV_TOPK_MASS): pages until that estimated share of the
         attention mass, within [topk_min_tokens, topk_token_budget or unlimited] tokens.
-        topk_score ranks pages by the Quest bound (QUEST), IKV_TOPK_SCORE_HYBRID (HYBRID) or, on
-        CPU pools, hybrid candidates ranked again by their keys' attention share (KEYS);
+        topk_score ranks pages by the Quest bound (QUEST), IKV_TOPK_SCORE_HYBRID (HYBRID) or
+        hybrid candidates ranked again by their keys' attention share (KEYS);
         query_memory (a QueryMemory of this pool) adds what earlier turns asked to the ranking;
         feedback (a PageFeedback of this pool) receives each read page's attention share, and with
         topk_feedback_weight > 0 its averages are a prior of the ranking.

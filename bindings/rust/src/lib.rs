@@ -672,7 +672,7 @@ pub struct DecodeRequest<'a> {
     /// with `topk_token_budget` as the upper limit (0 = none) and `topk_min_tokens` the lower.
     pub topk_mass: Option<f32>,
     pub topk_min_tokens: u32,
-    /// What pages are ranked by: `ffi::IKV_TOPK_SCORE_QUEST` (default), `ffi::IKV_TOPK_SCORE_HYBRID` or `ffi::IKV_TOPK_SCORE_KEYS` (CPU pools).
+    /// What pages are ranked by: `ffi::IKV_TOPK_SCORE_QUEST` (default), `ffi::IKV_TOPK_SCORE_HYBRID` or `ffi::IKV_TOPK_SCORE_KEYS`.
     pub topk_score: ffi::ikv_topk_score,
     /// What earlier turns asked (a memory of the same pool), scored beside the queries.
     pub query_memory: Option<&'a QueryMemory<'a>>,
