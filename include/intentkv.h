@@ -1452,8 +1452,10 @@ typedef struct ikv_decode_args {
      *    entries cover the room), the decode's own kernels write the token:
      *    an engine's captured layer is then two kernel launches instead of
      *    four (no append and no room clip kernel; a graph's first such
-     *    decode, and an eager one after a call that clipped the lists, adds
-     *    one small kernel; bench/RESULTS.md sections 7c, 7f). Otherwise the
+     *    decode, and an eager one after a call that clipped the lists or,
+     *    once a graph that clips them was captured on this decoder, every
+     *    eager one, adds one small kernel; bench/RESULTS.md sections 7c,
+     *    7f, 7g). Otherwise the
      *    append is enqueued first, as by ikv_pool_append_batch.
      * Ownership: the ikv_append and the K/V it points to are the caller's;
      * device K/V must stay valid until the stream has passed the call (as

@@ -66,6 +66,7 @@ __device__ void entry_lse(const KeysRerankParams &p, const float *qs, uint32_t R
             for (uint32_t o = kLanes / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
             if (!valid) continue;
             const float x = p.softcap > 0.0f ? p.softcap * tanhf(dot / p.softcap) : dot;
+            if (x == -INFINITY) continue;  // adds nothing, as on the CPU
             if (x != x) {
                 m[r] = x;  // NaN: the row's lse becomes NaN below
             } else if (m[r] == m[r]) {

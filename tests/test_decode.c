@@ -1527,6 +1527,83 @@ static void test_bytes_read_dense_f16(void **state) {
     fix_free(&f);
 }
 
+/* IKV_TOPK_SCORE_KEYS' bytes, as the header counts them, with a budget that
+ * keeps every page (so every page is a candidate and is read): per kv-head
+ * the hybrid summaries (6 * head_dim per page), each candidate's K rows and
+ * K scales, then the pages' K/V rows and scales. F16 and INT8, 390 tokens:
+ * 24 full pages and one of 6. */
+static void test_bytes_read_keys(void **state) {
+    (void)state;
+    const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
+    for (int fi = 0; fi < 2; ++fi) {
+        ikvt_rng rng = {1600 + (uint64_t)fi};
+        pool_fix f;
+        enum { H = 2, D = 64, LEN = 390, PAGES = 25 };
+        fix_init(&f, 1, H, D, 16, fmts[fi], LEN, &rng, 1);
+        float *q = make_q(&rng, 8 * D, IKV_DTYPE_F32, 1.0f);
+        float out[8 * D];
+        ikv_decode_args a = ikv_decode_args_default();
+        a.seqs = &f.seq;
+        a.n_q_heads = 8;
+        a.q = q;
+        a.out = out;
+        a.topk_token_budget = LEN;
+        a.topk_score = IKV_TOPK_SCORE_KEYS;
+        IKVT_OK(ikv_decode(g_dec3, f.pool, &a));
+        uint64_t bytes = 0;
+        IKVT_OK(ikv_decoder_last_bytes_read(g_dec3, &bytes));
+        const uint64_t summaries = PAGES * 6ull * D;
+        const uint64_t keys = fi == 0 ? 2ull * D * LEN : 1ull * D * LEN + PAGES * 4ull * D;  /* INT8: k_scale[D] f32 */
+        const uint64_t rows = fi == 0 ? 4ull * D * LEN : 2ull * D * LEN + PAGES * 4ull * D + 4ull * LEN;  /* + v_scale */
+        assert_int_equal(bytes, (uint64_t)H * (summaries + keys + rows));
+        free(q);
+        fix_free(&f);
+    }
+}
+
+/* IKV_TOPK_SCORE_KEYS over a batch: each sequence's selection equals the
+ * same sequence's decoded alone with its query (a fork of the first,
+ * truncated, beside it; the second pass's per-sequence entries). */
+static void test_keys_score_batch(void **state) {
+    (void)state;
+    ikvt_rng rng = {1700};
+    pool_fix f;
+    enum { H = 2, D = 64, NQ = 8 };
+    fix_init(&f, 1, H, D, 16, IKV_FMT_F16, 390, &rng, 1);
+    ikv_seq_id seqs[2] = {f.seq, 0};
+    IKVT_OK(ikv_seq_fork(f.pool, f.seq, &seqs[1]));
+    IKVT_OK(ikv_seq_truncate(f.pool, seqs[1], 301));
+    float *q = make_q(&rng, 2 * NQ * D, IKV_DTYPE_F32, 2.0f), out[2 * NQ * D];
+    ikv_decode_args a = ikv_decode_args_default();
+    a.n_seqs = 2;
+    a.seqs = seqs;
+    a.n_q_heads = NQ;
+    a.q = q;
+    a.out = out;
+    a.topk_token_budget = 64;
+    a.topk_score = IKV_TOPK_SCORE_KEYS;
+    IKVT_OK(ikv_decode(g_dec3, f.pool, &a));
+    ikv_token_range batch[2][H][32], alone[32];
+    size_t nb[2][H];
+    for (uint32_t s = 0; s < 2; ++s)
+        for (uint32_t h = 0; h < H; ++h) IKVT_OK(ikv_decoder_last_selection(g_dec3, s, h, batch[s][h], 32, &nb[s][h]));
+    for (uint32_t s = 0; s < 2; ++s) {
+        a.n_seqs = 1;
+        a.seqs = &seqs[s];
+        a.q = q + (size_t)s * NQ * D;
+        IKVT_OK(ikv_decode(g_dec1, f.pool, &a));
+        for (uint32_t h = 0; h < H; ++h) {
+            size_t n = 0;
+            IKVT_OK(ikv_decoder_last_selection(g_dec1, 0, h, alone, 32, &n));
+            assert_int_equal(n, nb[s][h]);
+            assert_true(n > 0 && n <= 32);
+            assert_memory_equal(alone, batch[s][h], n * sizeof alone[0]);
+        }
+    }
+    free(q);
+    fix_free(&f);
+}
+
 /* Every rejected call names the argument and writes nothing. */
 static void test_bad_inputs(void **state) {
     (void)state;
@@ -1823,6 +1900,8 @@ int main(void) {
         cmocka_unit_test(test_topk_mass_selection),
         cmocka_unit_test(test_topk_hybrid_score),
         cmocka_unit_test(test_topk_keys_score),
+        cmocka_unit_test(test_bytes_read_keys),
+        cmocka_unit_test(test_keys_score_batch),
         cmocka_unit_test(test_topk_with_mandatory_pages),
         cmocka_unit_test(test_query_memory_selection),
         cmocka_unit_test(test_query_memory_errors),

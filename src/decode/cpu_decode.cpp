@@ -191,8 +191,21 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             threads.parallel_for(BH, prior);
         }
         if (keys) {  // both passes of every (b, h), in parallel: the second reads the candidates' keys
+            // Everything the tasks write is sized here (a worker thread must not
+            // allocate: an exception there would end the process, not the call).
             if (S.keys_worker.size() < threads.size()) S.keys_worker.resize(threads.size());
+            uint32_t max_n = 0;
+            for (uint32_t b = 0; b < B; ++b) max_n = std::max(max_n, S.entry_lo[b + 1] - S.entry_lo[b]);
+            for (DecodeScratch::KeysWorker &K : S.keys_worker) {
+                K.order.reserve(max_n);
+                K.keep.reserve(max_n);
+                K.candidates.reserve(max_n);
+                K.q.resize(ND);
+                K.scores.resize(max_n);
+                K.scratch.resize(key_scratch_floats(P, D, max_n, n_rows));
+            }
             S.keys_picked.resize(BH);
+            for (uint32_t bh = 0; bh < BH; ++bh) S.keys_picked[bh].reserve(S.entry_lo[bh / H + 1] - S.entry_lo[bh / H]);
             S.keys_bytes.assign(BH, 0);
             const float softcap = a.softcap;
             auto rerank = [&](std::size_t bh, unsigned w) {
@@ -210,10 +223,7 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                 select_topk(in, n, bounds, fixed, K.order, K.keep, K.candidates);
                 const uint32_t nc = uint32_t(K.candidates.size());
                 const float *halved = S.qsigns.data() + uint64_t(bh) * parts * ND + 2 * ND;  // hybrid's q / 2
-                K.q.resize(ND);
-                for (uint64_t e = 0; e < ND; ++e) K.q[e] = 2.0f * halved[e];
-                K.scores.resize(nc);
-                K.scratch.resize(key_scratch_floats(P, D, nc, n_rows));
+                for (uint64_t e = 0; e < ND; ++e) K.q[e] = 2.0f * halved[e];  // (sized above, as scores and scratch)
                 const Entry *c = K.candidates.data();
                 key_share_scores(c, nc, snaps[b], shape, a.layer, h, K.q.data(), S.row_offset.data() + bh * n_rows,
                                  n_rows, softcap, K.scores.data(), K.scratch.data());

@@ -235,6 +235,7 @@ void key_share_scores(const Entry *in, uint32_t n, const SeqSnapshot &snap, cons
                     m = x;  // a NaN logit makes the entry's score NaN (ranked last)
                     break;
                 }
+                if (x == -INFINITY) continue;  // adds nothing (and exp(-inf - -inf) would be NaN)
                 if (x > m) sum = sum * std::exp(m - x) + 1.0, m = x;
                 else sum += std::exp(x - m);
             }

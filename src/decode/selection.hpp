@@ -109,8 +109,8 @@ inline uint64_t keys_candidate_budget(uint64_t budget, uint64_t mandatory) {
 // scores[i] = log sum_r exp(w_log[r] + lse_r(i) - Z_r), Z_r = log sum over
 // the non-mandatory candidates of exp(lse_r(j)): the entry's share of each
 // row's attention over the candidates, summed with weights exp(w_log[r])
-// (-inf: a row that does not count). Mandatory entries get -inf. Sums in
-// double. scratch: key_scratch_floats(...) floats. No allocation.
+// (-inf: a row that does not count). Mandatory entries get -inf. Dot
+// products in float, exp/log sums in double; a -inf logit adds nothing. scratch: key_scratch_floats(...) floats. No allocation.
 void key_share_scores(const Entry *in, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
                       uint32_t head, const float *q, const float *w_log, uint32_t n_rows, float softcap, float *scores,
                       float *scratch);
