@@ -16,6 +16,7 @@
 // on the CPU.
 #include <math.h>
 
+#include "block_reduce.cuh"
 #include "dequant_rows.cuh"
 #include "ikv_kernels.h"
 #include "launch_pdl.cuh"
@@ -120,18 +121,6 @@ __global__ void __launch_bounds__(kLseWarps * 32) key_lse_kernel(const KeysReran
     }
 }
 
-template <class T, class Op>
-__device__ T block_all_reduce(T v, T *scratch, Op op) {
-    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-    const uint32_t lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    __syncthreads();  // scratch may still be read from the last call
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = scratch[0];
-    for (uint32_t w = 1; w < blockDim.x / 32; ++w) v = op(v, scratch[w]);
-    return v;
-}
-
 __global__ void __launch_bounds__(kShareThreads) key_share_kernel(const KeysRerankParams p) {
     __shared__ double red[kShareThreads / 32];
     __shared__ float z_log[kMaxKeysRows];
@@ -153,14 +142,14 @@ __global__ void __launch_bounds__(kShareThreads) key_share_kernel(const KeysRera
             const double x = value(i, r);
             if (x > mx) mx = x;  // NaN and -inf add nothing
         }
-        mx = block_all_reduce(mx, red, [](double x, double y) { return x > y ? x : y; });
+        mx = block_reduce(mx, red, [](double x, double y) { return x > y ? x : y; });
         double sum = 0.0;
         if (mx > -INFINITY)
             for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
                 const double x = value(i, r);
                 if (x > -INFINITY) sum += exp(x - mx);
             }
-        sum = block_all_reduce(sum, red, [](double x, double y) { return x + y; });
+        sum = block_reduce(sum, red, [](double x, double y) { return x + y; });
         if (threadIdx.x == 0) z_log[r] = mx > -INFINITY ? float(mx + log(sum)) : -INFINITY;
     }
     __syncthreads();

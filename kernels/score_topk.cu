@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "block_reduce.cuh"
 #include "common/quant.hpp"
 #include "ikv_kernels.h"
 #include "load_elem.cuh"
@@ -432,19 +433,6 @@ __global__ void __launch_bounds__(kCombineThreads) hybrid_combine_kernel(const T
         scores[c] = cands[c].flags & IKV_PAGE_MANDATORY
                         ? -INFINITY
                         : hybrid_score(rows, p.max_candidates, c, R, G, mem_off, [&](uint32_t g) { return top[g]; });
-}
-
-// Block-wide reductions of one value per thread (blockDim.x a multiple of 32,
-// at most 1024), the result to every thread. scratch: 32 slots.
-template <class T, class Op>
-__device__ T block_reduce(T v, T *scratch, Op op) {
-    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
-    __syncthreads();  // earlier readers of scratch are done
-    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
-    __syncthreads();
-    T r = scratch[0];
-    for (uint32_t w = 1; w < blockDim.x / 32; ++w) r = op(r, scratch[w]);
-    return r;
 }
 
 // The attention-feedback prior, one block per (kv-head, sequence) fed back:
