@@ -12,124 +12,128 @@
 // the hot path that only feedback steps want. Feedback is opt-in and costs
 // one more read of the keys the step read (the CPU path does the same).
 //
-// One warp per list entry: D/8 lanes per key row (8 channels each), 32 / (D/8)
-// rows at once; a block's warps share one (sequence, kv-head), whose R scaled
-// query rows it stages in shared memory first (when they fit in 48 KB; else
-// they are read from global memory); grid (entries / warps, kv-heads,
-// sequences). Only enqueues (the host copies the shares back).
+// One warp per list entry, reading its keys as warp_key_dots.cuh does; a
+// block's warps share one (sequence, kv-head) and walk many entries of its
+// list, with the R = T * G scaled query rows staged in shared memory 16 at
+// a time (a step of many query tokens reads its entries' keys once per 16
+// rows); grid (blocks per list, kv-heads, sequences). Only enqueues (the
+// host copies the shares back).
 // Measured first with the queries read from global memory for every key row
 // and 64 blocks per list: 4.1-5.8x a dense step (bench/RESULTS.md 6y).
 #include <math.h>
 
-#include "dequant_rows.cuh"
 #include "ikv_kernels.h"
 #include "load_elem.cuh"
 #include "launch_pdl.cuh"
+#include "warp_key_dots.cuh"
 
 namespace ikv {
 namespace cuda {
 namespace {
 
 constexpr int kFeedbackWarps = 4;
+constexpr uint32_t kFeedbackBlocksPerSm = 8;  // blocks resident per SM the grid aims at
 
-// Query element (row r, channel d) of (b, h), scaled: from the staged copy or global memory.
-struct Queries {
-    const float *staged;  // [R][D] or nullptr
-    __device__ __forceinline__ float at(const DecodeParams &p, uint32_t b, uint32_t h, uint32_t r, uint32_t d) const {
-        if (staged) return staged[r * p.shape.head_dim + d];
-        const uint32_t G = p.n_q_heads / p.shape.n_kv_heads;
-        const uint64_t qi = (uint64_t(b) * p.n_query_tokens + r / G) * p.n_q_heads + h * G + r % G;
-        return load_elem(p.q, p.q_dtype, qi * p.shape.head_dim + d) * p.scale;
-    }
-};
-
-template <int D, int F>
-__device__ float entry_share(const DecodeParams &p, const Queries &qs, const DevPage &pg, uint32_t b, uint32_t h,
-                             uint32_t lane) {
-    constexpr uint32_t kLanes = D / 8, kRows = 32 / kLanes;  // lanes per key row; rows at once
-    const uint32_t G = p.n_q_heads / p.shape.n_kv_heads, T = p.n_query_tokens, R = T * G;
-    const uint32_t c = lane % kLanes, slot = lane / kLanes;
-    const uint8_t *sub = pg.base + subpage_offset(p.shape, ikv_format(F), p.layer, h);
-    const uint32_t qpos0 = p.seq_len[b] - T;  // position of query token 0
-    float acc = 0.0f;
-    for (uint32_t row0 = pg.begin; row0 < pg.end; row0 += kRows) {
-        const uint32_t row = row0 + slot;
-        const bool valid = row < pg.end;  // lanes past the entry still join the shuffles
-        float k[8];
-        if (valid)
-            dequant8<D, F, true>(sub, p.shape.page_size, row, c, k);
-        else
-#pragma unroll
-            for (int j = 0; j < 8; ++j) k[j] = 0.0f;
-        for (uint32_t r = 0; r < R; ++r) {
-            const uint32_t t = r / G, g = r % G;
-            const uint64_t qi = (uint64_t(b) * T + t) * p.n_q_heads + h * G + g;
-            float dot = 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) dot = fmaf(qs.at(p, b, h, r, 8 * c + j), k[j], dot);
-            for (uint32_t o = kLanes / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, o);
-            const float lse = p.lse[qi];
-            if (!valid || c != 0 || pg.pos0 + row > qpos0 + t || lse == -INFINITY) continue;  // in the row's future
-            const float logit = p.softcap > 0.0f ? p.softcap * tanhf(dot / p.softcap) : dot;
-            acc += expf(logit - lse);
-        }
-    }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
-    return acc / float(R);
+// Scaled query row r (= t * G + g) of (b, h), channel d.
+__device__ __forceinline__ float query_row(const DecodeParams &p, uint32_t b, uint32_t h, uint32_t r, uint32_t d) {
+    const uint32_t G = p.n_q_heads / p.shape.n_kv_heads;
+    const uint64_t qi = (uint64_t(b) * p.n_query_tokens + r / G) * p.n_q_heads + h * G + r % G;
+    return load_elem(p.q, p.q_dtype, qi * p.shape.head_dim + d) * p.scale;
 }
 
-template <int D>
-__global__ void __launch_bounds__(kFeedbackWarps * 32) feedback_kernel(const DecodeParams p, FeedbackOut o, bool stage) {
-    extern __shared__ float staged[];  // [R][D] when stage
+// The entry's share summed over the staged rows r0 .. r0 + NR - 1 (those < R).
+template <int D, int F, int NR>
+__device__ float entry_share(const DecodeParams &p, const float *qs, uint32_t r0, const DevPage &pg, uint32_t b,
+                             uint32_t h, uint32_t lane) {
+    using W = WarpKeyDots<D, NR>;
+    const uint32_t G = p.n_q_heads / p.shape.n_kv_heads, T = p.n_query_tokens, R = T * G;
+    const uint32_t c = lane % W::kLanes;
+    const uint8_t *sub = pg.base + subpage_offset(p.shape, ikv_format(F), p.layer, h);
+    const uint32_t qpos0 = p.seq_len[b] - T;  // position of query token 0
+    uint32_t last[W::kOut];  // the last key position row i sees (causal), or none
+    float lse[W::kOut];
+#pragma unroll
+    for (uint32_t i = 0; i < W::kOut; ++i) {
+        const uint32_t r = r0 + W::row_of(c, i), t = r / G;
+        const bool on = r < R && W::leader(c);  // each row's total counted by one lane
+        lse[i] = on ? p.lse[(uint64_t(b) * T + t) * p.n_q_heads + h * G + r % G] : -INFINITY;
+        last[i] = qpos0 + t;
+    }
+    float acc = 0.0f;
+    for_each_key_dot<D, F, NR>(sub, p.shape.page_size, pg.begin, pg.end, qs, lane, [&](uint32_t row, const float *dot) {
+#pragma unroll
+        for (uint32_t i = 0; i < W::kOut; ++i) {
+            if (lse[i] == -INFINITY || pg.pos0 + row > last[i]) continue;  // read nothing, or the row's future
+            const float logit = p.softcap > 0.0f ? p.softcap * tanhf(dot[i] / p.softcap) : dot[i];
+            acc += expf(logit - lse[i]);
+        }
+    });
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, o);
+    return acc;
+}
+
+template <int D, int NR>
+__global__ void __launch_bounds__(kFeedbackWarps * 32) feedback_kernel(const DecodeParams p, FeedbackOut o) {
+    extern __shared__ float4 staged4[];  // [NR][D]
+    float *qs = reinterpret_cast<float *>(staged4);
     const uint32_t h = blockIdx.y, b = blockIdx.z, Hkv = p.shape.n_kv_heads, lane = threadIdx.x % 32;
     const uint32_t list = p.lists.list_heads > 1 ? b * p.lists.list_heads + h : b;
     const uint32_t n = p.lists.counts[list], bh = b * Hkv + h;
+    const uint32_t R = p.n_query_tokens * (p.n_q_heads / Hkv);
     if (blockIdx.x == 0 && threadIdx.x == 0) o.counts[bh] = n;
     if (blockIdx.x * kFeedbackWarps >= n) return;  // uniform over the block
-    const Queries direct{nullptr};
-    if (stage) {
-        const uint32_t R = p.n_query_tokens * (p.n_q_heads / Hkv);
-        for (uint32_t e = threadIdx.x; e < R * D; e += blockDim.x) staged[e] = direct.at(p, b, h, e / D, e % D);
+    for (uint32_t r0 = 0; r0 < R; r0 += NR) {
+        __syncthreads();  // the previous tile's readers are done
+        for (uint32_t e = threadIdx.x; e < NR * D; e += blockDim.x)
+            qs[e] = r0 + e / D < R ? query_row(p, b, h, r0 + e / D, e % D) : 0.0f;
         __syncthreads();
-    }
-    const Queries qs{stage ? staged : nullptr};
-    for (uint32_t e = blockIdx.x * kFeedbackWarps + threadIdx.x / 32; e < n; e += gridDim.x * kFeedbackWarps) {
-        const DevPage pg = p.lists.pages[uint64_t(list) * p.lists.stride + e];
-        float share;
-        switch (pg.format) {
-            case IKV_FMT_F16: share = entry_share<D, IKV_FMT_F16>(p, qs, pg, b, h, lane); break;
-            case IKV_FMT_BF16: share = entry_share<D, IKV_FMT_BF16>(p, qs, pg, b, h, lane); break;
-            case IKV_FMT_FP8_E4M3: share = entry_share<D, IKV_FMT_FP8_E4M3>(p, qs, pg, b, h, lane); break;
-            case IKV_FMT_INT8: share = entry_share<D, IKV_FMT_INT8>(p, qs, pg, b, h, lane); break;
-            default: share = entry_share<D, IKV_FMT_INT4>(p, qs, pg, b, h, lane); break;
-        }
-        if (lane == 0) {
-            o.shares[uint64_t(bh) * o.stride + e] = share;
-            o.pages[uint64_t(bh) * o.stride + e] = pg.pos0 / p.shape.page_size;
+        for (uint32_t e = blockIdx.x * kFeedbackWarps + threadIdx.x / 32; e < n; e += gridDim.x * kFeedbackWarps) {
+            const DevPage pg = p.lists.pages[uint64_t(list) * p.lists.stride + e];
+            float share;
+            switch (pg.format) {
+                case IKV_FMT_F16: share = entry_share<D, IKV_FMT_F16, NR>(p, qs, r0, pg, b, h, lane); break;
+                case IKV_FMT_BF16: share = entry_share<D, IKV_FMT_BF16, NR>(p, qs, r0, pg, b, h, lane); break;
+                case IKV_FMT_FP8_E4M3: share = entry_share<D, IKV_FMT_FP8_E4M3, NR>(p, qs, r0, pg, b, h, lane); break;
+                case IKV_FMT_INT8: share = entry_share<D, IKV_FMT_INT8, NR>(p, qs, r0, pg, b, h, lane); break;
+                default: share = entry_share<D, IKV_FMT_INT4, NR>(p, qs, r0, pg, b, h, lane); break;
+            }
+            if (lane == 0) {  // the same lane sums this entry over every tile
+                float *dst = o.shares + uint64_t(bh) * o.stride + e;
+                const float total = (r0 == 0 ? 0.0f : *dst) + share;
+                *dst = r0 + NR >= R ? total / float(R) : total;
+                if (r0 == 0) o.pages[uint64_t(bh) * o.stride + e] = pg.pos0 / p.shape.page_size;
+            }
         }
     }
 }
 
+template <int D, int NR>
+cudaError_t launch_feedback(const DecodeParams &p, const FeedbackOut &o, int n_sms, cudaStream_t stream) {
+    const dim3 grid(key_walk_blocks(p.lists.stride, kFeedbackWarps, p.shape.n_kv_heads * p.n_seqs, n_sms,
+                                    kFeedbackBlocksPerSm),
+                    p.shape.n_kv_heads, p.n_seqs);
+    return launch(feedback_kernel<D, NR>, grid, dim3(kFeedbackWarps * 32), size_t(NR) * D * 4, stream, p, o);
+}
+
 template <int D>
-cudaError_t launch_feedback(const DecodeParams &p, const FeedbackOut &o, cudaStream_t stream) {
-    // A warp per entry of the longest list (blocks past a list's end leave at once).
-    const uint32_t blocks = (p.lists.stride + kFeedbackWarps - 1) / kFeedbackWarps;
-    const dim3 grid(blocks, p.shape.n_kv_heads, p.n_seqs);
-    const uint64_t rows = uint64_t(p.n_query_tokens) * (p.n_q_heads / p.shape.n_kv_heads);
-    const bool stage = rows * D * 4 <= 48 * 1024;
-    return launch(feedback_kernel<D>, grid, dim3(kFeedbackWarps * 32), size_t(stage ? rows * D * 4 : 0), stream, p, o,
-                  stage);
+cudaError_t launch_feedback_rows(const DecodeParams &p, const FeedbackOut &o, int n_sms, cudaStream_t stream) {
+    const uint64_t R = uint64_t(p.n_query_tokens) * (p.n_q_heads / p.shape.n_kv_heads);
+    switch (key_dot_tile_rows(R < 16 ? uint32_t(R) : 16u)) {
+        case 4: return launch_feedback<D, 4>(p, o, n_sms, stream);
+        case 8: return launch_feedback<D, 8>(p, o, n_sms, stream);
+        default: return launch_feedback<D, 16>(p, o, n_sms, stream);
+    }
 }
 
 }  // namespace
 
-cudaError_t launch_attention_feedback(const DecodeParams &p, const FeedbackOut &o, cudaStream_t stream) {
+cudaError_t launch_attention_feedback(const DecodeParams &p, const FeedbackOut &o, int n_sms, cudaStream_t stream) {
     if (p.lse == nullptr || o.stride < p.lists.stride) return cudaErrorInvalidValue;
     switch (p.shape.head_dim) {
-        case 32: return launch_feedback<32>(p, o, stream);
-        case 64: return launch_feedback<64>(p, o, stream);
-        case 128: return launch_feedback<128>(p, o, stream);
-        case 256: return launch_feedback<256>(p, o, stream);
+        case 32: return launch_feedback_rows<32>(p, o, n_sms, stream);
+        case 64: return launch_feedback_rows<64>(p, o, n_sms, stream);
+        case 128: return launch_feedback_rows<128>(p, o, n_sms, stream);
+        case 256: return launch_feedback_rows<256>(p, o, n_sms, stream);
         default: return cudaErrorInvalidValue;
     }
 }

@@ -204,14 +204,15 @@ cudaError_t launch_mt_finalize(const DecodeParams &p, const float *O, const floa
 // softmax share each entry of p.lists received (kernels/attention_feedback.cu),
 // per (sequence, kv-head) bh = b * n_kv_heads + h: counts[bh] entries, entry i's
 // share at shares[bh * stride + i] and its page (pos0 / page_size) at
-// pages[bh * stride + i], in list order. stride >= p.lists.stride.
+// pages[bh * stride + i], in list order. stride >= p.lists.stride. n_sms:
+// the device's SMs (sizes the grid; 0: assume 132).
 struct FeedbackOut {
     float *shares;
     uint32_t *pages;
     uint32_t *counts;
     uint32_t stride;
 };
-cudaError_t launch_attention_feedback(const DecodeParams &p, const FeedbackOut &o, cudaStream_t stream);
+cudaError_t launch_attention_feedback(const DecodeParams &p, const FeedbackOut &o, int n_sms, cudaStream_t stream);
 
 // --------------------------------------------------------- score + top-k --
 constexpr uint32_t kMaxTopkCandidates = 8192;
@@ -337,6 +338,7 @@ struct KeysRerankParams {
     float *lse;
     uint32_t lse_rows;
     float *scores;
+    int n_sms;               // the device's SMs (sizes the lse kernel's grid); 0: assume 132
 };
 cudaError_t launch_keys_rerank(const KeysRerankParams &p, cudaStream_t stream);
 

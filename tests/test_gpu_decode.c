@@ -488,6 +488,24 @@ static void test_keys_score_limits(void **state) {
     ikv_pool_destroy(gpu);
 }
 
+/* Layer 1's feedback averages of the CPU and CUDA pools' sequences, page by page. */
+static void expect_same_feedback(ikv_page_feedback *fb_cpu, const ikv_seq_id *sc, ikv_page_feedback *fb_gpu,
+                                 const ikv_seq_id *sg, int n_seqs, double tol, ikv_format fmt) {
+    float mc[64], mg[64];
+    for (int b = 0; b < n_seqs; ++b)
+        for (uint32_t h = 0; h < HKV; ++h) {
+            uint32_t nc = 0, ng = 0;
+            IKVT_OK(ikv_page_feedback_get(fb_cpu, sc[b], 1, h, mc, 64, &nc));
+            IKVT_OK(ikv_page_feedback_get(fb_gpu, sg[b], 1, h, mg, 64, &ng));
+            assert_int_equal(nc, ng);
+            assert_true(nc > 0 && nc <= 64);
+            for (uint32_t i = 0; i < nc; ++i)
+                if (!(fabs((double)mg[i] - mc[i]) <= 1e-6 + 10 * tol * fabs((double)mc[i])))
+                    fail_msg("format %d seq %d head %u page %u: feedback %.7g on CUDA, %.7g on the CPU", (int)fmt, b,
+                             h, i, (double)mg[i], (double)mc[i]);
+        }
+}
+
 /* Attention feedback on a CUDA pool: after dense, planned, top-k and causal
  * multi-token steps the averages equal the CPU pool's (every format; within
  * the step's tolerance: the device sums in fp32 from the lse its path
@@ -550,18 +568,7 @@ static void test_feedback_matches_cpu(void **state) {
             if (!(e <= step_tol(1, IKV_DTYPE_F32))) fail_msg("format %d prior step %d: rel L2 %.3g vs CPU", (int)fmts[fi], step, e);
         }
         /* The averages, page by page (a share is exp(logit - lse): its error is the lse's). */
-        for (int b = 0; b < B; ++b)
-            for (uint32_t h = 0; h < HKV; ++h) {
-                uint32_t nc = 0, ng = 0;
-                IKVT_OK(ikv_page_feedback_get(fb_cpu, sc[b], 1, h, mc, 64, &nc));
-                IKVT_OK(ikv_page_feedback_get(fb_gpu, sg[b], 1, h, mg, 64, &ng));
-                assert_int_equal(nc, ng);
-                assert_true(nc > 0 && nc <= 64);
-                for (uint32_t i = 0; i < nc; ++i)
-                    if (!(fabs((double)mg[i] - mc[i]) <= 1e-6 + 10 * tol * fabs((double)mc[i])))
-                        fail_msg("format %d seq %d head %u page %u: feedback %.7g on CUDA, %.7g on the CPU",
-                                 (int)fmts[fi], b, h, i, (double)mg[i], (double)mc[i]);
-            }
+        expect_same_feedback(fb_cpu, sc, fb_gpu, sg, B, tol, fmts[fi]);
         /* The prior changes what is read (the prior steps' checks could fail otherwise); after the
          * comparison of the averages above: these CPU decodes feed back too. Quest scores: under the
          * hybrid score a budget of <= group pages is all heads' own best pages (RESULTS 6y). */
@@ -758,9 +765,55 @@ static void test_cuda_pool_and_decode_match_cpu_head_dim_32(void **state) {
     assert_int_equal(D, 32);
     test_cuda_pool_and_decode_match_cpu(state);
 }
+/* Steps of 5 query tokens: 20 query rows per kv-head, which the device's
+ * feedback kernel reads each entry's keys for 16 at a time (two tiles, the
+ * second partly empty); the averages equal the CPU pool's. */
+static void test_feedback_many_rows(void **state) {
+    (void)state;
+    const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
+    ikvt_rng rng = {0xFEED5};
+    ikv_decoder *dec = two_thread_decoder();
+    enum { B = 2, T = 5 };
+    const uint32_t lens[B] = {301, 97};
+    float *q = malloc(4 * (size_t)B * T * HQ * D), *out = malloc(4 * (size_t)B * T * HQ * D);
+    float *lse = malloc(4 * (size_t)B * T * HQ);
+    for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; ++fi) {
+        ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, fmts[fi]), *gpu = make_pool(IKV_BACKEND_CUDA, fmts[fi]);
+        ikv_seq_id sc[B], sg[B];
+        for (int b = 0; b < B; ++b) fill_both(cpu, gpu, &sc[b], &sg[b], lens[b], &rng);
+        ikv_page_feedback_config fc = ikv_page_feedback_default_config();
+        ikv_page_feedback *fb_cpu = NULL, *fb_gpu = NULL;
+        IKVT_OK(ikv_page_feedback_create(cpu, &fc, &fb_cpu));
+        IKVT_OK(ikv_page_feedback_create(gpu, &fc, &fb_gpu));
+        ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
+        ikv_plan *plan = NULL;
+        IKVT_OK(ikv_plan_from_ranges(ranges, 3, 97, P, fmts[fi], &plan));
+        for (int step = 0; step < 2; ++step) { /* dense, then a plan */
+            step_cfg cfg = {T, step ? plan : NULL, 0u, IKV_DTYPE_F32, 0, 0, NULL, NULL, fb_cpu, fb_gpu, 0.0f};
+            ikvt_fill_normal(&rng, q, (size_t)B * T * HQ * D, 1.0f);
+            const double e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
+            if (!(e <= step_tol(T, IKV_DTYPE_F32))) fail_msg("format %d step %d: rel L2 %.3g vs CPU", (int)fmts[fi], step, e);
+        }
+        expect_same_feedback(fb_cpu, sc, fb_gpu, sg, B, step_tol(T, IKV_DTYPE_F32), fmts[fi]);
+        ikv_plan_destroy(plan);
+        ikv_page_feedback_destroy(fb_cpu);
+        ikv_page_feedback_destroy(fb_gpu);
+        ikv_pool_destroy(cpu);
+        ikv_pool_destroy(gpu);
+    }
+    free(q), free(out), free(lse);
+    ikv_decoder_destroy(dec);
+}
+
 static void test_long_multi_token_step_head_dim_32(void **state) {
     assert_int_equal(D, 32);
     test_long_multi_token_step(state);
+}
+/* At head_dim 32 a key row spans 4 lanes, and each lane holds the sums of 4 of
+ * the 16 query rows the feedback kernel reads keys for at once. */
+static void test_feedback_many_rows_head_dim_32(void **state) {
+    assert_int_equal(D, 32);
+    test_feedback_many_rows(state);
 }
 
 /* CUDA-graph capture through the public API: an ikv_decode call on a CUDA
@@ -1181,6 +1234,8 @@ int main(void) {
         cmocka_unit_test(test_query_memory_matches_cpu),
         cmocka_unit_test(test_query_memory_in_graph),
         cmocka_unit_test(test_feedback_matches_cpu),
+        cmocka_unit_test(test_feedback_many_rows),
+        cmocka_unit_test_setup_teardown(test_feedback_many_rows_head_dim_32, use_head_dim_32, use_head_dim_128),
     };
     const int rc = cmocka_run_group_tests_name("cuda_gpu", gpu, NULL, NULL);
     if (rc == 0 && bench && strcmp(bench, "1") == 0) run_decode_bench();

@@ -455,7 +455,7 @@ ikv_status feed_back(CudaDecoderState &s, const ikv_decode_args &a, const cuda::
     const uint64_t n = uint64_t(BH) * stride;  // the workspace's shares | pages | counts (cuda_decode sizes it)
     cuda::FeedbackOut o{reinterpret_cast<float *>(dev), reinterpret_cast<uint32_t *>(dev + align256(4 * n)),
                         reinterpret_cast<uint32_t *>(dev + 2 * align256(4 * n)), stride};
-    cudaError_t err = cuda::launch_attention_feedback(p, o, stream);
+    cudaError_t err = cuda::launch_attention_feedback(p, o, s.n_sms, stream);
     if (err != cudaSuccess) return cuda_fail(err, kFn, "the attention feedback kernel");
     err = cudaMemcpyAsync(s.fb_counts.data(), o.counts, 4ull * BH, cudaMemcpyDeviceToHost, stream);
     if (err == cudaSuccess) err = cudaMemcpyAsync(s.fb_shares.data(), o.shares, 4 * n, cudaMemcpyDeviceToHost, stream);
@@ -790,6 +790,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
             k.lse = reinterpret_cast<float *>(s.dev + off_keys_lse);
             k.lse_rows = score_rows;
             k.scores = t.scores;
+            k.n_sms = s.n_sms;
             err = cuda::launch_keys_rerank(k, stream);
             if (err != cudaSuccess) return cuda_fail(err, kFn, "the keys' rerank kernels");
             cuda::TopkParams second = t;
