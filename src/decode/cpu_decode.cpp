@@ -213,14 +213,17 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                 DecodeScratch::KeysWorker &K = S.keys_worker[w];
                 const Entry *in = S.entries.data() + lo;
                 const float *bounds = S.bounds.data() + h * n_all + lo;
-                // The rule's budget on the hybrid scores (a mass rule's too), then its candidates.
+                // The rule's budget on the hybrid scores (a mass rule's from the whole
+                // ranking), then the candidates for twice it from the same ranking.
+                const uint64_t mandatory = mandatory_tokens(in, n);
+                TopkRule first = rule;
+                if (!rule.mass)
+                    first.budget = uint32_t(std::min<uint64_t>(keys_candidate_budget(rule.budget, mandatory), UINT32_MAX));
+                rank_topk(in, n, bounds, first, mandatory, K.order);
                 const uint64_t budget =
-                    rule.mass ? select_topk(in, n, bounds, rule, K.order, K.keep, K.candidates) : rule.budget;
-                uint64_t mandatory = 0;
-                for (uint32_t i = 0; i < n; ++i) mandatory += in[i].mandatory ? in[i].end - in[i].begin : 0;
-                TopkRule fixed;
-                fixed.budget = uint32_t(std::min<uint64_t>(keys_candidate_budget(budget, mandatory), UINT32_MAX));
-                select_topk(in, n, bounds, fixed, K.order, K.keep, K.candidates);
+                    rule.mass ? mass_budget(in, bounds, K.order.data(), uint32_t(K.order.size()), mandatory, rule)
+                              : rule.budget;
+                take_topk(in, n, K.order, mandatory, keys_candidate_budget(budget, mandatory), K.keep, K.candidates);
                 const uint32_t nc = uint32_t(K.candidates.size());
                 const float *halved = S.qsigns.data() + uint64_t(bh) * parts * ND + 2 * ND;  // hybrid's q / 2
                 for (uint64_t e = 0; e < ND; ++e) K.q[e] = 2.0f * halved[e];  // (sized above, as scores and scratch)
@@ -229,6 +232,7 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                                  n_rows, softcap, K.scores.data(), K.scratch.data());
                 for (uint32_t i = 0; i < nc; ++i)
                     S.keys_bytes[bh] += c[i].mandatory ? 0 : key_read_bytes(snaps[b].pages[c[i].page].format, D, c[i].end - c[i].begin);
+                TopkRule fixed;  // the budget among the candidates, by their keys' shares
                 fixed.budget = uint32_t(std::min<uint64_t>(budget, UINT32_MAX));
                 select_topk(c, nc, K.scores.data(), fixed, K.order, K.keep, S.keys_picked[bh]);
             };

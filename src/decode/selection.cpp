@@ -158,16 +158,17 @@ void apply_feedback_prior(const Entry *entries, uint32_t n, const PageAverages *
     }
 }
 
-uint64_t select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, dvec<uint32_t> &order,
-                     dvec<uint8_t> &keep, dvec<Entry> &out) {
-    order.clear();
+uint64_t mandatory_tokens(const Entry *in, uint32_t n) {
     uint64_t taken = 0;
-    for (uint32_t i = 0; i < n; ++i) {
-        if (in[i].mandatory)
-            taken += in[i].end - in[i].begin;
-        else
-            order.push_back(i);
-    }
+    for (uint32_t i = 0; i < n; ++i) taken += in[i].mandatory ? in[i].end - in[i].begin : 0;
+    return taken;
+}
+
+void rank_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, uint64_t mandatory,
+               dvec<uint32_t> &order) {
+    order.clear();
+    for (uint32_t i = 0; i < n; ++i)
+        if (!in[i].mandatory) order.push_back(i);
     // Bound descending, ties by entry index, NaN last (the device select's
     // order): a strict total order, so std::sort gives the stable order
     // without std::stable_sort's temporary buffer (an allocation per head and
@@ -187,21 +188,24 @@ uint64_t select_topk(const Entry *in, uint32_t n, const float *bounds, const Top
     if (rule.mass || shortest == 0 || order.empty()) {  // the mass rule reads the whole order
         std::sort(order.begin(), order.end(), before);
     } else {
-        // The walk below takes candidates in order until one does not fit:
-        // at most (budget - taken) / shortest of them. Only that prefix needs
-        // to be found (nth_element; the order is total, so it is the prefix a
+        // The walk takes candidates in order until one does not fit: at most
+        // (budget - mandatory) / shortest of them. Only that prefix needs to
+        // be found (nth_element; the order is total, so it is the prefix a
         // full sort gives), and ordered only when spans differ. A 25% budget
         // of 2048 pages: ~3x less work than sorting them all.
-        const uint64_t room = rule.budget > taken ? rule.budget - taken : 0;
+        const uint64_t room = rule.budget > mandatory ? rule.budget - mandatory : 0;
         const size_t k = size_t(std::min<uint64_t>(room / shortest + (shortest == longest ? 0 : 1), order.size()));
         std::nth_element(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(), before);
         if (shortest != longest) std::sort(order.begin(), order.begin() + std::ptrdiff_t(k), before);
         order.resize(k);
     }
-    const uint64_t budget =
-        rule.mass ? mass_budget(in, bounds, order.data(), uint32_t(order.size()), taken, rule) : rule.budget;
+}
+
+void take_topk(const Entry *in, uint32_t n, const dvec<uint32_t> &order, uint64_t mandatory, uint64_t budget,
+               dvec<uint8_t> &keep, dvec<Entry> &out) {
     keep.resize(n);
     for (uint32_t i = 0; i < n; ++i) keep[i] = in[i].mandatory;
+    uint64_t taken = mandatory;
     for (uint32_t c : order) {
         const uint32_t span = in[c].end - in[c].begin;
         if (taken + span > budget) break;
@@ -211,6 +215,15 @@ uint64_t select_topk(const Entry *in, uint32_t n, const float *bounds, const Top
     out.clear();
     for (uint32_t i = 0; i < n; ++i)
         if (keep[i]) out.push_back(in[i]);
+}
+
+uint64_t select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, dvec<uint32_t> &order,
+                     dvec<uint8_t> &keep, dvec<Entry> &out) {
+    const uint64_t mandatory = mandatory_tokens(in, n);
+    rank_topk(in, n, bounds, rule, mandatory, order);
+    const uint64_t budget =
+        rule.mass ? mass_budget(in, bounds, order.data(), uint32_t(order.size()), mandatory, rule) : rule.budget;
+    take_topk(in, n, order, mandatory, budget, keep, out);
     return budget;
 }
 

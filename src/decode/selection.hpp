@@ -91,6 +91,17 @@ inline bool topk_enabled(const ikv_decode_args &a) { return a.topk_token_budget 
 uint64_t select_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, dvec<uint32_t> &order,
                      dvec<uint8_t> &keep, dvec<Entry> &out);
 
+// select_topk's steps, for a caller that walks one ranking under two budgets
+// (IKV_TOPK_SCORE_KEYS' first pass under the mass rule): the mandatory
+// entries' tokens; order = the non-mandatory entries ranked (all of them with
+// rule.mass, else the prefix a walk under rule.budget can reach); the walk,
+// keep and out as in select_topk. No allocation beyond order, keep and out.
+uint64_t mandatory_tokens(const Entry *in, uint32_t n);
+void rank_topk(const Entry *in, uint32_t n, const float *bounds, const TopkRule &rule, uint64_t mandatory,
+               dvec<uint32_t> &order);
+void take_topk(const Entry *in, uint32_t n, const dvec<uint32_t> &order, uint64_t mandatory, uint64_t budget,
+               dvec<uint8_t> &keep, dvec<Entry> &out);
+
 // IKV_TOPK_SCORE_KEYS' first pass takes candidates for this many times the
 // budget's non-mandatory tokens (bench/RESULTS.md section 6w measured 2 and 4).
 constexpr uint64_t kKeysCandidateFactor = 2;
