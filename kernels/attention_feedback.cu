@@ -32,7 +32,6 @@ namespace cuda {
 namespace {
 
 constexpr int kFeedbackWarps = 4;
-constexpr uint32_t kFeedbackBlocksPerSm = 8;  // blocks resident per SM the grid aims at
 
 // Scaled query row r (= t * G + g) of (b, h), channel d.
 __device__ __forceinline__ float query_row(const DecodeParams &p, uint32_t b, uint32_t h, uint32_t r, uint32_t d) {
@@ -109,10 +108,11 @@ __global__ void __launch_bounds__(kFeedbackWarps * 32) feedback_kernel(const Dec
 
 template <int D, int NR>
 cudaError_t launch_feedback(const DecodeParams &p, const FeedbackOut &o, int n_sms, cudaStream_t stream) {
-    const dim3 grid(key_walk_blocks(p.lists.stride, kFeedbackWarps, p.shape.n_kv_heads * p.n_seqs, n_sms,
-                                    kFeedbackBlocksPerSm),
+    const size_t smem = size_t(NR) * D * 4;
+    static const int resident = resident_blocks(feedback_kernel<D, NR>, kFeedbackWarps * 32, smem);
+    const dim3 grid(key_walk_blocks(resident, p.lists.stride, kFeedbackWarps, p.shape.n_kv_heads * p.n_seqs, n_sms),
                     p.shape.n_kv_heads, p.n_seqs);
-    return launch(feedback_kernel<D, NR>, grid, dim3(kFeedbackWarps * 32), size_t(NR) * D * 4, stream, p, o);
+    return launch(feedback_kernel<D, NR>, grid, dim3(kFeedbackWarps * 32), smem, stream, p, o);
 }
 
 template <int D>

@@ -108,13 +108,26 @@ __device__ __forceinline__ void for_each_key_dot(const uint8_t *sub, uint32_t P,
 // The tile of query rows a kernel stages: r rows rounded up to 4, 8 or 16.
 inline uint32_t key_dot_tile_rows(uint32_t r) { return r <= 4 ? 4 : r <= 8 ? 8 : 16; }
 
+// Blocks of `kernel` one SM keeps resident (at least 1). Launchers cache it
+// per kernel (a function-local static), as the query costs host time.
+template <class Kernel>
+int resident_blocks(Kernel kernel, uint32_t threads, size_t smem) {
+    int resident = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, int(threads), smem) != cudaSuccess) {
+        cudaGetLastError();
+        resident = 0;
+    }
+    return resident < 1 ? 1 : resident;
+}
+
 // Blocks per list for a kernel whose blocks stage their query rows once and
-// walk entries warps_per_block apart: enough for blocks_per_sm resident
-// blocks on every SM over all `lists`, no more than the longest list
-// (`stride` entries) needs. n_sms 0: assume 132.
-inline uint32_t key_walk_blocks(uint32_t stride, uint32_t warps_per_block, uint32_t lists, int n_sms,
-                                uint32_t blocks_per_sm) {
-    const uint64_t want = (uint64_t(n_sms > 0 ? n_sms : 132) * blocks_per_sm + lists - 1) / (lists ? lists : 1);
+// walk entries warps_per_block apart: one wave, the `resident` blocks per SM
+// shared among all `lists`, and no more than the longest list (`stride`
+// entries) needs. A grid of a fixed 8 blocks per SM ran as a full wave and a
+// partial one where registers allow 6 (bench/RESULTS.md 6v). n_sms 0: assume
+// 132.
+inline uint32_t key_walk_blocks(int resident, uint32_t stride, uint32_t warps_per_block, uint32_t lists, int n_sms) {
+    const uint64_t want = uint64_t(n_sms > 0 ? n_sms : 132) * uint64_t(resident) / (lists ? lists : 1);
     const uint64_t most = (uint64_t(stride) + warps_per_block - 1) / warps_per_block;
     return uint32_t(want < 1 ? 1 : want < most ? want : most < 1 ? 1 : most);
 }
