@@ -163,6 +163,8 @@ def main(argv=None):
         failed = {(c, m, b) for (c, m, b), _ in violations}
         for _, message in violations[:20]:
             print("VIOLATION: " + message)
+        print("decode vs float64 over its own selection, largest relative L2 (bound 1e-5): " +
+              ", ".join("%s %.3g" % kv for kv in sorted(harness.LARGEST_DEVIATION.items())))
         n_rows = sum(len(s) for s in all_summaries.values())
         print("harness properties over (data, method, budget) rows: %d passed, %d failed" % (n_rows - len(failed),
                                                                                            len(failed)))

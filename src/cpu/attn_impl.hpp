@@ -231,7 +231,11 @@ inline void logits_block(const ChunkTask &T, const float *qbase, const Rows &row
 
 // acc[r0..r0+NR) += sum_i p[r][i] * v_i: accumulators of O::kValueChunks
 // D-chunks held in registers across the span's tokens (2 where there are 16
-// vector registers, 4 with 32), each weight broadcast once per token.
+// vector registers, 4 with 32), each weight broadcast once per token. The
+// span's sum starts from zero and joins acc once: one fp32 running sum over a
+// 32K-token chunk drifted up to 2.9e-5 relative from float64 on real
+// attention (bench/RESULTS.md 6u); a sum per span then a sum of spans keeps
+// the rounding to ~sqrt(16) + sqrt(spans) ulps instead of ~sqrt(tokens).
 template <uint32_t NR, class Rows>
 inline void values_block(const ChunkTask &T, const Rows &rows, uint32_t n, uint32_t r0, const float *S, uint32_t SP,
                          SpanPrefetch &pf) {
@@ -248,7 +252,7 @@ inline void values_block(const ChunkTask &T, const Rows &rows, uint32_t n, uint3
     for (; d + NC * O::W <= D; d += NC * O::W) {
         V a[NC][NR];
         for (uint32_t c = 0; c < NC; ++c)
-            for (uint32_t j = 0; j < NR; ++j) a[c][j] = O::load(acc[j] + d + c * O::W);
+            for (uint32_t j = 0; j < NR; ++j) a[c][j] = O::zero();
         for (size_t i = 0; i < n; ++i) {
             pf.step();
             const auto vr = rows.row(i);
@@ -260,16 +264,17 @@ inline void values_block(const ChunkTask &T, const Rows &rows, uint32_t n, uint3
             }
         }
         for (uint32_t c = 0; c < NC; ++c)
-            for (uint32_t j = 0; j < NR; ++j) O::store(acc[j] + d + c * O::W, a[c][j]);
+            for (uint32_t j = 0; j < NR; ++j)
+                O::store(acc[j] + d + c * O::W, O::add(O::load(acc[j] + d + c * O::W), a[c][j]));
     }
     for (; d < D; d += O::W) {  // chunks left over (e.g. D = 80 with 16 lanes)
         V a[NR];
-        for (uint32_t j = 0; j < NR; ++j) a[j] = O::load(acc[j] + d);
+        for (uint32_t j = 0; j < NR; ++j) a[j] = O::zero();
         for (size_t i = 0; i < n; ++i) {
             const V v0 = rows.row(i).at(d);
             for (uint32_t j = 0; j < NR; ++j) a[j] = O::fma(O::set1(w[j][i]), v0, a[j]);
         }
-        for (uint32_t j = 0; j < NR; ++j) O::store(acc[j] + d, a[j]);
+        for (uint32_t j = 0; j < NR; ++j) O::store(acc[j] + d, O::add(O::load(acc[j] + d), a[j]));
     }
 }
 
