@@ -488,6 +488,38 @@ static void test_keys_score_limits(void **state) {
     ikv_pool_destroy(gpu);
 }
 
+/* The feedback tests' setting: a CPU and a CUDA pool of one format holding the
+ * same two sequences (301 and 97 tokens), attention feedback on each, and a
+ * plan of three ranges of the shorter one (clipped for neither). */
+enum { FB_SEQS = 2 };
+typedef struct {
+    ikv_pool *cpu, *gpu;
+    ikv_seq_id sc[FB_SEQS], sg[FB_SEQS];
+    ikv_page_feedback *fb_cpu, *fb_gpu;
+    ikv_plan *plan;
+} feedback_pools;
+
+static feedback_pools feedback_pools_make(ikv_format fmt, ikvt_rng *rng) {
+    static const uint32_t lens[FB_SEQS] = {301, 97};
+    ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
+    feedback_pools f;
+    f.cpu = make_pool(IKV_BACKEND_CPU, fmt), f.gpu = make_pool(IKV_BACKEND_CUDA, fmt);
+    for (int b = 0; b < FB_SEQS; ++b) fill_both(f.cpu, f.gpu, &f.sc[b], &f.sg[b], lens[b], rng);
+    ikv_page_feedback_config fc = ikv_page_feedback_default_config();
+    IKVT_OK(ikv_page_feedback_create(f.cpu, &fc, &f.fb_cpu));
+    IKVT_OK(ikv_page_feedback_create(f.gpu, &fc, &f.fb_gpu));
+    IKVT_OK(ikv_plan_from_ranges(ranges, 3, 97, P, fmt, &f.plan));
+    return f;
+}
+
+static void feedback_pools_free(feedback_pools *f) {
+    ikv_plan_destroy(f->plan);
+    ikv_page_feedback_destroy(f->fb_cpu);
+    ikv_page_feedback_destroy(f->fb_gpu);
+    ikv_pool_destroy(f->cpu);
+    ikv_pool_destroy(f->gpu);
+}
+
 /* Layer 1's feedback averages of the CPU and CUDA pools' sequences, page by page. */
 static void expect_same_feedback(ikv_page_feedback *fb_cpu, const ikv_seq_id *sc, ikv_page_feedback *fb_gpu,
                                  const ikv_seq_id *sg, int n_seqs, double tol, ikv_format fmt) {
@@ -516,21 +548,15 @@ static void test_feedback_matches_cpu(void **state) {
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_FP8_E4M3, IKV_FMT_INT8, IKV_FMT_INT4};
     ikvt_rng rng = {0xFEED};
     ikv_decoder *dec = two_thread_decoder();
-    enum { B = 2, T_MAX = 3 };
-    const uint32_t lens[B] = {301, 97};
+    enum { B = FB_SEQS, T_MAX = 3 };
     float *q = malloc(4 * (size_t)B * T_MAX * HQ * D), *out = malloc(4 * (size_t)B * T_MAX * HQ * D);
     float *lse = malloc(4 * (size_t)B * T_MAX * HQ), *mc = malloc(4 * 64), *mg = malloc(4 * 64);
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; ++fi) {
-        ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, fmts[fi]), *gpu = make_pool(IKV_BACKEND_CUDA, fmts[fi]);
-        ikv_seq_id sc[B], sg[B];
-        for (int b = 0; b < B; ++b) fill_both(cpu, gpu, &sc[b], &sg[b], lens[b], &rng);
-        ikv_page_feedback_config fc = ikv_page_feedback_default_config();
-        ikv_page_feedback *fb_cpu = NULL, *fb_gpu = NULL;
-        IKVT_OK(ikv_page_feedback_create(cpu, &fc, &fb_cpu));
-        IKVT_OK(ikv_page_feedback_create(gpu, &fc, &fb_gpu));
-        ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
-        ikv_plan *plan = NULL;
-        IKVT_OK(ikv_plan_from_ranges(ranges, 3, 97, P, fmts[fi], &plan));
+        feedback_pools f = feedback_pools_make(fmts[fi], &rng);
+        ikv_pool *cpu = f.cpu, *gpu = f.gpu;
+        const ikv_seq_id *sc = f.sc, *sg = f.sg;
+        ikv_page_feedback *fb_cpu = f.fb_cpu, *fb_gpu = f.fb_gpu;
+        const ikv_plan *plan = f.plan;
         double tol = 0.0;
         /* dense, plan, Quest top-k, hybrid top-k, T = 3 dense; the last two without an lse output */
         for (int step = 0; step < 5; ++step) {
@@ -626,11 +652,7 @@ static void test_feedback_matches_cpu(void **state) {
         assert_int_equal(n0, n1);
         assert_memory_equal(mg, mc, 4 * (size_t)n0);
         ikvt_rt.free_(dq), ikvt_rt.free_(dout);
-        ikv_plan_destroy(plan);
-        ikv_page_feedback_destroy(fb_cpu);
-        ikv_page_feedback_destroy(fb_gpu);
-        ikv_pool_destroy(cpu);
-        ikv_pool_destroy(gpu);
+        feedback_pools_free(&f);
     }
     free(q), free(out), free(lse), free(mc), free(mg);
     ikv_decoder_destroy(dec);
@@ -773,33 +795,19 @@ static void test_feedback_many_rows(void **state) {
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
     ikvt_rng rng = {0xFEED5};
     ikv_decoder *dec = two_thread_decoder();
-    enum { B = 2, T = 5 };
-    const uint32_t lens[B] = {301, 97};
+    enum { B = FB_SEQS, T = 5 };
     float *q = malloc(4 * (size_t)B * T * HQ * D), *out = malloc(4 * (size_t)B * T * HQ * D);
     float *lse = malloc(4 * (size_t)B * T * HQ);
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; ++fi) {
-        ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, fmts[fi]), *gpu = make_pool(IKV_BACKEND_CUDA, fmts[fi]);
-        ikv_seq_id sc[B], sg[B];
-        for (int b = 0; b < B; ++b) fill_both(cpu, gpu, &sc[b], &sg[b], lens[b], &rng);
-        ikv_page_feedback_config fc = ikv_page_feedback_default_config();
-        ikv_page_feedback *fb_cpu = NULL, *fb_gpu = NULL;
-        IKVT_OK(ikv_page_feedback_create(cpu, &fc, &fb_cpu));
-        IKVT_OK(ikv_page_feedback_create(gpu, &fc, &fb_gpu));
-        ikv_token_range ranges[3] = {{0, 21}, {50, 83}, {90, 97}};
-        ikv_plan *plan = NULL;
-        IKVT_OK(ikv_plan_from_ranges(ranges, 3, 97, P, fmts[fi], &plan));
+        feedback_pools f = feedback_pools_make(fmts[fi], &rng);
         for (int step = 0; step < 2; ++step) { /* dense, then a plan */
-            step_cfg cfg = {T, step ? plan : NULL, 0u, IKV_DTYPE_F32, 0, 0, NULL, NULL, fb_cpu, fb_gpu, 0.0f};
+            step_cfg cfg = {T, step ? f.plan : NULL, 0u, IKV_DTYPE_F32, 0, 0, NULL, NULL, f.fb_cpu, f.fb_gpu, 0.0f};
             ikvt_fill_normal(&rng, q, (size_t)B * T * HQ * D, 1.0f);
-            const double e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
+            const double e = decode_both(dec, f.cpu, f.sc, f.gpu, f.sg, B, 1, q, cfg, out, lse);
             if (!(e <= step_tol(T, IKV_DTYPE_F32))) fail_msg("format %d step %d: rel L2 %.3g vs CPU", (int)fmts[fi], step, e);
         }
-        expect_same_feedback(fb_cpu, sc, fb_gpu, sg, B, step_tol(T, IKV_DTYPE_F32), fmts[fi]);
-        ikv_plan_destroy(plan);
-        ikv_page_feedback_destroy(fb_cpu);
-        ikv_page_feedback_destroy(fb_gpu);
-        ikv_pool_destroy(cpu);
-        ikv_pool_destroy(gpu);
+        expect_same_feedback(f.fb_cpu, f.sc, f.fb_gpu, f.sg, B, step_tol(T, IKV_DTYPE_F32), fmts[fi]);
+        feedback_pools_free(&f);
     }
     free(q), free(out), free(lse);
     ikv_decoder_destroy(dec);
