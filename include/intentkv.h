@@ -1162,7 +1162,9 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * a query's position adds nothing for that query). For each such page,
  * ema = (1 - rate) * ema + rate * share (ema starts at 0); pages the step did
  * not read keep their ema. This costs one more pass over the keys the step
- * read (no second read of V; not counted by ikv_decoder_last_bytes_read).
+ * read (on CUDA pools one per 16 query rows per kv-head, n_query_tokens x
+ * n_q_heads / n_kv_heads; no second read of V; not counted by
+ * ikv_decoder_last_bytes_read).
  * CUDA pools: the device measures the shares (fp32 sums; the CPU sums in
  * double, so the two agree to float rounding) and the decode then waits
  * for its stream and copies them back to the host, where the averages live:

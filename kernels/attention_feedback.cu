@@ -10,7 +10,8 @@
 // the fused decode's chunks are not pages (a split covers many pages, a
 // chunk 16 rows of one), and recording per-page partials would put work on
 // the hot path that only feedback steps want. Feedback is opt-in and costs
-// one more read of the keys the step read (the CPU path does the same).
+// one more read of the keys the step read per 16 query rows per kv-head (the
+// CPU path reads them once).
 //
 // One warp per list entry, reading its keys as warp_key_dots.cuh does; a
 // block's warps share one (sequence, kv-head) and walk many entries of its
@@ -109,8 +110,8 @@ __global__ void __launch_bounds__(kFeedbackWarps * 32) feedback_kernel(const Dec
 template <int D, int NR>
 cudaError_t launch_feedback(const DecodeParams &p, const FeedbackOut &o, int n_sms, cudaStream_t stream) {
     const size_t smem = size_t(NR) * D * 4;
-    static const int resident = resident_blocks(feedback_kernel<D, NR>, kFeedbackWarps * 32, smem);
-    const dim3 grid(key_walk_blocks(resident, p.lists.stride, kFeedbackWarps, p.shape.n_kv_heads * p.n_seqs, n_sms),
+    static std::atomic<int> resident{0};
+    const dim3 grid(key_walk_blocks(resident_blocks(resident, feedback_kernel<D, NR>, kFeedbackWarps * 32, smem), p.lists.stride, kFeedbackWarps, p.shape.n_kv_heads * p.n_seqs, n_sms),
                     p.shape.n_kv_heads, p.n_seqs);
     return launch(feedback_kernel<D, NR>, grid, dim3(kFeedbackWarps * 32), smem, stream, p, o);
 }

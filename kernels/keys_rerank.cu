@@ -87,10 +87,11 @@ __device__ void entry_lse(const KeysRerankParams &p, const float *qs, uint32_t R
 
 // Grid (blocks per (sequence, kv-head), kv-heads, sequences): few enough
 // blocks that each stages its rows once for many entries.
-// (At most 64 registers, so 8 blocks fit an SM: 4-8% faster at B >= 8 and
-// 128K than the compiler's own choice of ~80, 6 blocks; RESULTS 6v.)
+// (At most 64 registers up to 8 rows, so 8 blocks fit an SM: 4-8% faster at
+// B >= 8 and 128K than the compiler's own choice of ~80, 6 blocks; RESULTS
+// 6v. 16 rows keep 6 blocks: 64 registers spilled there.)
 template <int D, int NR>
-__global__ void __launch_bounds__(kLseWarps * 32, 8) key_lse_kernel(const KeysRerankParams p) {
+__global__ void __launch_bounds__(kLseWarps * 32, NR <= 8 ? 8 : 6) key_lse_kernel(const KeysRerankParams p) {
     extern __shared__ float4 qs4[];  // [NR][D]
     float *qs = reinterpret_cast<float *>(qs4);
     const uint32_t h = blockIdx.y, b = blockIdx.z, Hkv = p.shape.n_kv_heads, lane = threadIdx.x % 32;
@@ -175,8 +176,8 @@ __global__ void __launch_bounds__(kShareThreads) key_share_kernel(const KeysRera
 template <int D, int NR>
 cudaError_t launch_lse(const KeysRerankParams &p, cudaStream_t stream) {
     const size_t smem = size_t(NR) * D * 4;
-    static const int resident = resident_blocks(key_lse_kernel<D, NR>, kLseWarps * 32, smem);
-    const dim3 grid(key_walk_blocks(resident, p.candidates.stride, kLseWarps, p.shape.n_kv_heads * p.n_seqs, p.n_sms),
+    static std::atomic<int> resident{0};
+    const dim3 grid(key_walk_blocks(resident_blocks(resident, key_lse_kernel<D, NR>, kLseWarps * 32, smem), p.candidates.stride, kLseWarps, p.shape.n_kv_heads * p.n_seqs, p.n_sms),
                     p.shape.n_kv_heads, p.n_seqs);
     return launch_pdl(key_lse_kernel<D, NR>, grid, dim3(kLseWarps * 32), smem, stream, p);
 }

@@ -13,6 +13,7 @@
 // that follows a dot then runs once per lane instead of NR times.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include "dequant_rows.cuh"
@@ -108,16 +109,20 @@ __device__ __forceinline__ void for_each_key_dot(const uint8_t *sub, uint32_t P,
 // The tile of query rows a kernel stages: r rows rounded up to 4, 8 or 16.
 inline uint32_t key_dot_tile_rows(uint32_t r) { return r <= 4 ? 4 : r <= 8 ? 8 : 16; }
 
-// Blocks of `kernel` one SM keeps resident (at least 1). Launchers cache it
-// per kernel (a function-local static), as the query costs host time.
+// Blocks of `kernel` one SM keeps resident, remembered in `cache` once the
+// occupancy query succeeds (a failed query is asked again on the next
+// launch, and counts as 1 meanwhile). One cache per kernel: the launchers'
+// function-local statics.
 template <class Kernel>
-int resident_blocks(Kernel kernel, uint32_t threads, size_t smem) {
-    int resident = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, int(threads), smem) != cudaSuccess) {
-        cudaGetLastError();
-        resident = 0;
+int resident_blocks(std::atomic<int> &cache, Kernel kernel, uint32_t threads, size_t smem) {
+    int n = cache.load(std::memory_order_relaxed);
+    if (n > 0) return n;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, int(threads), smem) == cudaSuccess && n > 0) {
+        cache.store(n, std::memory_order_relaxed);
+        return n;
     }
-    return resident < 1 ? 1 : resident;
+    (void)cudaGetLastError();  // leave no sticky error from a failed query
+    return 1;
 }
 
 // Blocks per list for a kernel whose blocks stage their query rows once and

@@ -61,14 +61,24 @@ static void test_cuda_pool_refused_without_device(void **state) {
 
 /* ---- GPU: CUDA pool + decode against the CPU pool + decode and float64 ---- */
 
-enum { L = 2, HKV = 2, P = 16, G = 4, HQ = HKV * G, D_MAX = 128 };
-/* head_dim of the pools the GPU tests make: 128, or 32 between the
- * head_dim_32 setup and teardown (at most D_MAX). */
+enum { L = 2, HKV = 2, P = 16, G = 4, HQ = HKV * G, D_MAX = 256 };
+/* head_dim of the pools the GPU tests make: 128, or 32 / 64 / 256 between
+ * the use_head_dim_* setups and their teardown (at most D_MAX). */
 static uint32_t D = 128;
 
 static int use_head_dim_32(void **state) {
     (void)state;
     D = 32;
+    return 0;
+}
+static int use_head_dim_64(void **state) {
+    (void)state;
+    D = 64;
+    return 0;
+}
+static int use_head_dim_256(void **state) {
+    (void)state;
+    D = 256;
     return 0;
 }
 static int use_head_dim_128(void **state) {
@@ -444,7 +454,7 @@ static void test_query_memory_matches_cpu(void **state) {
 /* IKV_TOPK_SCORE_KEYS on a CUDA pool scores at most 16 rows per kv-head: 17
  * query heads per kv-head are refused with a sentence and write nothing
  * (a CPU pool runs them); with top-k off the score is not used and the step
- * runs. */
+ * runs; 16 run as on the CPU. */
 static void test_keys_score_limits(void **state) {
     (void)state;
     ikvt_rng rng = {0x4E4};
@@ -481,6 +491,30 @@ static void test_keys_score_limits(void **state) {
     a.topk_token_budget = 0;
     IKVT_OK(ikv_decode(dec, gpu, &a));
     assert_int_equal(ikvt_rt.sync_(), 0);
+    /* 16 query heads per kv-head, the most the device scores: the CUDA pool
+     * selects and reads what the CPU pool does (candidates for 64 of the 100
+     * tokens, 32 kept). */
+    {
+        const size_t n16 = (size_t)16 * HKV * D;
+        float *out_gpu = malloc(4 * n16);
+        double *ref = malloc(8 * n16);
+        a.n_q_heads = 16 * HKV;
+        a.topk_token_budget = 32;
+        a.seqs = &sc;
+        a.q = q;
+        a.out = out;
+        IKVT_OK(ikv_decode(dec, cpu, &a));
+        a.seqs = &sg;
+        a.q = dq;
+        a.out = dout;
+        IKVT_OK(ikv_decode(dec, gpu, &a));
+        assert_int_equal(ikvt_rt.sync_(), 0);
+        assert_int_equal(ikvt_rt.memcpy_(out_gpu, dout, 4 * n16, IKVT_D2H), 0);
+        for (size_t i = 0; i < n16; ++i) ref[i] = out[i];
+        const double e = ikvt_rel_l2(out_gpu, ref, n16);
+        if (!(e <= step_tol(1, IKV_DTYPE_F32))) fail_msg("16 scored rows: rel L2 %.3g vs CPU", e);
+        free(out_gpu), free(ref);
+    }
     ikvt_rt.free_(dq), ikvt_rt.free_(dout);
     free(q), free(out);
     ikv_decoder_destroy(dec);
@@ -789,7 +823,10 @@ static void test_cuda_pool_and_decode_match_cpu_head_dim_32(void **state) {
 }
 /* Steps of 5 query tokens: 20 query rows per kv-head, which the device's
  * feedback kernel reads each entry's keys for 16 at a time (two tiles, the
- * second partly empty); the averages equal the CPU pool's. */
+ * second partly empty), then a top-k step by IKV_TOPK_SCORE_KEYS (its lse
+ * kernel reads keys the same way); the averages equal the CPU pool's. The
+ * head_dim variants cover every lane layout of kernels/warp_key_dots.cuh
+ * (4, 8, 16 and 32 lanes per key row). */
 static void test_feedback_many_rows(void **state) {
     (void)state;
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
@@ -800,11 +837,13 @@ static void test_feedback_many_rows(void **state) {
     float *lse = malloc(4 * (size_t)B * T * HQ);
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; ++fi) {
         feedback_pools f = feedback_pools_make(fmts[fi], &rng);
-        for (int step = 0; step < 2; ++step) { /* dense, then a plan */
-            step_cfg cfg = {T, step ? f.plan : NULL, 0u, IKV_DTYPE_F32, 0, 0, NULL, NULL, f.fb_cpu, f.fb_gpu, 0.0f};
-            ikvt_fill_normal(&rng, q, (size_t)B * T * HQ * D, 1.0f);
+        for (int step = 0; step < 3; ++step) { /* dense and a plan at T = 5; IKV_TOPK_SCORE_KEYS at T = 1 */
+            const uint32_t t = step < 2 ? (uint32_t)T : 1u;
+            step_cfg cfg = {t,   step == 1 ? f.plan : NULL, step == 2 ? 64u : 0u, IKV_DTYPE_F32, step == 2 ? 2 : 0, 0,
+                            NULL, NULL, f.fb_cpu, f.fb_gpu, 0.0f};
+            ikvt_fill_normal(&rng, q, (size_t)B * t * HQ * D, 1.0f);
             const double e = decode_both(dec, f.cpu, f.sc, f.gpu, f.sg, B, 1, q, cfg, out, lse);
-            if (!(e <= step_tol(T, IKV_DTYPE_F32))) fail_msg("format %d step %d: rel L2 %.3g vs CPU", (int)fmts[fi], step, e);
+            if (!(e <= step_tol(t, IKV_DTYPE_F32))) fail_msg("format %d step %d: rel L2 %.3g vs CPU", (int)fmts[fi], step, e);
         }
         expect_same_feedback(f.fb_cpu, f.sc, f.fb_gpu, f.sg, B, step_tol(T, IKV_DTYPE_F32), fmts[fi]);
         feedback_pools_free(&f);
@@ -818,9 +857,18 @@ static void test_long_multi_token_step_head_dim_32(void **state) {
     test_long_multi_token_step(state);
 }
 /* At head_dim 32 a key row spans 4 lanes, and each lane holds the sums of 4 of
- * the 16 query rows the feedback kernel reads keys for at once. */
+ * the 16 query rows the feedback kernel reads keys for at once; at 256, 32
+ * lanes, 8 of which hold each of 4 rows' sums. */
 static void test_feedback_many_rows_head_dim_32(void **state) {
     assert_int_equal(D, 32);
+    test_feedback_many_rows(state);
+}
+static void test_feedback_many_rows_head_dim_64(void **state) {
+    assert_int_equal(D, 64);
+    test_feedback_many_rows(state);
+}
+static void test_feedback_many_rows_head_dim_256(void **state) {
+    assert_int_equal(D, 256);
     test_feedback_many_rows(state);
 }
 
@@ -1244,6 +1292,8 @@ int main(void) {
         cmocka_unit_test(test_feedback_matches_cpu),
         cmocka_unit_test(test_feedback_many_rows),
         cmocka_unit_test_setup_teardown(test_feedback_many_rows_head_dim_32, use_head_dim_32, use_head_dim_128),
+        cmocka_unit_test_setup_teardown(test_feedback_many_rows_head_dim_64, use_head_dim_64, use_head_dim_128),
+        cmocka_unit_test_setup_teardown(test_feedback_many_rows_head_dim_256, use_head_dim_256, use_head_dim_128),
     };
     const int rc = cmocka_run_group_tests_name("cuda_gpu", gpu, NULL, NULL);
     if (rc == 0 && bench && strcmp(bench, "1") == 0) run_decode_bench();

@@ -235,7 +235,8 @@ inline void logits_block(const ChunkTask &T, const float *qbase, const Rows &row
 // span's sum starts from zero and joins acc once: one fp32 running sum over a
 // 32K-token chunk drifted up to 2.9e-5 relative from float64 on real
 // attention (bench/RESULTS.md 6u); a sum per span then a sum of spans keeps
-// the rounding to ~sqrt(16) + sqrt(spans) ulps instead of ~sqrt(tokens).
+// the rounding to ~sqrt(span tokens) + sqrt(spans) ulps instead of
+// ~sqrt(tokens).
 template <uint32_t NR, class Rows>
 inline void values_block(const ChunkTask &T, const Rows &rows, uint32_t n, uint32_t r0, const float *S, uint32_t SP,
                          SpanPrefetch &pf) {

@@ -216,14 +216,16 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                 // The rule's budget on the hybrid scores (a mass rule's from the whole
                 // ranking), then the candidates for twice it from the same ranking.
                 const uint64_t mandatory = mandatory_tokens(in, n);
+                auto candidate_budget = [&](uint64_t b) {
+                    return uint32_t(std::min<uint64_t>(keys_candidate_budget(b, mandatory), UINT32_MAX));
+                };
                 TopkRule first = rule;
-                if (!rule.mass)
-                    first.budget = uint32_t(std::min<uint64_t>(keys_candidate_budget(rule.budget, mandatory), UINT32_MAX));
+                if (!rule.mass) first.budget = candidate_budget(rule.budget);
                 rank_topk(in, n, bounds, first, mandatory, K.order);
                 const uint64_t budget =
                     rule.mass ? mass_budget(in, bounds, K.order.data(), uint32_t(K.order.size()), mandatory, rule)
                               : rule.budget;
-                take_topk(in, n, K.order, mandatory, keys_candidate_budget(budget, mandatory), K.keep, K.candidates);
+                take_topk(in, n, K.order, mandatory, candidate_budget(budget), K.keep, K.candidates);
                 const uint32_t nc = uint32_t(K.candidates.size());
                 const float *halved = S.qsigns.data() + uint64_t(bh) * parts * ND + 2 * ND;  // hybrid's q / 2
                 for (uint64_t e = 0; e < ND; ++e) K.q[e] = 2.0f * halved[e];  // (sized above, as scores and scratch)
