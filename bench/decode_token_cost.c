@@ -10,9 +10,12 @@
  * 32K and more come from DRAM. Format numbers: ikv_format (0 F16, 1 BF16,
  * 2 FP8 E4M3, 3 INT8, 4 INT4). Environment knobs of the library apply
  * (IKV_CPU_ISA, IKV_CPU_VNNI), so A/B runs need no rebuild. The per-token
- * figure is thread-time: min x threads / (context x kv-heads). */
+ * figure is thread-time: min x threads / (context x kv-heads).
+ * DECODE_COST_TOPK=quest|hybrid|keys: a query-aware top-k step to a quarter
+ * of the context with that page score instead of a dense one. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "intentkv.h"
@@ -89,6 +92,20 @@ int main(int argc, char **argv) {
     a.n_q_heads = kQHeads;
     a.q = q;
     a.out = out;
+    const char *topk = getenv("DECODE_COST_TOPK");
+    if (topk && *topk) {
+        static const char *const names[] = {"quest", "hybrid", "keys"};
+        static const ikv_topk_score scores[] = {IKV_TOPK_SCORE_QUEST, IKV_TOPK_SCORE_HYBRID, IKV_TOPK_SCORE_KEYS};
+        int found = -1;
+        for (int i = 0; i < 3; ++i)
+            if (strcmp(topk, names[i]) == 0) found = i;
+        if (found < 0) {
+            fprintf(stderr, "DECODE_COST_TOPK=%s: not quest, hybrid or keys\n", topk);
+            return 2;
+        }
+        a.topk_token_budget = ctx / 4;
+        a.topk_score = scores[found];
+    }
     if (ikv_decode(dec, pool, &a) != IKV_OK) return die("ikv_decode");  /* builds the page lists: not timed */
     double best = 1e30, sum = 0.0;
     for (int c = 0; c < calls; ++c) {
@@ -100,8 +117,10 @@ int main(int argc, char **argv) {
     }
     ikv_runtime_info info = {.struct_size = sizeof info};
     ikv_runtime_info_get(&info);
-    printf("decode_token_cost: format=%s ctx=%u threads=%d isa=%s min_us=%.1f mean_us=%.1f ns_per_token_head_thread=%.2f\n",
-           ikv_format_name((ikv_format)fmt), ctx, threads, info.cpu_isa, best * 1e6, sum / calls * 1e6,
+    printf("decode_token_cost: format=%s ctx=%u threads=%d topk=%s isa=%s min_us=%.1f mean_us=%.1f "
+           "ns_per_token_head_thread=%.2f\n",
+           ikv_format_name((ikv_format)fmt), ctx, threads, topk && *topk ? topk : "off", info.cpu_isa, best * 1e6,
+           sum / calls * 1e6,
            best * 1e9 * threads / ((double)ctx * kKvHeads));
     ikv_decoder_destroy(dec);
     ikv_pool_destroy(pool);

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "common/target_clones.hpp"
 #include "cpu/attn_kernel.hpp"
 #include "cpu/dispatch.hpp"
 #include "feedback/page_feedback.hpp"
@@ -227,6 +229,76 @@ uint64_t select_topk(const Entry *in, uint32_t n, const float *bounds, const Top
     return budget;
 }
 
+// q . k of one key row in float, in 8 interleaved lanes (lane j: channels
+// j, j + 8, ... in order), the lanes then added in a fixed tree, where one
+// running sum was a chain of D dependent adds. (A plain loop over 8 lanes
+// was vectorized across d instead, with shuffles: a vector type says what is
+// meant.)
+static inline float key_dot(const float *q, const float *k, uint32_t D) {
+    typedef float v8 __attribute__((vector_size(32)));  // two SSE registers in the baseline copy
+    v8 acc = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t d = 0;
+    for (; d + 8 <= D; d += 8) {
+        v8 a, b;
+        std::memcpy(&a, q + d, sizeof a);
+        std::memcpy(&b, k + d, sizeof b);
+        acc += a * b;
+    }
+    float lane[8];
+    std::memcpy(lane, &acc, sizeof lane);
+    for (uint32_t j = 0; d < D; ++d, ++j) lane[j] += q[d] * k[d];  // D % 8 channels
+    return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+// One entry's keys (nt rows from t0 of a sub-page) dequantized to `keys`,
+// then lse[r] = log sum_t exp(logit) of each of n_rows query rows (the
+// logit softcapped when softcap > 0; NaN when a logit is NaN; a -inf logit
+// adds nothing). The AVX2 copy (dequantization and dots inlined) keeps every
+// IEEE operation and its order, so both copies give the same bits; the
+// keys score's CPU step was 7.7x a hybrid top-k step at 32K with one
+// running sum per dot, 2.4x faster with the lanes, then this copy
+// (bench/RESULTS.md 6t).
+IKV_AVX2_CLONES static void entry_key_lse(ikv_format f, uint32_t P, uint32_t D, const uint8_t *sub, uint32_t t0,
+                                          uint32_t nt, const float *q, uint32_t n_rows, float softcap, float *keys,
+                                          float *lse) {
+    bool done = false;
+    if (f == IKV_FMT_F16) {  // the usual case, in one loop over the entry's contiguous rows (dequant_rows
+                             // copies each row through two libc memcpy calls: a fifth of this step)
+        const uint8_t *h = sub + subpage_layout(f, P, D).k + uint64_t(t0) * row_bytes(f, D);
+        uint32_t normal = 1;
+        for (uint64_t e = 0; e < uint64_t(nt) * D; ++e) {
+            uint16_t x;
+            std::memcpy(&x, h + 2 * e, 2);
+            const uint32_t em = x & 0x7FFFu;
+            normal &= uint32_t(em >= 0x0400u) & uint32_t(em < 0x7C00u);
+            const uint32_t bits = (uint32_t(x & 0x8000u) << 16) | ((em << 13) + 0x38000000u);  // exact for normals
+            std::memcpy(keys + e, &bits, 4);
+        }
+        done = normal != 0;  // else zeros, subnormals, inf or NaN: the exact conversion below
+    }
+    if (!done) dequant_rows(f, P, D, sub, 0, t0, nt, keys, D);
+    for (uint32_t r = 0; r < n_rows; ++r) {
+        const float *qr = q + uint64_t(r) * D;
+        double m = -INFINITY, sum = 0.0;  // running max and sum of exp(logit - max)
+        for (uint32_t t = 0; t < nt; ++t) {
+            const float l = key_dot(qr, keys + uint64_t(t) * D, D);
+            const double x = softcap > 0.0f ? double(softcap) * std::tanh(double(l) / softcap) : double(l);
+            if (!(x == x)) {
+                m = x;  // a NaN logit makes the entry's score NaN (ranked last)
+                break;
+            }
+            if (x == -INFINITY) continue;  // adds nothing (and exp(-inf - -inf) would be NaN)
+            if (x > m) sum = sum * std::exp(m - x) + 1.0, m = x;
+            else sum += std::exp(x - m);
+        }
+        lse[r] = float(m + std::log(sum));  // -inf + log(0): -inf; NaN stays NaN
+    }
+}
+
+// Entries ahead whose K rows the keys pass prefetches (~ memory latency over
+// one entry's work).
+constexpr uint32_t kKeyPrefetchEntries = 2;
+
 void key_share_scores(const Entry *in, uint32_t n, const SeqSnapshot &snap, const PageShape &shape, uint32_t layer,
                       uint32_t head, const float *q, const float *w_log, uint32_t n_rows, float softcap, float *scores,
                       float *scratch) {
@@ -234,26 +306,18 @@ void key_share_scores(const Entry *in, uint32_t n, const SeqSnapshot &snap, cons
     float *keys = scratch, *lse = scratch + uint64_t(P) * D;  // one entry's K rows; [n][n_rows] log sums
     for (uint32_t i = 0; i < n; ++i) {
         if (in[i].mandatory) continue;
-        const PageRef &ref = snap.pages[in[i].page];
-        const uint32_t t0 = in[i].begin - in[i].page * P, nt = in[i].end - in[i].begin;
-        dequant_rows(ref.format, P, D, ref.base + subpage_offset(shape, ref.format, layer, head), 0, t0, nt, keys, D);
-        for (uint32_t r = 0; r < n_rows; ++r) {
-            const float *qr = q + uint64_t(r) * D;
-            double m = -INFINITY, sum = 0.0;  // running max and sum of exp(logit - max)
-            for (uint32_t t = 0; t < nt; ++t) {
-                float l = 0.0f;
-                for (uint32_t d = 0; d < D; ++d) l += qr[d] * keys[uint64_t(t) * D + d];
-                const double x = softcap > 0.0f ? double(softcap) * std::tanh(double(l) / softcap) : double(l);
-                if (!(x == x)) {
-                    m = x;  // a NaN logit makes the entry's score NaN (ranked last)
-                    break;
-                }
-                if (x == -INFINITY) continue;  // adds nothing (and exp(-inf - -inf) would be NaN)
-                if (x > m) sum = sum * std::exp(m - x) + 1.0, m = x;
-                else sum += std::exp(x - m);
-            }
-            lse[uint64_t(i) * n_rows + r] = float(m + std::log(sum));  // -inf + log(0): -inf; NaN stays NaN
+        for (uint32_t j = i + 1; j < n && j <= i + kKeyPrefetchEntries; ++j) {  // K rows of the entries ahead
+            if (j < i + kKeyPrefetchEntries || in[j].mandatory) continue;     // (each one issued once)
+            const PageRef &next = snap.pages[in[j].page];
+            const uint64_t rb = row_bytes(next.format, D);
+            const uint8_t *k = next.base + subpage_offset(shape, next.format, layer, head) +
+                               subpage_layout(next.format, P, D).k + uint64_t(in[j].begin - in[j].page * P) * rb;
+            for (uint64_t o = 0; o < uint64_t(in[j].end - in[j].begin) * rb; o += 64) __builtin_prefetch(k + o);
         }
+        const PageRef &ref = snap.pages[in[i].page];
+        entry_key_lse(ref.format, P, D, ref.base + subpage_offset(shape, ref.format, layer, head),
+                      in[i].begin - in[i].page * P, in[i].end - in[i].begin, q, n_rows, softcap, keys,
+                      lse + uint64_t(i) * n_rows);
     }
     float *z_log = lse + uint64_t(n) * n_rows;  // [n_rows] Z_r
     for (uint32_t r = 0; r < n_rows; ++r) {
