@@ -12,7 +12,8 @@
  * (IKV_CPU_ISA, IKV_CPU_VNNI), so A/B runs need no rebuild. The per-token
  * figure is thread-time: min x threads / (context x kv-heads).
  * DECODE_COST_TOPK=quest|hybrid|keys: a query-aware top-k step to a quarter
- * of the context with that page score instead of a dense one. */
+ * of the context with that page score instead of a dense one (the per-token
+ * figure still divides by the whole context). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,7 +104,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "DECODE_COST_TOPK=%s: not quest, hybrid or keys\n", topk);
             return 2;
         }
-        a.topk_token_budget = ctx / 4;
+        a.topk_token_budget = ctx / 4 > 0 ? ctx / 4 : 1;  /* (0 would turn top-k off) */
         a.topk_score = scores[found];
     }
     if (ikv_decode(dec, pool, &a) != IKV_OK) return die("ikv_decode");  /* builds the page lists: not timed */

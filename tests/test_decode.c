@@ -44,6 +44,11 @@ static ikv_pool *make_pool(uint32_t n_layers, uint32_t H, uint32_t D, uint32_t P
                                            .capacity_bytes = cap, .default_format = fmt});
 }
 
+/* When set, append_random writes exact zeros and values below F16's normal
+ * range (subnormal halves) into the keys too: the CPU keys score converts
+ * F16 rows of normal halves by a fast path and must agree everywhere. */
+static int g_special_keys;
+
 /* Append n random tokens (all layers) to seq; key magnitude of token i may be
  * scaled per page by page_gain (NULL: 1) so query-aware bounds separate. */
 static void append_random(ikv_pool *pool, ikv_seq_id seq, uint32_t n_layers, uint32_t H, uint32_t D, uint32_t P,
@@ -61,6 +66,8 @@ static void append_random(ikv_pool *pool, ikv_seq_id seq, uint32_t n_layers, uin
                 const float gain = 0.3f + 0.37f * (float)((page * 7u) % 13u);
                 for (size_t j = 0; j < (size_t)H * D; ++j) k[l * per + (size_t)t * H * D + j] *= gain;
             }
+    if (g_special_keys)
+        for (size_t j = 0; j < per * n_layers; j += 37) k[j] = j % 74 ? 0.0f : 3.0e-6f * (k[j] < 0 ? -1.0f : 1.0f);
     ikv_append a = ikv_append_default(pool, n);
     a.layer = n_layers > 1 ? IKV_ALL_LAYERS : 0;
     a.k = k;
@@ -978,6 +985,24 @@ static void test_topk_keys_score(void **state) {
         c.seed = 5900 + (uint64_t)i;
         run_step(&c);
     }
+    /* F16 keys with zeros and subnormal halves among them, fixed and mass budgets:
+     * the CPU pass's own F16 conversion runs on them (a mutant converting them
+     * as normals still passes: errors of a subnormal's size move no selection;
+     * the conversion's equality with the codec is by construction). */
+    g_special_keys = 1;
+    for (int i = 0; i < 2; ++i) {
+        step_cfg c = base_cfg();
+        c.length = 390;
+        c.q_sigma = 2.0f;
+        c.mass.hybrid = c.mass.keys = 1;
+        c.mass.on = i;
+        c.mass.share = 0.8;
+        c.topk = i ? 120 : 64;
+        c.fmt = IKV_FMT_F16;
+        c.seed = 5950 + (uint64_t)i;
+        run_step(&c);
+    }
+    g_special_keys = 0;
 }
 
 /* Plans with mandatory pages (routed: ALWAYS and RECENT blocks): they are kept

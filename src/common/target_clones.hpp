@@ -4,7 +4,9 @@
 // vectorize with it. Used on the host append path, which the library builds
 // for baseline x86-64. AVX2 without FMA keeps every IEEE operation and its
 // order, so both copies compute the same bits; the tests run whichever copy
-// the machine picks (docs/FORMATS.md).
+// the machine picks (docs/FORMATS.md). (That holds for the library's own
+// flags; a build with FMA enabled for the whole library, e.g.
+// -march=x86-64-v3, lets GCC contract a*b+c in both copies.)
 #pragma once
 
 #if defined(__x86_64__) && defined(__linux__) && defined(__clang__)

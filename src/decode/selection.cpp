@@ -253,11 +253,12 @@ static inline float key_dot(const float *q, const float *k, uint32_t D) {
 // One entry's keys (nt rows from t0 of a sub-page) dequantized to `keys`,
 // then lse[r] = log sum_t exp(logit) of each of n_rows query rows (the
 // logit softcapped when softcap > 0; NaN when a logit is NaN; a -inf logit
-// adds nothing). The AVX2 copy (dequantization and dots inlined) keeps every
-// IEEE operation and its order, so both copies give the same bits; the
-// keys score's CPU step was 7.7x a hybrid top-k step at 32K with one
-// running sum per dot, 2.4x faster with the lanes, then this copy
-// (bench/RESULTS.md 6t).
+// adds nothing). The AVX2 copy (with GCC, dequantization and dots inlined)
+// keeps every IEEE operation and its order, so both copies give the same
+// bits (as long as the library is not built with FMA contraction enabled,
+// e.g. -march=x86-64-v3: common/target_clones.hpp). With one running sum per
+// dot, libc row copies and no prefetch, the keys score's CPU step was
+// 12.5-13.2x a hybrid top-k step at 32K; 4.3-4.8x now (bench/RESULTS.md 6t).
 IKV_AVX2_CLONES static void entry_key_lse(ikv_format f, uint32_t P, uint32_t D, const uint8_t *sub, uint32_t t0,
                                           uint32_t nt, const float *q, uint32_t n_rows, float softcap, float *keys,
                                           float *lse) {
@@ -265,16 +266,20 @@ IKV_AVX2_CLONES static void entry_key_lse(ikv_format f, uint32_t P, uint32_t D, 
     if (f == IKV_FMT_F16) {  // the usual case, in one loop over the entry's contiguous rows (dequant_rows
                              // copies each row through two libc memcpy calls: a fifth of this step)
         const uint8_t *h = sub + subpage_layout(f, P, D).k + uint64_t(t0) * row_bytes(f, D);
-        uint32_t normal = 1;
+        uint32_t finite = 1;
         for (uint64_t e = 0; e < uint64_t(nt) * D; ++e) {
             uint16_t x;
             std::memcpy(&x, h + 2 * e, 2);
-            const uint32_t em = x & 0x7FFFu;
-            normal &= uint32_t(em >= 0x0400u) & uint32_t(em < 0x7C00u);
-            const uint32_t bits = (uint32_t(x & 0x8000u) << 16) | ((em << 13) + 0x38000000u);  // exact for normals
+            const uint32_t em = x & 0x7FFFu, sign = uint32_t(x & 0x8000u) << 16;
+            finite &= uint32_t(em < 0x7C00u);
+            const float tiny = float(em) * 0x1p-24f;  // zero and subnormal halves: em * 2^-24, exact
+            uint32_t tiny_bits;
+            std::memcpy(&tiny_bits, &tiny, 4);
+            const uint32_t tiny_mask = 0u - uint32_t(em < 0x0400u);  // masks, not a branch: the loop vectorizes
+            const uint32_t bits = sign | (tiny_bits & tiny_mask) | (((em << 13) + 0x38000000u) & ~tiny_mask);  // = f16_to_f32
             std::memcpy(keys + e, &bits, 4);
         }
-        done = normal != 0;  // else zeros, subnormals, inf or NaN: the exact conversion below
+        done = finite != 0;  // else inf or NaN (appends refuse them): dequant_rows below
     }
     if (!done) dequant_rows(f, P, D, sub, 0, t0, nt, keys, D);
     for (uint32_t r = 0; r < n_rows; ++r) {
@@ -304,16 +309,21 @@ void key_share_scores(const Entry *in, uint32_t n, const SeqSnapshot &snap, cons
                       float *scratch) {
     const uint32_t D = shape.head_dim, P = shape.page_size;
     float *keys = scratch, *lse = scratch + uint64_t(P) * D;  // one entry's K rows; [n][n_rows] log sums
+    // K rows of entry j (not mandatory), whole cache lines.
+    auto prefetch_keys = [&](uint32_t j) {
+        if (j >= n || in[j].mandatory) return;
+        const PageRef &pg = snap.pages[in[j].page];
+        const uint64_t rb = row_bytes(pg.format, D);
+        const uint8_t *k = pg.base + subpage_offset(shape, pg.format, layer, head) + subpage_layout(pg.format, P, D).k +
+                           uint64_t(in[j].begin - in[j].page * P) * rb;
+        const uintptr_t lo = reinterpret_cast<uintptr_t>(k) & ~uintptr_t(63);
+        const uintptr_t hi = reinterpret_cast<uintptr_t>(k) + uint64_t(in[j].end - in[j].begin) * rb;
+        for (uintptr_t a = lo; a < hi; a += 64) __builtin_prefetch(reinterpret_cast<const void *>(a));
+    };
+    for (uint32_t j = 0; j < kKeyPrefetchEntries; ++j) prefetch_keys(j);
     for (uint32_t i = 0; i < n; ++i) {
+        prefetch_keys(i + kKeyPrefetchEntries);  // each entry once, kKeyPrefetchEntries ahead
         if (in[i].mandatory) continue;
-        for (uint32_t j = i + 1; j < n && j <= i + kKeyPrefetchEntries; ++j) {  // K rows of the entries ahead
-            if (j < i + kKeyPrefetchEntries || in[j].mandatory) continue;     // (each one issued once)
-            const PageRef &next = snap.pages[in[j].page];
-            const uint64_t rb = row_bytes(next.format, D);
-            const uint8_t *k = next.base + subpage_offset(shape, next.format, layer, head) +
-                               subpage_layout(next.format, P, D).k + uint64_t(in[j].begin - in[j].page * P) * rb;
-            for (uint64_t o = 0; o < uint64_t(in[j].end - in[j].begin) * rb; o += 64) __builtin_prefetch(k + o);
-        }
         const PageRef &ref = snap.pages[in[i].page];
         entry_key_lse(ref.format, P, D, ref.base + subpage_offset(shape, ref.format, layer, head),
                       in[i].begin - in[i].page * P, in[i].end - in[i].begin, q, n_rows, softcap, keys,
