@@ -66,21 +66,16 @@ enum { L = 2, HKV = 2, P = 16, G = 4, HQ = HKV * G, D_MAX = 256 };
  * the use_head_dim_* setups and their teardown (at most D_MAX). */
 static uint32_t D = 128;
 
-static int use_head_dim_32(void **state) {
-    (void)state;
-    D = 32;
-    return 0;
-}
-static int use_head_dim_64(void **state) {
-    (void)state;
-    D = 64;
-    return 0;
-}
-static int use_head_dim_256(void **state) {
-    (void)state;
-    D = 256;
-    return 0;
-}
+/* use_head_dim_<n>: a cmocka setup making the pools' head_dim n. */
+#define USE_HEAD_DIM(n)                         \
+    static int use_head_dim_##n(void **state) { \
+        (void)state;                            \
+        D = n;                                  \
+        return 0;                               \
+    }
+USE_HEAD_DIM(32)
+USE_HEAD_DIM(64)
+USE_HEAD_DIM(256)
 static int use_head_dim_128(void **state) {
     (void)state;
     D = 128;
@@ -451,6 +446,15 @@ static void test_query_memory_matches_cpu(void **state) {
     ikv_decoder_destroy(dec);
 }
 
+/* ikv_decode of one sequence of `pool` with a's other fields. */
+static ikv_status decode_on(ikv_decoder *dec, ikv_pool *pool, ikv_decode_args *a, const ikv_seq_id *seq,
+                            const void *q, void *out) {
+    a->seqs = seq;
+    a->q = q;
+    a->out = out;
+    return ikv_decode(dec, pool, a);
+}
+
 /* IKV_TOPK_SCORE_KEYS on a CUDA pool scores at most 16 rows per kv-head: 17
  * query heads per kv-head are refused with a sentence and write nothing
  * (a CPU pool runs them); with top-k off the score is not used and the step
@@ -481,15 +485,9 @@ static void test_keys_score_limits(void **state) {
     assert_int_equal(ikvt_rt.memcpy_(out, dout, 4 * n_out, IKVT_D2H), 0);
     for (size_t i = 0; i < n_out; ++i)
         if (memcmp(out + i, &(uint32_t){0x5A5A5A5Au}, 4) != 0) fail_msg("element %zu written by a refused call", i);
-    a.seqs = &sc; /* the CPU pool runs it (host buffers) */
-    a.q = q;
-    a.out = out;
-    IKVT_OK(ikv_decode(dec, cpu, &a));
-    a.seqs = &sg;
-    a.q = dq;
-    a.out = dout;
+    IKVT_OK(decode_on(dec, cpu, &a, &sc, q, out)); /* the CPU pool runs it (host buffers) */
     a.topk_token_budget = 0;
-    IKVT_OK(ikv_decode(dec, gpu, &a));
+    IKVT_OK(decode_on(dec, gpu, &a, &sg, dq, dout));
     assert_int_equal(ikvt_rt.sync_(), 0);
     /* 16 query heads per kv-head, the most the device scores: the CUDA pool
      * selects and reads what the CPU pool does (candidates for 64 of the 100
@@ -500,14 +498,8 @@ static void test_keys_score_limits(void **state) {
         double *ref = malloc(8 * n16);
         a.n_q_heads = 16 * HKV;
         a.topk_token_budget = 32;
-        a.seqs = &sc;
-        a.q = q;
-        a.out = out;
-        IKVT_OK(ikv_decode(dec, cpu, &a));
-        a.seqs = &sg;
-        a.q = dq;
-        a.out = dout;
-        IKVT_OK(ikv_decode(dec, gpu, &a));
+        IKVT_OK(decode_on(dec, cpu, &a, &sc, q, out));
+        IKVT_OK(decode_on(dec, gpu, &a, &sg, dq, dout));
         assert_int_equal(ikvt_rt.sync_(), 0);
         assert_int_equal(ikvt_rt.memcpy_(out_gpu, dout, 4 * n16, IKVT_D2H), 0);
         for (size_t i = 0; i < n16; ++i) ref[i] = out[i];
@@ -817,10 +809,6 @@ static void test_long_multi_token_step(void **state) {
  * F16 queries (CTest's _simt and _tensor_cores runs force each compute path),
  * and the T = 130 step on the fused kernel and the GEMM path
  * (IKV_CUDA_MULTI_TOKEN), each against the CPU pool and float64. */
-static void test_cuda_pool_and_decode_match_cpu_head_dim_32(void **state) {
-    assert_int_equal(D, 32);
-    test_cuda_pool_and_decode_match_cpu(state);
-}
 /* Steps of 5 query tokens: 20 query rows per kv-head, which the device's
  * feedback kernel reads each entry's keys for 16 at a time (two tiles, the
  * second partly empty), then a top-k step by IKV_TOPK_SCORE_KEYS (its lse
@@ -852,25 +840,22 @@ static void test_feedback_many_rows(void **state) {
     ikv_decoder_destroy(dec);
 }
 
-static void test_long_multi_token_step_head_dim_32(void **state) {
-    assert_int_equal(D, 32);
-    test_long_multi_token_step(state);
-}
-/* At head_dim 32 a key row spans 4 lanes, and each lane holds the sums of 4 of
+
+/* <test>_head_dim_<n>: the test again at head_dim n (run between
+ * use_head_dim_<n> and use_head_dim_128). At head_dim 32 a key row spans 4
+ * lanes of kernels/warp_key_dots.cuh, and each lane holds the sums of 4 of
  * the 16 query rows the feedback kernel reads keys for at once; at 256, 32
  * lanes, 8 of which hold each of 4 rows' sums. */
-static void test_feedback_many_rows_head_dim_32(void **state) {
-    assert_int_equal(D, 32);
-    test_feedback_many_rows(state);
-}
-static void test_feedback_many_rows_head_dim_64(void **state) {
-    assert_int_equal(D, 64);
-    test_feedback_many_rows(state);
-}
-static void test_feedback_many_rows_head_dim_256(void **state) {
-    assert_int_equal(D, 256);
-    test_feedback_many_rows(state);
-}
+#define AT_HEAD_DIM(test, n)                        \
+    static void test##_head_dim_##n(void **state) { \
+        assert_int_equal(D, n);                     \
+        test(state);                                \
+    }
+AT_HEAD_DIM(test_cuda_pool_and_decode_match_cpu, 32)
+AT_HEAD_DIM(test_long_multi_token_step, 32)
+AT_HEAD_DIM(test_feedback_many_rows, 32)
+AT_HEAD_DIM(test_feedback_many_rows, 64)
+AT_HEAD_DIM(test_feedback_many_rows, 256)
 
 /* CUDA-graph capture through the public API: an ikv_decode call on a CUDA
  * pool (plan upload, query-aware scoring + top-k, decode, merge) captured on
