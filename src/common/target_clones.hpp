@@ -9,7 +9,20 @@
 // -march=x86-64-v3, lets GCC contract a*b+c in both copies.)
 #pragma once
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__clang__)
+// ThreadSanitizer builds get the baseline copy only: an ifunc whose resolver
+// the loader runs while relocating the library (as for a static function's
+// clones) runs instrumented code before the TSan runtime is up and crashes.
+#if defined(__SANITIZE_THREAD__)
+#define IKV_NO_CLONES 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define IKV_NO_CLONES 1
+#endif
+#endif
+
+#if defined(IKV_NO_CLONES)
+#define IKV_AVX2_CLONES
+#elif defined(__x86_64__) && defined(__linux__) && defined(__clang__)
 #define IKV_AVX2_CLONES __attribute__((target_clones("avx2", "default")))  // clang refuses flatten here
 #elif defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
 #define IKV_AVX2_CLONES __attribute__((target_clones("avx2", "default"), flatten))
