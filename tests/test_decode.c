@@ -986,9 +986,11 @@ static void test_topk_keys_score(void **state) {
         run_step(&c);
     }
     /* F16 keys with zeros and subnormal halves among them, fixed and mass budgets:
-     * the CPU pass's own F16 conversion runs on them (a mutant converting them
-     * as normals still passes: errors of a subnormal's size move no selection;
-     * the conversion's equality with the codec is by construction). */
+     * the codec's branch-free F16 conversion (decode_f16) runs on them in the
+     * CPU pass (a mutant converting them as normals still passes here: errors
+     * of a subnormal's size move no selection; test_pool_formats holds the
+     * codec to an independent conversion on zeros and subnormals of both
+     * signs, test_f16_saturates). */
     g_special_keys = 1;
     for (int i = 0; i < 2; ++i) {
         step_cfg c = base_cfg();

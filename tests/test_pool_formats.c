@@ -178,8 +178,9 @@ static void test_f16_saturates(void **state) {
     float k[H * D], v[H * D], rk[H * D], rv[H * D];
     for (int i = 0; i < H * D; ++i) {
         k[i] = (i % 2 ? -1.0f : 1.0f) * (60000.0f + 100.0f * (float)i);
-        v[i] = 1e-9f * (float)i; /* subnormal halves */
+        v[i] = (i % 2 ? -1e-9f : 1e-9f) * (float)i; /* subnormal halves of both signs, +0 */
     }
+    v[1] = -0.0f;
     append_one_and_read(pool, k, v, rk, rv);
     uint16_t c[H * D];
     ikvt_to_f16(k, c, H * D);
@@ -188,7 +189,10 @@ static void test_f16_saturates(void **state) {
         assert_true(fabsf(rk[i]) <= 65504.0f);
     }
     ikvt_to_f16(v, c, H * D);
-    for (int i = 0; i < H * D; ++i) assert_true(rv[i] == ikvt_f16_to_f32(c[i]));
+    for (int i = 0; i < H * D; ++i) {
+        assert_true(rv[i] == ikvt_f16_to_f32(c[i]));
+        assert_int_equal(signbit(rv[i]) != 0, signbit(ikvt_f16_to_f32(c[i])) != 0); /* -0 stays -0 */
+    }
     ikv_pool_destroy(pool);
 }
 

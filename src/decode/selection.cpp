@@ -257,31 +257,13 @@ static inline float key_dot(const float *q, const float *k, uint32_t D) {
 // keeps every IEEE operation and its order, so both copies give the same
 // bits (as long as the library is not built with FMA contraction enabled,
 // e.g. -march=x86-64-v3: common/target_clones.hpp). With one running sum per
-// dot, libc row copies and no prefetch, the keys score's CPU step was
+// dot, libc row copies (dequant_rows' F16 rows, now decode_f16) and no
+// prefetch, the keys score's CPU step was
 // 12.5-13.2x a hybrid top-k step at 32K; 4.3-4.8x now (bench/RESULTS.md 6t).
 IKV_AVX2_CLONES static void entry_key_lse(ikv_format f, uint32_t P, uint32_t D, const uint8_t *sub, uint32_t t0,
                                           uint32_t nt, const float *q, uint32_t n_rows, float softcap, float *keys,
                                           float *lse) {
-    bool done = false;
-    if (f == IKV_FMT_F16) {  // the usual case, in one loop over the entry's contiguous rows (dequant_rows
-                             // copies each row through two libc memcpy calls: a fifth of this step)
-        const uint8_t *h = sub + subpage_layout(f, P, D).k + uint64_t(t0) * row_bytes(f, D);
-        uint32_t finite = 1;
-        for (uint64_t e = 0; e < uint64_t(nt) * D; ++e) {
-            uint16_t x;
-            std::memcpy(&x, h + 2 * e, 2);
-            const uint32_t em = x & 0x7FFFu, sign = uint32_t(x & 0x8000u) << 16;
-            finite &= uint32_t(em < 0x7C00u);
-            const float tiny = float(em) * 0x1p-24f;  // zero and subnormal halves: em * 2^-24, exact
-            uint32_t tiny_bits;
-            std::memcpy(&tiny_bits, &tiny, 4);
-            const uint32_t tiny_mask = 0u - uint32_t(em < 0x0400u);  // masks, not a branch: the loop vectorizes
-            const uint32_t bits = sign | (tiny_bits & tiny_mask) | (((em << 13) + 0x38000000u) & ~tiny_mask);  // = f16_to_f32
-            std::memcpy(keys + e, &bits, 4);
-        }
-        done = finite != 0;  // else inf or NaN (appends refuse them): dequant_rows below
-    }
-    if (!done) dequant_rows(f, P, D, sub, 0, t0, nt, keys, D);
+    dequant_rows(f, P, D, sub, 0, t0, nt, keys, D);
     for (uint32_t r = 0; r < n_rows; ++r) {
         const float *qr = q + uint64_t(r) * D;
         double m = -INFINITY, sum = 0.0;  // running max and sum of exp(logit - max)
