@@ -89,14 +89,8 @@ __global__ void __launch_bounds__(kFeedbackWarps * 32) feedback_kernel(const Dec
         __syncthreads();
         for (uint32_t e = blockIdx.x * kFeedbackWarps + threadIdx.x / 32; e < n; e += gridDim.x * kFeedbackWarps) {
             const DevPage pg = p.lists.pages[uint64_t(list) * p.lists.stride + e];
-            float share;
-            switch (pg.format) {
-                case IKV_FMT_F16: share = entry_share<D, IKV_FMT_F16, NR>(p, qs, r0, pg, b, h, lane); break;
-                case IKV_FMT_BF16: share = entry_share<D, IKV_FMT_BF16, NR>(p, qs, r0, pg, b, h, lane); break;
-                case IKV_FMT_FP8_E4M3: share = entry_share<D, IKV_FMT_FP8_E4M3, NR>(p, qs, r0, pg, b, h, lane); break;
-                case IKV_FMT_INT8: share = entry_share<D, IKV_FMT_INT8, NR>(p, qs, r0, pg, b, h, lane); break;
-                default: share = entry_share<D, IKV_FMT_INT4, NR>(p, qs, r0, pg, b, h, lane); break;
-            }
+            float share = 0.0f;
+            with_format(pg.format, [&](auto F) { share = entry_share<D, F.value, NR>(p, qs, r0, pg, b, h, lane); });
             if (lane == 0) {  // the same lane sums this entry over every tile
                 float *dst = o.shares + uint64_t(bh) * o.stride + e;
                 const float total = (r0 == 0 ? 0.0f : *dst) + share;

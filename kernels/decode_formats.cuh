@@ -20,6 +20,8 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "common/page_format.hpp"
 
 namespace ikv {
@@ -264,5 +266,19 @@ __device__ __forceinline__ void raw8(const uint8_t *src, float x[8]) {
 }
 
 }  // namespace dec
+
+// fn(std::integral_constant<int, F>{}) for the page format f: one switch,
+// warp-uniform, so the per-format code is compiled once per format.
+template <class Fn>
+__device__ __forceinline__ void with_format(int f, Fn &&fn) {
+    switch (f) {
+        case IKV_FMT_F16: fn(std::integral_constant<int, IKV_FMT_F16>{}); break;
+        case IKV_FMT_BF16: fn(std::integral_constant<int, IKV_FMT_BF16>{}); break;
+        case IKV_FMT_FP8_E4M3: fn(std::integral_constant<int, IKV_FMT_FP8_E4M3>{}); break;
+        case IKV_FMT_INT8: fn(std::integral_constant<int, IKV_FMT_INT8>{}); break;
+        default: fn(std::integral_constant<int, IKV_FMT_INT4>{}); break;
+    }
+}
+
 }  // namespace cuda
 }  // namespace ikv

@@ -108,13 +108,7 @@ __global__ void __launch_bounds__(kLseWarps * 32, NR <= 8 ? 8 : 6) key_lse_kerne
         const DevPage pg = p.candidates.pages[uint64_t(bh) * p.candidates.stride + e];
         if (pg.flags & IKV_PAGE_MANDATORY) continue;  // warp-uniform
         float *out = p.lse + (uint64_t(bh) * p.candidates.stride + e) * p.lse_rows;
-        switch (pg.format) {
-            case IKV_FMT_F16: entry_lse<D, IKV_FMT_F16, NR>(p, qs, R, pg, h, lane, out); break;
-            case IKV_FMT_BF16: entry_lse<D, IKV_FMT_BF16, NR>(p, qs, R, pg, h, lane, out); break;
-            case IKV_FMT_FP8_E4M3: entry_lse<D, IKV_FMT_FP8_E4M3, NR>(p, qs, R, pg, h, lane, out); break;
-            case IKV_FMT_INT8: entry_lse<D, IKV_FMT_INT8, NR>(p, qs, R, pg, h, lane, out); break;
-            default: entry_lse<D, IKV_FMT_INT4, NR>(p, qs, R, pg, h, lane, out); break;
-        }
+        with_format(pg.format, [&](auto F) { entry_lse<D, F.value, NR>(p, qs, R, pg, h, lane, out); });
     }
 }
 
