@@ -1366,10 +1366,13 @@ typedef enum ikv_topk_score {
  * picks the CUDA path of multi-token steps; IKV_CUDA_DECODE_COMPUTE=
  * auto|simt|tensor-cores how the fused CUDA decode computes for F16/BF16
  * queries (tensor cores: 16-bit operands, fp32 accumulation; auto, the
- * default: tensor cores when the step reads INT8, FP8 or INT4 pages and its
- * longest list is long enough to keep every CTA busy, about 24 chunks of 16
- * rows each at the split count chosen, fp32 FMAs otherwise; F32 queries
- * always use fp32 FMAs); IKV_CUDA_TOPK_CLUSTERS=on|off forces the top-k
+ * default: tensor cores for a step of more than 4 query rows per kv-head
+ * (n_query_tokens x n_q_heads / n_kv_heads), and when the step reads INT8,
+ * FP8 or INT4 pages (any pages on a device whose memory feeds each SM at
+ * 30 GB/s or more, such as the H200) and its longest list is long enough to
+ * keep every CTA busy, about 24 chunks of 16 rows each at the split count
+ * chosen; fp32 FMAs otherwise; F32 queries always use fp32 FMAs);
+ * IKV_CUDA_TOPK_CLUSTERS=on|off forces the top-k
  * selection onto thread-block clusters of 8 blocks per (sequence, kv-head)
  * or off them (default: on for at most 16 such pairs with more than 4096
  * candidate pages each, sm_90+); IKV_CUDA_SCORE=simt computes top-k page

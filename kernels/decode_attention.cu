@@ -923,6 +923,7 @@ double device_memory_gbps_per_sm(int device) {
 
 uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_sms, double mem_gbps_per_sm) {
     if (p.compute != kComputeDefault) return p.compute;
+    if (p.q_dtype != IKV_DTYPE_F32 && query_rows(p) > kSimtMaxRowsPerCta) return kComputeTensorCores;
     const uint32_t tc_formats = mem_gbps_per_sm >= kTc16BitMinGBpsPerSm ? ~0u : kTensorCoreFormats;
     if (p.q_dtype == IKV_DTYPE_F32 || !(p.formats & tc_formats)) return kComputeSimt;
     DecodeParams simt = p;

@@ -155,11 +155,20 @@ constexpr uint64_t kTcMinChunksPerCta = 24;
 // plan 1.05-1.27x where a CTA has >= kTcMinChunksPerCta chunks; H100 SXM
 // (3.35 TB/s: ~25 GB/s per SM) 1-12% slower.
 constexpr double kTc16BitMinGBpsPerSm = 30.0;
+// Query rows per kv-head (n_query_tokens x group) up to which SIMT is
+// considered: past them (a multi-token step, e.g. a speculative draft) SIMT
+// would run CTAs of 8 rows at one CTA per SM, re-reading the pages for every
+// 8 rows, where tensor cores take 8 or 16 rows at 3 or 2 CTAs per SM.
+// Measured on the H100 (bench/RESULTS.md section 5b, 2026-11-27; G = 4, F16
+// pages): 2 to 16 query tokens 2.2-7.0x faster on tensor cores; one token
+// (4 rows) stays on SIMT, 1.01-1.07x faster there.
+constexpr uint32_t kSimtMaxRowsPerCta = 4;
 // Peak memory bandwidth of a device per SM, GB/s, from its memory clock and
 // bus width (0 when the device does not say).
 double device_memory_gbps_per_sm(int device);
 // The compute p runs on: p.compute unless kComputeDefault; then tensor cores
-// for F16/BF16 queries when p.formats has a kTensorCoreFormats bit (or, with
+// for F16/BF16 queries with more than kSimtMaxRowsPerCta query rows per
+// kv-head, or when p.formats has a kTensorCoreFormats bit (or, with
 // mem_gbps_per_sm >= kTc16BitMinGBpsPerSm, any bit) and the longest list
 // (max_rows rows) gives every CTA at least kTcMinChunksPerCta chunks at the
 // split count SIMT would use on n_sms SMs; SIMT otherwise.

@@ -14,11 +14,15 @@
  * hybrid score without / with a query memory of 4 ended turns; "keys25":
  * IKV_TOPK_SCORE_KEYS (hybrid candidates for half the tokens, ranked again
  * by their keys);
- * "dense-feedback": dense with attention feedback (the call waits for it).
+ * "dense-feedback": dense with attention feedback (the call waits for it);
+ * "dense-t<T>" (T = 2, 4, ..., 512): T query tokens a step (a speculative
+ * decode's draft; 4T query rows per kv-head); "dense-feedback-t8": 8 tokens
+ * with feedback (32 rows per kv-head: two of the feedback kernel's 16-row tiles).
  * Prints `RESULT <B> <ctx> <column> <ms>` lines (read by peer_table.py) and
  * the K/V bytes each column reads. Not a CTest test: run by the device
  * scripts, `build/tests/bench_gpu_api`; IKV_API_ONLY=<column>[,...] runs only
- * those columns. Skips without a CUDA device. */
+ * those columns, IKV_API_SHAPES=<B>x<ctx>[,...] only those shapes (for a
+ * profiler: e.g. 8x32768). Skips without a CUDA device. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +30,7 @@
 #include "cuda_rt.h"
 #include "support.h"
 
-enum { HQ = 32, HKV = 8, D = 128, P = 16, CHUNK = 4096, WARM = 20, STEPS = 200, RUNS = 3 };
+enum { HQ = 32, HKV = 8, D = 128, P = 16, CHUNK = 4096, WARM = 20, STEPS = 200, RUNS = 3, T_MAX = 512 };
 
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -58,18 +62,29 @@ static double time_steps(ikv_decoder *dec, ikv_pool *pool, const ikv_decode_args
     return runs[RUNS / 2];
 }
 
-/* IKV_API_ONLY=<name>[,<name>...]: only the columns named (for a quick device run). */
-static int wanted(const char *column) {
-    const char *only = getenv("IKV_API_ONLY");
+/* Whether the comma-separated list in environment variable `var` names
+ * `name` (an unset or empty variable names everything). */
+static int env_lists(const char *var, const char *name) {
+    const char *only = getenv(var);
     if (only == NULL || *only == '\0') return 1;
-    const size_t n = strlen(column);
+    const size_t n = strlen(name);
     for (const char *p = only; *p;) {
         const char *end = strchr(p, ',');
         const size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && strncmp(p, column, n) == 0) return 1;
+        if (len == n && strncmp(p, name, n) == 0) return 1;
         p += len + (end != NULL);
     }
     return 0;
+}
+
+/* IKV_API_ONLY=<name>[,<name>...]: only the columns named (for a quick device run). */
+static int wanted(const char *column) { return env_lists("IKV_API_ONLY", column); }
+
+/* IKV_API_SHAPES=<B>x<ctx>[,...]: only the shapes named. */
+static int wanted_shape(uint32_t B, uint32_t ctx) {
+    char name[32];
+    snprintf(name, sizeof name, "%ux%u", B, ctx);
+    return env_lists("IKV_API_SHAPES", name);
 }
 
 /* The eager time, then (with_graph) the replay time of one captured call. */
@@ -137,6 +152,7 @@ static void test_api_table(void **state) {
            "%d back-to-back calls, median of %d runs\n", HQ, HKV, D, P, STEPS, RUNS);
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; ++si) {
         const uint32_t B = shapes[si][0], ctx = shapes[si][1];
+        if (!wanted_shape(B, ctx)) continue;
         for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; ++fi) {
             char dense_name[32];
             snprintf(dense_name, sizeof dense_name, "dense-%s", names[fi]);
@@ -156,7 +172,7 @@ static void test_api_table(void **state) {
                     IKVT_OK(ikv_pool_append(pool, seqs[b], &ap));
                 }
             }
-            const size_t n_q = (size_t)B * HQ * D;
+            const size_t n_q = (size_t)B * T_MAX * HQ * D; /* room for the multi-token columns */
             float *qf = malloc(4 * n_q);
             uint16_t *qh = malloc(2 * n_q);
             ikvt_fill_normal(&rng, qf, n_q, 1.0f);
@@ -216,7 +232,16 @@ static void test_api_table(void **state) {
                 IKVT_OK(ikv_page_feedback_create(pool, &fc, &fb));
                 a.feedback = fb;
                 time_column(dec, pool, &a, stream, B, ctx, "dense-feedback", 0);
+                /* More query rows per kv-head than one 16-row feedback tile. */
+                a.n_query_tokens = 8;
+                time_column(dec, pool, &a, stream, B, ctx, "dense-feedback-t8", 0);
                 a.feedback = NULL;
+                for (uint32_t t = 2; t <= T_MAX; t *= 2) {
+                    snprintf(column, sizeof column, "dense-t%u", t);
+                    a.n_query_tokens = t;
+                    time_column(dec, pool, &a, stream, B, ctx, column, 0);
+                }
+                a.n_query_tokens = 1;
                 ikv_page_feedback_destroy(fb);
             }
             ikv_decoder_destroy(dec);

@@ -189,11 +189,15 @@ uint32_t decode_compute() {
     return c;
 }
 
-bool use_gemm(uint32_t query_rows) {
+// Whether a step of query_rows rows per kv-head runs as GEMMs; the fused
+// kernel's compute (tensor cores or SIMT) sets where they start to win.
+bool use_gemm(uint32_t query_rows, uint32_t fused_compute) {
     switch (multi_token_mode()) {
         case MultiTokenMode::Fused: return false;
         case MultiTokenMode::Gemm: return true;
-        default: return query_rows >= cuda::kMultiTokenGemmMinRows;
+        default:
+            return query_rows >= (fused_compute == cuda::kComputeTensorCores ? cuda::kMultiTokenGemmMinRowsTc
+                                                                              : cuda::kMultiTokenGemmMinRows);
     }
 }
 
@@ -606,7 +610,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     p.formats = sum.formats;
     p.compute = decode_compute();  // auto is settled from the formats and the list lengths
     p.compute = cuda::decode_resolve_compute(p, max_tokens, s.n_sms, s.mem_gbps_per_sm);
-    const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv));
+    const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv), p.compute);
     p.n_splits = gemm ? 1 : cuda::decode_choose_splits(p, s.n_sms);
     if (gemm && s.gemm == nullptr) {
         cudaError_t e = cuda::multi_token_create(&s.gemm);

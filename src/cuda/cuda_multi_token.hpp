@@ -14,12 +14,21 @@ namespace ikv {
 namespace cuda {
 
 // Steps with at least this many query rows per kv-head (T * G) take the GEMM
-// path under IKV_CUDA_MULTI_TOKEN=auto. Measured on an H100 (bench/RESULTS.md,
-// "cuBLASLt multi-token path", G = 4, D = 128, 8K/32K context, dense and 25%):
+// path under IKV_CUDA_MULTI_TOKEN=auto when the fused kernel would run SIMT
+// (F32 queries, or IKV_CUDA_DECODE_COMPUTE=simt). Measured on an H100
+// (bench/RESULTS.md, "cuBLASLt multi-token path", G = 4, D = 128, 8K/32K
+// context, dense and 25%, the SIMT kernel of the time):
 // the GEMM path is faster from T = 16 (64 rows) in every shape, from T = 8 at
 // B = 4; at T <= 4 the fused kernel is faster everywhere (its single pass over
 // the pages beats gathering them into tiles).
 constexpr uint32_t kMultiTokenGemmMinRows = 64;
+// The same when the fused kernel runs on tensor cores (F16/BF16 queries with
+// more than kSimtMaxRowsPerCta rows per kv-head, since 2026-11-27: 16 rows
+// per CTA at 2 CTAs per SM). Measured on the H100 (bench/RESULTS.md section
+// 5b; G = 4, D = 128, F16 pages, dense): fused faster up to T = 128 (512
+// rows) in every shape (0.79-0.88x the GEMM time), at T = 256 16% faster at
+// B = 1, 32K and even (+0.8%) at B = 8; GEMM 6% faster at B = 8, T = 512.
+constexpr uint32_t kMultiTokenGemmMinRowsTc = 2048;
 
 // Per-tile buffers (S, K/V tiles, positions) stay within this many bytes,
 // whatever the context: the key tile shrinks, then (bh) pairs are processed
