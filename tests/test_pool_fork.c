@@ -203,6 +203,53 @@ static void test_truncate_fork_near_capacity(void **state) {
     ikv_pool_destroy(pool);
 }
 
+/* Append n random tokens to one layer of s (inputs returned in k, v). */
+static void append_layer(ikv_pool *pool, ikv_seq_id s, uint32_t layer, uint32_t n, uint64_t seed, float *k, float *v) {
+    ikvt_rng r = {seed};
+    const uint32_t layers = layer == IKV_ALL_LAYERS ? L : 1;
+    ikvt_fill_normal(&r, k, (size_t)layers * n * ROW, 1.0f);
+    ikvt_fill_normal(&r, v, (size_t)layers * n * ROW, 1.0f);
+    ikv_append a = ikv_append_default(pool, n);
+    a.layer = layer;
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &a));
+}
+
+/* Layers of different lengths in a fork: an all-layers append copies only the
+ * shared pages some layer writes (layer 0 at 20 tokens writes page 2, layer
+ * 1 at 4 writes page 0; page 1 stays shared), and both sequences keep their
+ * values. */
+static void test_fork_uneven_layers(void **state) {
+    (void)state;
+    ikv_pool *pool = make_pool();
+    static float k[L * MAXT * ROW], v[L * MAXT * ROW];
+    static float pk[L][MAXT * ROW], pv[L][MAXT * ROW], ck[MAXT * ROW], cv[MAXT * ROW];
+    const uint32_t len[L] = {20, 4};
+    ikv_seq_id sp, sc;
+    IKVT_OK(ikv_seq_create(pool, &sp));
+    append_layer(pool, sp, 0, len[0], 41, k, v);
+    append_layer(pool, sp, 1, len[1], 42, k, v);
+    for (uint32_t l = 0; l < L; ++l) IKVT_OK(ikv_seq_read(pool, sp, l, 0, len[l], pk[l], pv[l]));
+    IKVT_OK(ikv_seq_fork(pool, sp, &sc));
+    assert_int_equal(ikvt_pool_stats(pool).pages_used, 3);
+    append_layer(pool, sc, IKV_ALL_LAYERS, 1, 43, k, v);
+    assert_int_equal(ikvt_pool_stats(pool).pages_used, 5); /* pages 0 and 2 copied, page 1 still shared */
+    for (uint32_t l = 0; l < L; ++l) {
+        IKVT_OK(ikv_seq_read(pool, sp, l, 0, len[l], ck, cv)); /* the parent is unchanged */
+        assert_memory_equal(ck, pk[l], (size_t)len[l] * ROW * sizeof(float));
+        assert_memory_equal(cv, pv[l], (size_t)len[l] * ROW * sizeof(float));
+        IKVT_OK(ikv_seq_read(pool, sc, l, 0, len[l] + 1, ck, cv));
+        assert_memory_equal(ck, pk[l], (size_t)len[l] * ROW * sizeof(float));
+        assert_memory_equal(cv, pv[l], (size_t)len[l] * ROW * sizeof(float));
+        for (uint32_t i = 0; i < ROW; ++i) {
+            assert_true(ck[(size_t)len[l] * ROW + i] == f16r(k[(size_t)l * ROW + i]));
+            assert_true(cv[(size_t)len[l] * ROW + i] == f16r(v[(size_t)l * ROW + i]));
+        }
+    }
+    ikv_pool_destroy(pool);
+}
+
 static void test_evict(void **state) {
     (void)state;
     ikv_pool *pool = make_pool();
@@ -243,6 +290,7 @@ int main(void) {
         cmocka_unit_test(test_truncate),
         cmocka_unit_test(test_truncate_fork_near_capacity),
         cmocka_unit_test(test_evict),
+        cmocka_unit_test(test_fork_uneven_layers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

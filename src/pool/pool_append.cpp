@@ -47,6 +47,8 @@ struct Part {
     std::shared_ptr<Seq> seq;
     ikv_seq_id id = 0;
     uint32_t pmin = 0, pmax = 0;         // pages its tokens land in, over the layers appended
+    std::vector<uint8_t> written;        // [p - pmin]: some layer's tokens land in page p (layers
+                                         // of different lengths can leave pages of [pmin, pmax) untouched)
     std::vector<uint32_t> new_stage;     // layers whose staging this call allocated
     std::vector<PageRec *> recs;         // spare records, then exactly the new pages'
     std::vector<std::pair<uint32_t, PageRec *>> fresh, copies;  // (page, new record)
@@ -82,6 +84,7 @@ ikv_status find_new_pages_locked(const ikv_pool *pool, Part &pt, const ikv_plan 
     const Seq &seq = *pt.seq;
     for (uint32_t p = pt.pmin; p <= pt.pmax; ++p) {
         if (p < seq.pages.size()) {
+            if (!pt.written[p - pt.pmin]) continue;  // no layer writes it: left as it is, shared or evicted
             const PageRec *rec = seq.pages[p];
             if (rec == nullptr)
                 return fail(IKV_E_EVICTED, "%s: tokens of sequence %u land in page %u, which was evicted", fn,
@@ -105,6 +108,12 @@ struct Span {
     uint32_t l0, l1, n, P;
 };
 
+// The pages [first, last] that layer l's sp.n new tokens land in.
+std::pair<uint32_t, uint32_t> layer_pages(const Seq &seq, uint32_t l, const Span &sp) {
+    const uint32_t first = seq.layers[l].length / sp.P;
+    return {first, uint32_t((uint64_t(seq.layers[l].length) + sp.n - 1) / sp.P)};
+}
+
 // Pages each sequence's tokens land in, room for its records and table, and a
 // spare PageRec per page touched. Returns the page writes of the call.
 // Throws std::bad_alloc (the caller unwinds).
@@ -114,13 +123,17 @@ size_t reserve_parts(std::vector<Part> &parts, const Span &sp) {
         Seq &seq = *pt.seq;
         pt.pmin = UINT32_MAX;
         for (uint32_t l = sp.l0; l < sp.l1; ++l) {
-            const uint32_t first = seq.layers[l].length / sp.P;
-            const uint32_t last = uint32_t((uint64_t(seq.layers[l].length) + sp.n - 1) / sp.P);
+            const auto [first, last] = layer_pages(seq, l, sp);
             pt.pmin = std::min(pt.pmin, first);
             pt.pmax = std::max(pt.pmax, last);
             n_writes += last - first + 1;
         }
         const uint32_t n_touched = pt.pmax - pt.pmin + 1;
+        pt.written.assign(n_touched, 0);
+        for (uint32_t l = sp.l0; l < sp.l1; ++l) {
+            const auto [first, last] = layer_pages(seq, l, sp);
+            std::fill(pt.written.begin() + (first - pt.pmin), pt.written.begin() + (last - pt.pmin) + 1, uint8_t(1));
+        }
         seq.pages.reserve(size_t(pt.pmax) + 1);
         pt.fresh.reserve(n_touched);
         pt.copies.reserve(n_touched);
