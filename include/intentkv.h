@@ -311,7 +311,10 @@ IKV_API ikv_synth_config ikv_synth_default_config(void);
  * prompt (ALWAYS), a memory summary (GLOBAL), documents with seeded scores
  * (ATTEND; some SKIP), tool outputs (ATTEND, low scores), a scratchpad
  * (SKIP), earlier turns (ATTEND) and the newest turn (RECENT). Deterministic
- * for a given config. Errors: IKV_E_NULL, IKV_E_INVALID, IKV_E_NOMEM.
+ * for a given config. Every block holds at least one token, so the config's
+ * 3 + n_documents + n_tool_outputs + n_turns blocks must not outnumber
+ * seq_len. Errors: IKV_E_NULL, IKV_E_INVALID (a field out of its range, or
+ * more blocks than tokens), IKV_E_NOMEM.
  */
 IKV_API ikv_status ikv_synth_layout(const ikv_synth_config *config, ikv_layout **out);
 
@@ -385,9 +388,11 @@ IKV_API ikv_status ikv_router_set_pressure(ikv_router *router, float memory_pres
  * does not fit what is left of the budget is passed over and the next ones
  * are still tried. SKIP blocks are never read, not even inside the recent
  * window. A block read only because it reaches into the recent window (an
- * ATTEND block below the threshold or over the budget, or a gap) takes
- * recent_format and the reason IKV_REASON_RECENT_WINDOW; an ATTEND block read
- * on its score keeps the precision table's format, inside the window too.
+ * ATTEND block or unlabeled gap below the threshold or over the budget) takes
+ * recent_format and the reason IKV_REASON_RECENT_WINDOW; an ATTEND block (or
+ * gap) at or above the threshold is read on its score (IKV_REASON_SCORE) and
+ * keeps the precision table's format, also when it lies wholly inside the
+ * window (its tokens there cost no budget).
  * The caller owns *plan_out (ikv_plan_destroy). The router is not changed and
  * may route from several threads at once.
  * Errors: IKV_E_NULL, IKV_E_INVALID (seq_len 0), IKV_E_RANGE (a block beyond
@@ -589,7 +594,7 @@ typedef struct ikv_pool_stats {
     uint64_t reserved_bytes;                  /**< slab memory held, >= used_bytes */
     uint64_t staging_bytes;                   /**< fp32 copies of partial tail pages (device memory on CUDA pools):
                                                    2*n_kv_heads*page_size*head_dim*4 bytes per layer with a partial
-                                                   tail page (a CPU pool keeps another 16 + 24*head_dim bytes per
+                                                   tail page (a CPU pool keeps another 16 + 32*head_dim bytes per
                                                    kv-head beside each, the page's running statistics, not counted
                                                    here: docs/FORMATS.md) */
     uint32_t n_sequences;
@@ -687,9 +692,11 @@ IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
  * Strides must be >= head_dim. K and V must be finite: a NaN or inf anywhere
  * is rejected with IKV_E_INVALID naming its layer, token, head and channel
  * (with IKV_APPEND_ASYNC it is stored as 0 and reported by ikv_pool_sync).
- * Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (layer), IKV_E_INVALID
- * (n_tokens, strides, non-finite values, a plan of another page_size,
- * unknown flags, IKV_APPEND_ASYNC with host input on a CUDA pool, a stream
+ * Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (layer; a layer that
+ * would hold more than 2^32-1 tokens; a batch of more than 2^32-1 tokens in
+ * all), IKV_E_INVALID (n_tokens, strides, non-finite values, a plan of
+ * another page_size, unknown flags, src_on_device on a CPU pool,
+ * IKV_APPEND_ASYNC with host input on a CUDA pool, a stream
  * that is capturing a CUDA graph unless the sequences have room reserved:
  * ikv_pool_reserve; with room: host input, more than page_size tokens,
  * sequences with and without room in one batch), IKV_E_RANGE (on a CUDA

@@ -1554,6 +1554,46 @@ static void test_bytes_read_dense_f16(void **state) {
     fix_free(&f);
 }
 
+/* ikv_plan_get_cost is "the count ikv_decoder_last_bytes_read makes": a plan
+ * with two separate runs of one page (and a partial tail) reads that page's
+ * scales once per run, in every format; the decoder and the cost agree. */
+static void test_plan_cost_equals_bytes_read(void **state) {
+    (void)state;
+    for (int fmt = 0; fmt < IKV_FMT_COUNT; ++fmt) {
+        ikvt_rng rng = {1550u + (uint64_t)fmt};
+        pool_fix f;
+        fix_init(&f, 1, 2, 64, 16, (ikv_format)fmt, 45, &rng, 0);
+        /* page 0: runs [1, 4) and [9, 12); page 1 whole; page 2: [40, 45) */
+        const ikv_token_range r[] = {{1, 4}, {9, 12}, {16, 32}, {40, 45}};
+        ikv_plan *plan = NULL;
+        IKVT_OK(ikv_plan_from_ranges(r, 4, 45, 16, (ikv_format)fmt, &plan));
+        float *q = make_q(&rng, 4 * 64, IKV_DTYPE_F32, 1.0f);
+        float out[4 * 64];
+        const ikv_plan *plans[1] = {plan};
+        ikv_decode_args a = ikv_decode_args_default();
+        a.seqs = &f.seq;
+        a.n_q_heads = 4;
+        a.q = q;
+        a.out = out;
+        a.plans = plans;
+        IKVT_OK(ikv_decode(g_dec3, f.pool, &a));
+        uint64_t bytes = 0;
+        IKVT_OK(ikv_decoder_last_bytes_read(g_dec3, &bytes));
+        ikv_model_shape sh = ikv_model_shape_default();
+        sh.n_layers = 1;
+        sh.n_kv_heads = 2;
+        sh.n_q_heads = 4;
+        sh.head_dim = 64;
+        ikv_plan_cost c;
+        IKVT_OK(ikv_plan_get_cost(plan, &sh, &c));
+        assert_int_equal(c.bytes_total, bytes);
+        assert_int_equal(c.bytes_by_format[fmt], bytes);
+        free(q);
+        ikv_plan_destroy(plan);
+        fix_free(&f);
+    }
+}
+
 /* IKV_TOPK_SCORE_KEYS' bytes, as the header counts them, with a budget that
  * keeps every page (so every page is a candidate and is read): per kv-head
  * the hybrid summaries (6 * head_dim per page), each candidate's K rows and
@@ -1939,6 +1979,7 @@ int main(void) {
         cmocka_unit_test(test_batch),
         cmocka_unit_test(test_long_context_128k),
         cmocka_unit_test(test_bytes_read_dense_f16),
+        cmocka_unit_test(test_plan_cost_equals_bytes_read),
         cmocka_unit_test(test_bad_inputs),
         cmocka_unit_test(test_page_lists_reused_across_layers),
         cmocka_unit_test(test_decode_with_append),

@@ -118,7 +118,8 @@ static void ref_route(const ikv_router_config *c, const ikv_layout *l, uint32_t 
         rseg *s = &r->seg[k];
         uint64_t cost = 0;
         for (uint32_t t = s->start; t < s->end; ++t) cost += !r->mand[t];
-        if (s->policy == IKV_POLICY_ATTEND && s->score >= c->attend_threshold && cost > 0) cand[nc++] = s;
+        (void)cost; /* wholly inside the window (cost 0) is still read on its score */
+        if (s->policy == IKV_POLICY_ATTEND && s->score >= c->attend_threshold) cand[nc++] = s;
     }
     qsort(cand, nc, sizeof cand[0], by_score_newer_first);
     for (size_t i = 0; i < nc; ++i) {
@@ -290,13 +291,18 @@ static void check_plan(const ikv_plan *plan, const ref_plan *r, const ikv_router
     for (int si = 0; si < 2; ++si) {
         const ikv_model_shape *sh = &shapes[si];
         uint64_t by_fmt[IKV_FMT_COUNT] = {0}, dense = 0, total = 0;
+        /* Each run of selected tokens in a page is read with the page's scales
+         * (as the decoders count it: ikv_decoder_last_bytes_read). */
         for (uint32_t p = 0; p < r->n_pages; ++p) {
-            uint64_t n = 0, all = 0;
+            uint64_t run = 0, all = 0;
             for (uint32_t t = p * r->P; t < (p + 1) * r->P && t < r->seq_len; ++t) {
-                n += r->sel[t];
                 ++all;
+                if (r->sel[t]) ++run;
+                const int ends = run && (!r->sel[t] || t + 1 == (p + 1) * r->P || t + 1 == r->seq_len);
+                if (!ends) continue;
+                by_fmt[r->page_fmt[p]] += ref_read_bytes(r->page_fmt[p], sh->head_dim, run) * sh->n_layers * sh->n_kv_heads;
+                run = 0;
             }
-            if (n) by_fmt[r->page_fmt[p]] += ref_read_bytes(r->page_fmt[p], sh->head_dim, n) * sh->n_layers * sh->n_kv_heads;
             dense += ref_read_bytes(IKV_FMT_F16, sh->head_dim, all) * sh->n_layers * sh->n_kv_heads;
         }
         ikv_plan_cost cost;
@@ -462,6 +468,39 @@ static void test_every_reason(void **state) {
     ikv_plan_destroy(plan);
     IKVT_OK(ikv_layout_remove(l, tail));
     ikv_layout_destroy(l);
+}
+
+/* An ATTEND block at or above the threshold lying wholly inside the recent
+ * window is read on its score and keeps the precision table's format, as the
+ * same block reaching one token out of the window does (it used to take
+ * recent_format and RECENT_WINDOW there). */
+static void test_attend_inside_window(void **state) {
+    (void)state;
+    ikv_router_config c = ikv_router_default_config();
+    c.recent_window = 16;
+    for (uint32_t start = 93; start <= 100; start += 7) {
+        ikv_layout *l = NULL;
+        IKVT_OK(ikv_layout_create(&l));
+        ikv_block_desc b = ikv_block_desc_default();
+        b.name = "old";
+        b.start = 0;
+        b.end = start;
+        b.score = 0.0f;
+        IKVT_OK(ikv_layout_add(l, &b, NULL));
+        b.name = "doc";
+        b.start = start;
+        b.end = 110;
+        b.score = 0.6f;
+        uint32_t doc;
+        IKVT_OK(ikv_layout_add(l, &b, &doc));
+        ikv_plan *plan = route_checked(&c, l, 110);
+        const ikv_block_decision *d = decision_of(plan, doc);
+        assert_int_equal(d->reason, IKV_REASON_SCORE);
+        assert_int_equal(d->tokens_selected, 110 - start);
+        assert_int_equal(d->format, c.precision.attend_mid); /* 0.6: the table's middle rung */
+        ikv_plan_destroy(plan);
+        ikv_layout_destroy(l);
+    }
 }
 
 typedef struct captured {
@@ -829,6 +868,7 @@ int main(void) {
         cmocka_unit_test(test_every_reason),       cmocka_unit_test(test_over_budget),
         cmocka_unit_test(test_pressure_and_hints), cmocka_unit_test(test_router_config_errors),
         cmocka_unit_test(test_plan_accessor_errors), cmocka_unit_test(test_random_property),
+        cmocka_unit_test(test_attend_inside_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,16 +29,13 @@ bool plan_cost(const ikv_plan &plan, const ikv_model_shape &shape, ikv_plan_cost
     const uint32_t P = plan.summary.page_size;
     const uint64_t subpages = k.mul(shape.n_layers, shape.n_kv_heads);
     // subpage_read_bytes is exact in 64 bits: page_size <= 128, head_dim < 2^32.
-    // Entries of one page share its scales, so bytes are counted per page
-    // from the page's total selected tokens.
-    const auto &pages = plan.pages;
-    for (std::size_t i = 0; i < pages.size();) {
-        uint32_t tokens = 0;
-        std::size_t j = i;
-        for (; j < pages.size() && pages[j].page == pages[i].page; ++j) tokens += pages[j].token_end - pages[j].token_begin;
-        const ikv_format f = static_cast<ikv_format>(pages[i].format);
+    // Counted per entry, as the decoders count what they read
+    // (ikv_decoder_last_bytes_read): each run of tokens of a page brings its
+    // rows and the page's scales, so two runs of one page read the scales twice.
+    for (const auto &e : plan.pages) {
+        const ikv_format f = static_cast<ikv_format>(e.format);
+        const uint32_t tokens = e.token_end - e.token_begin;
         c.bytes_by_format[f] = k.add(c.bytes_by_format[f], k.mul(subpage_read_bytes(f, P, shape.head_dim, tokens), subpages));
-        i = j;
     }
     for (uint64_t b : c.bytes_by_format) c.bytes_total = k.add(c.bytes_total, b);
     const uint32_t seq_len = plan.summary.seq_len;

@@ -79,8 +79,10 @@ void place_mandatory(Segment &s, uint32_t window_begin) {
 // Step 4 over the ATTEND segments; `left` is the budget left after mandatory tokens.
 void select_attend(host_vector<Segment> &segs, float threshold, uint64_t left) {
     host_vector<Segment *> cands;
+    // A segment wholly inside the recent window is a candidate too (it costs
+    // nothing): read on its score, it keeps the precision table's format.
     for (Segment &s : segs)
-        if (s.policy == IKV_POLICY_ATTEND && s.score >= threshold && s.mand > s.start) cands.push_back(&s);
+        if (s.policy == IKV_POLICY_ATTEND && s.score >= threshold) cands.push_back(&s);
     std::sort(cands.begin(), cands.end(), [](const Segment *a, const Segment *b) {
         return a->score != b->score ? a->score > b->score : a->start > b->start;
     });
