@@ -570,7 +570,13 @@ IKV_API ikv_pool_config ikv_pool_default_config_v2(void);
 
 /**
  * Create a pool. Page storage comes from mimalloc (host) or cudaMalloc
- * (device) in slabs as pages are needed, up to capacity_bytes.
+ * (device) in slabs as pages are needed, up to capacity_bytes: live pages
+ * never pass it, and the slab memory held (ikv_pool_stats.reserved_bytes)
+ * passes it only by free pages left in part-used slabs of other formats
+ * (a slab holds at most a 16th of capacity_bytes, and 1 MiB on the host or
+ * 64 MiB on a device, so under a quarter of it; empty slabs are given back
+ * before a new slab would pass it, except on a CUDA pool with a host tier,
+ * which keeps them).
  * Errors: IKV_E_NULL, IKV_E_INVALID (names the field), IKV_E_NO_DEVICE (CUDA
  * not built or no GPU), IKV_E_DEVICE, IKV_E_NOMEM.
  */
@@ -770,7 +776,10 @@ IKV_API ikv_status ikv_pool_sync(ikv_pool *pool);
  *
  * CPU pools: that is all: appends into the room allocate no pages (unless a
  * fork shares the tail page again: it is copied on the next append), and
- * ikv_seq_fork shares a sequence's tokens, not its room.
+ * ikv_seq_fork shares a sequence's tokens, not its room. A CPU pool keeps no
+ * record of the room beyond its pages: ikv_seq_truncate releases every page
+ * past the new length, the room's included (reserve again after a
+ * rollback).
  * CUDA pools: while a sequence has room, the device keeps its stored length
  * per layer, and its appends (device input) and decodes read it there: an
  * append writes at the device's length and advances it, and ikv_decode reads

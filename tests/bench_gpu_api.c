@@ -15,6 +15,7 @@
  * IKV_TOPK_SCORE_KEYS (hybrid candidates for half the tokens, ranked again
  * by their keys);
  * "dense-feedback": dense with attention feedback (the call waits for it);
+ * "plan25-t4" / "topk25-t4": those with 4 query tokens;
  * "dense-t<T>" (T = 2, 4, ..., 512): T query tokens a step (a speculative
  * decode's draft; 4T query rows per kv-head); "dense-feedback-t8": 8 tokens
  * with feedback (32 rows per kv-head: two of the feedback kernel's 16-row tiles).
@@ -199,10 +200,16 @@ static void test_api_table(void **state) {
                 for (uint32_t b = 0; b < B; ++b) plans[b] = quarter_plan(b, ctx, fmts[fi]);
                 a.plans = plans;
                 time_column(dec, pool, &a, stream, B, ctx, "plan25", 1);
+                a.n_query_tokens = 4; /* a 4-token draft over the same pages */
+                time_column(dec, pool, &a, stream, B, ctx, "plan25-t4", 0);
+                a.n_query_tokens = 1;
                 a.plans = NULL;
                 for (uint32_t b = 0; b < B; ++b) ikv_plan_destroy((ikv_plan *)plans[b]);
                 a.topk_token_budget = ctx / 4;
                 time_column(dec, pool, &a, stream, B, ctx, "topk25", 1);
+                a.n_query_tokens = 4;
+                time_column(dec, pool, &a, stream, B, ctx, "topk25-t4", 0);
+                a.n_query_tokens = 1;
                 /* What issue 17's selection adds: the hybrid score, then with a query
                  * memory of 4 ended turns per sequence (recall + twice the scored rows). */
                 a.topk_score = IKV_TOPK_SCORE_HYBRID;

@@ -295,6 +295,51 @@ static void test_promote_after_demote(void **state) {
     ikv_pool_destroy(pool);
 }
 
+/* "Page storage comes from ... slabs as pages are needed, up to
+ * capacity_bytes": a small pool whose pages change through every format keeps
+ * its slab memory (reserved_bytes) within the capacity; it used to keep an
+ * empty slab per format, each up to the capacity (5x the capacity here). */
+static void test_slabs_within_capacity(void **state) {
+    (void)state;
+    ikv_pool *probe = make_pool(IKV_FMT_F16);
+    const uint64_t cap = 8 * ikv_pool_page_bytes(probe, IKV_FMT_F16);
+    ikv_pool_destroy(probe);
+    ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.n_layers = 1, .n_kv_heads = H, .head_dim = D, .page_size = P,
+                                                     .capacity_bytes = cap});
+    float *k = malloc((size_t)N * H * D * sizeof(float)), *v = malloc((size_t)N * H * D * sizeof(float));
+    make_data(NORMAL, 91, k);
+    make_data(NORMAL, 92, v);
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    ikv_append a = ikv_append_default(pool, N);
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &a));
+    static const ikv_format order[] = {IKV_FMT_INT4, IKV_FMT_INT8, IKV_FMT_FP8_E4M3, IKV_FMT_BF16, IKV_FMT_F16,
+                                       IKV_FMT_INT8, IKV_FMT_INT4};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; ++i) {
+        IKVT_OK(ikv_seq_set_page_format(pool, s, (uint32_t)(i % 2), order[i]));
+        const ikv_pool_stats st = ikvt_pool_stats(pool);
+        assert_true(st.reserved_bytes >= st.used_bytes);
+        assert_true(st.reserved_bytes <= cap);
+    }
+    /* A second sequence fills the capacity in F16: every page still fits. */
+    ikv_seq_id s2;
+    IKVT_OK(ikv_seq_create(pool, &s2));
+    const ikv_pool_stats before = ikvt_pool_stats(pool);
+    const uint32_t pages = (uint32_t)((cap - before.used_bytes) / ikv_pool_page_bytes(pool, IKV_FMT_F16));
+    for (uint32_t p = 0; p < pages; ++p) {
+        ikv_append b = ikv_append_default(pool, P);
+        b.k = k;
+        b.v = v;
+        IKVT_OK(ikv_pool_append(pool, s2, &b));
+    }
+    assert_true(ikvt_pool_stats(pool).used_bytes <= cap);
+    free(k);
+    free(v);
+    ikv_pool_destroy(pool);
+}
+
 /* bfloat16 helpers for the summary checks, written from the definition (an
  * fp32 value with 16 zero low bits; neighbours one step of the top 16 bits
  * apart), independently of the library's rounding code. */
@@ -379,6 +424,7 @@ int main(void) {
         cmocka_unit_test(test_f16_saturates),
         cmocka_unit_test(test_promote_after_demote),
         cmocka_unit_test(test_summaries),
+        cmocka_unit_test(test_slabs_within_capacity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -198,6 +198,25 @@ static void test_fork_and_shared_tail(void **state) {
     ikv_pool_destroy(pool);
 }
 
+/* A CPU pool keeps no record of a room beyond its pages: a truncate releases
+ * the pages past the new length, the room's too, and appends after it
+ * allocate again (the header's rule). */
+static void test_truncate_releases_the_room(void **state) {
+    (void)state;
+    ikv_pool *pool = make_pool(IKV_FMT_F16, 16u << 20);
+    ikvt_rng rng = {77};
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    append_tokens(pool, s, 10, &rng);
+    IKVT_OK(ikv_pool_reserve(pool, &s, 1, 40)); /* positions up to 50: pages 0-3 */
+    assert_int_equal(ikvt_pool_stats(pool).pages_used, 4);
+    IKVT_OK(ikv_seq_truncate(pool, s, 5));
+    assert_int_equal(ikvt_pool_stats(pool).pages_used, 1);
+    append_tokens(pool, s, 30, &rng); /* length 35: pages 0-2, allocated by the appends */
+    assert_int_equal(ikvt_pool_stats(pool).pages_used, 3);
+    ikv_pool_destroy(pool);
+}
+
 static void test_bad_arguments(void **state) {
     (void)state;
     ikv_pool *pool = make_pool(IKV_FMT_F16, 0);
@@ -224,6 +243,7 @@ int main(void) {
         cmocka_unit_test(test_room_that_does_not_fit_changes_nothing),
         cmocka_unit_test(test_fork_and_shared_tail),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_truncate_releases_the_room),
     };
     return cmocka_run_group_tests_name("pool_reserve", tests, NULL, NULL);
 }

@@ -9,14 +9,14 @@ namespace ikv {
 
 SlabAllocator::SlabAllocator(const PageShape &shape, uint64_t capacity_bytes, uint64_t align,
                              uint64_t slab_target_bytes, SlabMemory &memory)
-    : memory_(memory) {
+    : memory_(memory), capacity_(capacity_bytes) {
+    // Slabs of at most a 16th of the capacity: free pages stranded in part-used
+    // slabs of the other formats (what can take reserved_bytes past the
+    // capacity) stay under a quarter of it.
+    const uint64_t target = std::min(slab_target_bytes, capacity_bytes / kSlabsPerCapacity);
     for (int f = 0; f < IKV_FMT_COUNT; ++f) {
-        const uint64_t pb = page_bytes(shape, ikv_format(f));
-        stride_[f] = align_up(pb, align);
-        uint64_t n = (slab_target_bytes + stride_[f] - 1) / stride_[f];
-        const uint64_t fit = capacity_bytes / pb;  // never reserve far beyond the capacity
-        n = std::min<uint64_t>(n, std::max<uint64_t>(fit, 1));
-        pages_per_slab_[f] = uint32_t(std::max<uint64_t>(n, 1));
+        stride_[f] = align_up(page_bytes(shape, ikv_format(f)), align);
+        pages_per_slab_[f] = uint32_t(std::max<uint64_t>(target / stride_[f], 1));
     }
 }
 
@@ -66,7 +66,14 @@ void SlabAllocator::release(ikv_format f, uint8_t *page) {
 }
 
 ikv_status SlabAllocator::add_slab(ikv_format f) {
-    const uint64_t bytes = stride_[f] * pages_per_slab_[f];
+    // Stay within the capacity: give back the empty slabs kept for other
+    // formats first, then size the new slab to what the capacity leaves (at
+    // least one page: the pool admitted the page against its live bytes).
+    if (!memory_.keeps_empty_slabs() && reserved_ + stride_[f] * pages_per_slab_[f] > capacity_)
+        drop_empty_slabs();
+    const uint64_t room = capacity_ > reserved_ ? (capacity_ - reserved_) / stride_[f] : 0;
+    const uint32_t n_pages = uint32_t(std::max<uint64_t>(1, std::min<uint64_t>(pages_per_slab_[f], room)));
+    const uint64_t bytes = stride_[f] * n_pages;
     uint8_t *base = nullptr;
     const ikv_status st = memory_.allocate(bytes, &base);
     if (st != IKV_OK) return st;
@@ -75,7 +82,7 @@ ikv_status SlabAllocator::add_slab(ikv_format f) {
         s = new Slab;
         s->base = base;
         s->format = f;
-        s->n_pages = pages_per_slab_[f];
+        s->n_pages = n_pages;
         s->free_pages.reserve(s->n_pages);
         for (uint32_t i = s->n_pages; i-- > 0;) s->free_pages.push_back(i);  // lowest index first out
         with_free_[f].reserve(with_free_[f].size() + 1);
@@ -89,6 +96,16 @@ ikv_status SlabAllocator::add_slab(ikv_format f) {
     ++empty_slabs_[f];
     reserved_ += bytes;
     return IKV_OK;
+}
+
+void SlabAllocator::drop_empty_slabs() {
+    std::vector<Slab *> empty;
+    for (auto &kv : slabs_)
+        if (kv.second->free_pages.size() == kv.second->n_pages) empty.push_back(kv.second);
+    for (Slab *s : empty) {
+        --empty_slabs_[s->format];
+        drop_slab(s);
+    }
 }
 
 void SlabAllocator::drop_slab(Slab *s) {

@@ -1,10 +1,15 @@
 // Page slabs, shared by the host and the device page stores. Pages of one
-// format are carved at a fixed stride from slabs of about slab_target bytes
-// (at least one page, never far beyond what the pool's capacity could hold).
+// format are carved at a fixed stride from slabs of at most slab_target bytes
+// and a kSlabsPerCapacity-th of the capacity (at least one page).
 // Freed pages go back to their slab and are reused first; a slab whose pages
 // are all free is given back, except one empty slab per format, kept to avoid
-// thrashing at a slab boundary (or every one: SlabMemory::keeps_empty_slabs). Where slab memory comes from (mimalloc,
-// cudaMalloc) is a SlabMemory. Not thread-safe: the pool serializes calls.
+// thrashing at a slab boundary (or every one: SlabMemory::keeps_empty_slabs).
+// Slab memory stays within the capacity where it can: a new slab first makes
+// the other formats give back their empty slabs (not for memory that keeps
+// them) and is cut to what the capacity leaves, so only free pages stranded in
+// part-used slabs of other formats can take reserved_bytes past it. Where slab
+// memory comes from (mimalloc, cudaMalloc) is a SlabMemory. Not thread-safe:
+// the pool serializes calls.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +38,7 @@ public:
 
 class SlabAllocator {
 public:
+    static constexpr uint64_t kSlabsPerCapacity = 16;
     SlabAllocator(const PageShape &shape, uint64_t capacity_bytes, uint64_t align, uint64_t slab_target_bytes,
                   SlabMemory &memory);
     ~SlabAllocator();
@@ -59,8 +65,10 @@ private:
 
     ikv_status add_slab(ikv_format f);
     void drop_slab(Slab *s);
+    void drop_empty_slabs();  // every format's (the capacity needs their memory)
 
     SlabMemory &memory_;
+    uint64_t capacity_;
     uint64_t stride_[IKV_FMT_COUNT];
     uint32_t pages_per_slab_[IKV_FMT_COUNT];
     uint32_t empty_slabs_[IKV_FMT_COUNT] = {};
