@@ -113,7 +113,9 @@ typedef void (*ikv_log_fn)(ikv_log_level level, const char *message, void *user)
 
 /**
  * Install a process-wide log sink (NULL removes it). Messages at or above
- * min_level are delivered, possibly from library worker threads, so the sink
+ * min_level are delivered (levels compare as integers: a min_level above
+ * IKV_LOG_ERROR delivers nothing, not even error sentences, and one below
+ * IKV_LOG_DEBUG everything), possibly from library worker threads, so the sink
  * must be thread-safe. Every failing call also sends its error sentence at
  * IKV_LOG_ERROR. Without a sink nothing is printed anywhere. Deliveries are
  * serialized, and once this call returns no other thread is inside the sink
@@ -538,12 +540,13 @@ typedef uint32_t ikv_seq_id;
 typedef struct ikv_pool_config {
     uint32_t struct_size;
     ikv_backend backend;        /**< CPU (default) or CUDA */
-    int device;                 /**< CUDA device ordinal; default 0 */
+    int device;                 /**< CUDA device ordinal; default 0; CPU pools ignore it */
     uint32_t n_layers;          /**< 1..65536 */
     uint32_t n_kv_heads;        /**< 1..65536 */
     uint32_t head_dim;          /**< 32, 64, 80, 96, 128 or 256 (CUDA pools decode 32, 64, 128 and 256) */
     uint32_t page_size;         /**< power of two in [8, 128]; default 16 */
-    uint64_t capacity_bytes;    /**< bytes of page storage (all formats, scales included); default 1 GiB */
+    uint64_t capacity_bytes;    /**< bytes of page storage (all formats, scales included); default 1 GiB;
+                                     >= 1 (a pool smaller than a page refuses every append: IKV_E_NOMEM) */
     ikv_format default_format;  /**< format of new pages when no plan says otherwise; default F16 */
     ikv_dtype kv_dtype;         /**< element type of the K/V the engine appends; default F16 */
     /* Later fields: a caller built with an older header (smaller struct_size) gets their defaults. */
@@ -679,9 +682,20 @@ typedef struct ikv_append {
  */
 #define IKV_APPEND_ASYNC 0x1u
 
-/** Fills struct_size and the default strides for a pool and token count (layer 0, no plan, flags 0;
- *  seq_stride for a dense batch of n_tokens per sequence). */
-IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
+/**
+ * Fills struct_size and the default strides for a pool and token count
+ * (layer 0, no plan, flags 0; seq_stride for a dense batch of n_tokens per
+ * sequence). Returned by value, so each version of the struct has its own
+ * symbol (as ikv_pool_default_config) and ikv_append_default() names this
+ * header's: ikv_append_default_v2. The unversioned symbol stays exported for
+ * programs built against the first header and fills only that version's
+ * fields (struct_size 80 on 64-bit, through `formats`). (Programs built
+ * against the headers that added seq_stride and flags while the symbol was
+ * still unversioned get that first layout too: their later fields are read
+ * as their defaults until they are rebuilt.) NULL pool: zero strides.
+ */
+IKV_API ikv_append ikv_append_default_v2(const ikv_pool *pool, uint32_t n_tokens);
+#define ikv_append_default(pool, n_tokens) ikv_append_default_v2(pool, n_tokens)
 
 /**
  * Append tokens to one layer (or all). Tokens land at positions
@@ -872,7 +886,8 @@ IKV_API ikv_status ikv_seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint
  * pages back. Moved are the whole pages in range that this sequence alone
  * holds and whose every layer is complete; pages a fork shares, the partial
  * tail page, evicted pages and pages already in the target tier stay where
- * they are. *moved_out (may be NULL) receives how many pages moved.
+ * they are. *moved_out (may be NULL) receives how many pages moved (on
+ * success only: an error leaves it as it was).
  * The copies are enqueued on stream (a cudaStream_t of the pool's device;
  * NULL = the default stream) behind the work already on it, and the call
  * returns without waiting: work on that stream afterwards (decodes, appends)
@@ -1501,7 +1516,12 @@ typedef struct ikv_decode_args {
  * The unversioned symbol stays exported for programs built against the first
  * header and fills only that version's fields (struct_size 104 on 64-bit);
  * ikv_decode_args_default_v2 likewise for the header before `append`
- * (through topk_feedback_weight).
+ * (through topk_feedback_weight). Programs built against the headers between
+ * the first and the one that introduced ikv_decode_args_default_v2 (which
+ * added topk_mode, topk_score, query_memory and feedback while the symbol
+ * was unversioned) get the first layout: a decode reads their later fields
+ * as defaults until they are rebuilt (one symbol cannot write a larger
+ * struct without overrunning the first header's callers).
  */
 IKV_API ikv_decode_args ikv_decode_args_default_v3(void);
 #define ikv_decode_args_default() ikv_decode_args_default_v3()

@@ -54,6 +54,18 @@ typedef struct first_query_memory_config {
 #undef ikv_query_memory_default_config
 first_query_memory_config ikv_query_memory_default_config(void);
 
+/* The first header's ikv_append (through `formats`) and its unversioned default. */
+typedef struct first_append {
+    uint32_t struct_size, layer, n_tokens;
+    const void *k, *v;
+    int64_t token_stride, head_stride, layer_stride;
+    int src_on_device;
+    void *stream;
+    const ikv_plan *formats;
+} first_append;
+#undef ikv_append_default
+first_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens);
+
 static void test_version(void **state) {
     (void)state;
     assert_int_equal(ikv_version(), IKV_VERSION_NUMBER);
@@ -162,7 +174,7 @@ static void test_last_selection_after_refusals(void **state) {
     ikv_seq_id s = 0;
     IKVT_OK(ikv_seq_create(pool, &s));
     uint16_t kv[20 * 32] = {0};
-    ikv_append a = ikv_append_default(pool, 20);
+    ikv_append a = ikv_append_default_v2(pool, 20); /* the macro is #undef-ed above */
     a.k = kv;
     a.v = kv;
     IKVT_OK(ikv_pool_append(pool, s, &a));
@@ -212,7 +224,7 @@ static void test_first_header_decode_args(void **state) {
     ikvt_rng rng = {77};
     ikvt_fill_normal(&rng, kv, 40 * 64, 1.0f);
     ikvt_fill_normal(&rng, q, 2 * 64, 1.0f);
-    ikv_append ap = ikv_append_default(pool, 40);
+    ikv_append ap = ikv_append_default_v2(pool, 40);
     ap.k = kv;
     ap.v = kv;
     IKVT_OK(ikv_pool_append(pool, seq, &ap));
@@ -226,6 +238,45 @@ static void test_first_header_decode_args(void **state) {
     a.topk_token_budget = 16;
     IKVT_OK(ikv_decode(dec, pool, (const ikv_decode_args *)(const void *)&a));
     ikv_decoder_destroy(dec);
+    ikv_pool_destroy(pool);
+}
+
+/* The first header's ikv_append default writes exactly its struct (80 bytes
+ * on 64-bit; today's is 96: a larger write overran old callers' stacks) with
+ * today's defaults, and an append with it reads only those fields (seq_stride
+ * and flags at their defaults) and stores what today's struct stores. */
+static void test_first_header_append(void **state) {
+    (void)state;
+    ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.n_layers = 2, .n_kv_heads = 2, .head_dim = 32, .page_size = 16,
+                                                     .capacity_bytes = 4u << 20});
+    union {
+        first_append a;
+        unsigned char bytes[sizeof(ikv_append) + 16];
+    } slot;
+    memset(slot.bytes, 0xA5, sizeof slot.bytes);
+    slot.a = ikv_append_default(pool, 5);
+    for (size_t i = sizeof(first_append); i < sizeof slot.bytes; ++i) assert_int_equal(slot.bytes[i], 0xA5);
+    const ikv_append now = ikv_append_default_v2(pool, 5);
+    assert_int_equal(slot.a.struct_size, sizeof(first_append));
+    assert_int_equal(now.struct_size, sizeof(ikv_append));
+    assert_memory_equal((const unsigned char *)&slot.a + 4, (const unsigned char *)&now + 4, sizeof(first_append) - 4);
+    float kv[2 * 5 * 2 * 32], out_old[5 * 2 * 32], out_new[5 * 2 * 32], v[5 * 2 * 32];
+    ikvt_rng rng = {99};
+    ikvt_fill_normal(&rng, kv, 2 * 5 * 2 * 32, 1.0f);
+    ikv_seq_id s_old, s_new;
+    IKVT_OK(ikv_seq_create(pool, &s_old));
+    IKVT_OK(ikv_seq_create(pool, &s_new));
+    first_append a = slot.a;
+    a.layer = 1;
+    a.k = a.v = kv;
+    IKVT_OK(ikv_pool_append(pool, s_old, (const ikv_append *)(const void *)&a));
+    ikv_append b = now;
+    b.layer = 1;
+    b.k = b.v = kv;
+    IKVT_OK(ikv_pool_append(pool, s_new, &b));
+    IKVT_OK(ikv_seq_read(pool, s_old, 1, 0, 5, out_old, v));
+    IKVT_OK(ikv_seq_read(pool, s_new, 1, 0, 5, out_new, v));
+    assert_memory_equal(out_old, out_new, sizeof out_old);
     ikv_pool_destroy(pool);
 }
 
@@ -324,6 +375,7 @@ int main(void) {
         cmocka_unit_test(test_first_header_pool_config),
         cmocka_unit_test(test_first_header_query_memory_config),
         cmocka_unit_test(test_first_header_decode_args),
+        cmocka_unit_test(test_first_header_append),
         cmocka_unit_test(test_second_header_decode_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

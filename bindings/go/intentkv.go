@@ -266,10 +266,11 @@ func structSizes() map[string][2]uintptr {
 	}
 }
 
-// appendStructSize is ikv_append_default's struct_size for p and sizeof(ikv_append).
+// appendStructSize is ikv_append_default's struct_size for p and sizeof(ikv_append)
+// (the header's ikv_append_default() is a macro naming ikv_append_default_v2).
 func appendStructSize(p *Pool) [2]uintptr {
 	defer runtime.KeepAlive(p)
-	return [2]uintptr{uintptr(C.ikv_append_default(p.raw, 1).struct_size), C.sizeof_ikv_append}
+	return [2]uintptr{uintptr(C.ikv_append_default_v2(p.raw, 1).struct_size), C.sizeof_ikv_append}
 }
 
 // plainStructSizes are the sizes of the structs without a *_default

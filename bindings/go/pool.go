@@ -325,7 +325,7 @@ func (p *Pool) append(method string, seqs []uint32, a AppendArgs) error {
 	}
 	defer C.free(kp)
 	defer C.free(vp)
-	ca := C.ikv_append_default(p.raw, C.uint32_t(tokens))
+	ca := C.ikv_append_default_v2(p.raw, C.uint32_t(tokens))
 	ca.layer = C.uint32_t(a.Layer)
 	ca.k, ca.v = kp, vp
 	ca.token_stride, ca.head_stride, ca.layer_stride, ca.seq_stride = C.int64_t(ts), C.int64_t(hs), C.int64_t(ls), C.int64_t(ss)

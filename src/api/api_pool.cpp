@@ -223,7 +223,7 @@ IKV_API ikv_status ikv_seq_layer_length(const ikv_pool *pool, ikv_seq_id seq, ui
     return ikv::seq_layer_length(pool, seq, layer, length_out);
 }
 
-IKV_API ikv_append ikv_append_default(const ikv_pool *pool, uint32_t n_tokens) {
+IKV_API ikv_append ikv_append_default_v2(const ikv_pool *pool, uint32_t n_tokens) {
     ikv_append a{};
     a.struct_size = sizeof a;
     a.layer = 0;
@@ -427,6 +427,30 @@ static_assert(offsetof(ikv_pool_config_v1, kv_dtype) == offsetof(ikv_pool_config
 #undef ikv_pool_default_config
 IKV_API ikv_pool_config_v1 ikv_pool_default_config(void) {
     return ikv::first_layout<ikv_pool_config_v1>(ikv_pool_default_config_v2());
+}
+
+// The first header's ikv_append (through `formats`) and its unversioned
+// default, which programs built against it call with a return slot of that
+// size (today's struct is 16 bytes longer: seq_stride, flags).
+struct ikv_append_v1 {
+    uint32_t struct_size;
+    uint32_t layer;
+    uint32_t n_tokens;
+    const void *k;
+    const void *v;
+    int64_t token_stride;
+    int64_t head_stride;
+    int64_t layer_stride;
+    int src_on_device;
+    void *stream;
+    const ikv_plan *formats;
+};
+static_assert(offsetof(ikv_append_v1, formats) == offsetof(ikv_append, formats), "a prefix of today's");
+static_assert(sizeof(ikv_append_v1) == offsetof(ikv_append, seq_stride), "the first ikv_append layout");
+
+#undef ikv_append_default
+IKV_API ikv_append_v1 ikv_append_default(const ikv_pool *pool, uint32_t n_tokens) {
+    return ikv::first_layout<ikv_append_v1>(ikv_append_default_v2(pool, n_tokens));
 }
 
 }  // extern "C"

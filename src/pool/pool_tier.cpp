@@ -151,7 +151,7 @@ ikv_status check_tier_call(const ikv_pool *pool, void *stream, const char *fn) {
 
 ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t end, bool to_host, void *stream,
                          uint32_t *moved_out, const char *fn) {
-    if (moved_out) *moved_out = 0;
+    // *moved_out is written on success only: on error nothing changes, the caller's variable included.
     ikv_status st = check_tier_call(pool, stream, fn);
     if (st != IKV_OK) return st;
     auto seqp = find_seq(pool, id);
@@ -160,7 +160,10 @@ ikv_status seq_move_tier(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t
     if (begin > end || end > seq.length)
         return fail(IKV_E_RANGE, "%s: tokens [%u, %u) are not inside sequence %u of %u tokens", fn, begin, end,
                     (unsigned)id, seq.length);
-    if (begin == end) return IKV_OK;  // an empty range overlaps no page
+    if (begin == end) {  // an empty range overlaps no page
+        if (moved_out) *moved_out = 0;
+        return IKV_OK;
+    }
     const uint32_t P = pool->shape.page_size;
     const uint32_t p0 = begin / P, p1 = std::min((end + P - 1) / P, complete_pages(pool, seq));
 

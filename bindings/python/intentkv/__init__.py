@@ -578,7 +578,7 @@ class Pool(_Handle):
         if ks != vs:
             raise _invalid("k and v must share strides (ikv_append reads both with one set); in elements k has "
                            "%s, v has %s" % (ks, vs))
-        args = _ffi.lib().ikv_append_default(self.handle, n_tokens)
+        args = _ffi.lib().ikv_append_default_v2(self.handle, n_tokens)
         args.layer = IKV_ALL_LAYERS if layer is None else layer
         args.k, args.v = kr.ptr, vr.ptr
         args.token_stride, args.head_stride = ks["token"], ks["kv_head"]

@@ -224,7 +224,9 @@ _PROTOTYPES = [
     ("ikv_seq_create", _S, [_V, POINTER(c_uint32)]),
     ("ikv_seq_destroy", _S, [_V, c_uint32]),
     ("ikv_seq_length", _S, [_V, c_uint32, POINTER(c_uint32)]),
-    ("ikv_append_default", Append, [_V, c_uint32]),
+    # ikv_append_default() is a macro naming this version's symbol (the unversioned one returns the
+    # first, 80-byte layout: no seq_stride, no flags).
+    ("ikv_append_default_v2", Append, [_V, c_uint32]),
     ("ikv_pool_append", _S, [_V, c_uint32, POINTER(Append)]),
     ("ikv_pool_append_batch", _S, [_V, POINTER(c_uint32), c_uint32, POINTER(Append)]),
     ("ikv_pool_sync", _S, [_V]),

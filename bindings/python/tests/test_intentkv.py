@@ -563,7 +563,7 @@ class StructTest(unittest.TestCase):
         for value, cls in pairs:
             self.assertEqual(value.struct_size, ctypes.sizeof(cls), cls.__name__)
         with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=64, capacity_bytes=1 << 20) as pool:
-            args = lib.ikv_append_default(pool.handle, 3)
+            args = lib.ikv_append_default_v2(pool.handle, 3)
             self.assertEqual(args.struct_size, ctypes.sizeof(_ffi.Append))
             self.assertEqual((args.n_tokens, args.token_stride, args.head_stride, args.layer_stride), (3, 64, 64, 192))
 

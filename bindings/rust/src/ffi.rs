@@ -485,6 +485,8 @@ extern "C" {
     pub fn ikv_seq_create(pool: *mut ikv_pool, id_out: *mut ikv_seq_id) -> ikv_status;
     pub fn ikv_seq_destroy(pool: *mut ikv_pool, seq: ikv_seq_id) -> ikv_status;
     pub fn ikv_seq_length(pool: *const ikv_pool, seq: ikv_seq_id, length_out: *mut u32) -> ikv_status;
+    // The header's ikv_append_default() is a macro naming this version's symbol.
+    #[link_name = "ikv_append_default_v2"]
     pub fn ikv_append_default(pool: *const ikv_pool, n_tokens: u32) -> ikv_append;
     pub fn ikv_pool_append(pool: *mut ikv_pool, seq: ikv_seq_id, args: *const ikv_append) -> ikv_status;
     pub fn ikv_pool_append_batch(pool: *mut ikv_pool, seqs: *const ikv_seq_id, n_seqs: u32,
