@@ -1591,9 +1591,12 @@ IKV_API ikv_status ikv_decoder_last_selection(const ikv_decoder *decoder, uint32
  * layer and the plans (the same plan objects) are those of that call, and no
  * sequence's block table changed since: no page was allocated, copied
  * (copy-on-write), evicted, truncated away or given another format. An
- * engine calling ikv_decode once per layer with the same batch and plans
- * therefore builds lists once per step (appends that stay inside allocated
- * pages keep them; one that opens a page, the first call after it, builds).
+ * engine calling ikv_decode once per layer with the same batch and plans,
+ * each layer appended to before its decode, therefore builds lists once per
+ * step: the first layer's call sees new lengths and builds, the next layers'
+ * calls see the same lengths and reuse (an append that stays inside
+ * allocated pages leaves the block tables as they were; one that opens a
+ * page changes them, so the next call builds even within a step).
  * A call on a capturing CUDA stream reuses them on the same conditions (and
  * stream); when it builds instead, the graph holds its own upload and the
  * first eager call after it builds again.
