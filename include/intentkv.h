@@ -574,12 +574,15 @@ IKV_API ikv_pool_config ikv_pool_default_config_v2(void);
 /**
  * Create a pool. Page storage comes from mimalloc (host) or cudaMalloc
  * (device) in slabs as pages are needed, up to capacity_bytes: live pages
- * never pass it, and the slab memory held (ikv_pool_stats.reserved_bytes)
- * passes it only by free pages left in part-used slabs of other formats
- * (a slab holds at most a 16th of capacity_bytes, and 1 MiB on the host or
- * 64 MiB on a device, so under a quarter of it; empty slabs are given back
- * before a new slab would pass it, except on a CUDA pool with a host tier,
- * which keeps them).
+ * never pass it. The slab memory held (ikv_pool_stats.reserved_bytes) also
+ * counts the free pages of part-used slabs, which only their own format can
+ * use, so with pages of several formats it can pass capacity_bytes by those
+ * free pages and one slab (a slab holds at most a 16th of capacity_bytes,
+ * at least one page, and at most 1 MiB on the host or 64 MiB on a device).
+ * Each format keeps at most one empty slab (a CUDA pool with a host tier
+ * keeps all), and a CPU pool also gives back other formats' empty slabs
+ * before a new slab would pass capacity_bytes (a CUDA pool does not free
+ * device slabs to make room: a free waits for the device).
  * Errors: IKV_E_NULL, IKV_E_INVALID (names the field), IKV_E_NO_DEVICE (CUDA
  * not built or no GPU), IKV_E_DEVICE, IKV_E_NOMEM.
  */

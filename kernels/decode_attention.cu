@@ -923,7 +923,7 @@ double device_memory_gbps_per_sm(int device) {
 
 uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_sms, double mem_gbps_per_sm) {
     if (p.compute != kComputeDefault) return p.compute;
-    if (p.q_dtype != IKV_DTYPE_F32 && query_rows(p) > kSimtMaxRowsPerCta) return kComputeTensorCores;
+    if (p.q_dtype != IKV_DTYPE_F32 && query_rows(p) > kSimtMaxQueryRows) return kComputeTensorCores;
     const uint32_t tc_formats = mem_gbps_per_sm >= kTc16BitMinGBpsPerSm ? ~0u : kTensorCoreFormats;
     if (p.q_dtype == IKV_DTYPE_F32 || !(p.formats & tc_formats)) return kComputeSimt;
     DecodeParams simt = p;
@@ -932,6 +932,11 @@ uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_
     const uint64_t P = p.shape.page_size;
     const uint64_t chunks = (uint64_t(max_rows) + std::min<uint64_t>(P, 16) - 1) / std::min<uint64_t>(P, 16);
     return chunks >= kTcMinChunksPerCta * splits ? kComputeTensorCores : kComputeSimt;
+}
+
+bool decode_grid_fits(const DecodeParams &p) {
+    constexpr uint64_t kMaxGridYZ = 65535;
+    return uint64_t(p.shape.n_kv_heads) * row_chunks(p) <= kMaxGridYZ && p.n_seqs <= kMaxGridYZ;
 }
 
 uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits) {

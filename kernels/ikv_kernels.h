@@ -156,23 +156,30 @@ constexpr uint64_t kTcMinChunksPerCta = 24;
 // (3.35 TB/s: ~25 GB/s per SM) 1-12% slower.
 constexpr double kTc16BitMinGBpsPerSm = 30.0;
 // Query rows per kv-head (n_query_tokens x group) up to which SIMT is
-// considered: past them (a multi-token step, e.g. a speculative draft) SIMT
-// would run CTAs of 8 rows at one CTA per SM, re-reading the pages for every
-// 8 rows, where tensor cores take 8 or 16 rows at 3 or 2 CTAs per SM.
-// Measured on the H100 (bench/RESULTS.md section 5b, 2026-11-27; G = 4, F16
-// pages): 2 to 16 query tokens 2.2-7.0x faster on tensor cores; one token
-// (4 rows) stays on SIMT, 1.01-1.07x faster there.
-constexpr uint32_t kSimtMaxRowsPerCta = 4;
+// considered: past them (a multi-token step such as a speculative draft, or
+// one token of a group above 4, e.g. G = 8) SIMT would run CTAs of 8 rows at
+// one CTA per SM, re-reading the pages for every 8 rows, where tensor cores
+// take 8 or 16 rows at 3 or 2 CTAs per SM. Measured on the H100
+// (bench/RESULTS.md section 5b, 2026-11-27; G = 4, F16 pages): 2 to 16 query
+// tokens (8 to 64 rows) 2.2-7.0x faster on tensor cores; 4 rows (one token)
+// stay on SIMT, 1.01-1.07x faster there. G = 8 at one token is the 8-row
+// case measured as T = 2 at G = 4. Tensor cores take 16-bit operands: with
+// F16 queries, page values past f16's range (BF16 pages, large scales) do
+// not survive (docs/CUDA.md).
+constexpr uint32_t kSimtMaxQueryRows = 4;
 // Peak memory bandwidth of a device per SM, GB/s, from its memory clock and
 // bus width (0 when the device does not say).
 double device_memory_gbps_per_sm(int device);
 // The compute p runs on: p.compute unless kComputeDefault; then tensor cores
-// for F16/BF16 queries with more than kSimtMaxRowsPerCta query rows per
+// for F16/BF16 queries with more than kSimtMaxQueryRows query rows per
 // kv-head, or when p.formats has a kTensorCoreFormats bit (or, with
 // mem_gbps_per_sm >= kTc16BitMinGBpsPerSm, any bit) and the longest list
 // (max_rows rows) gives every CTA at least kTcMinChunksPerCta chunks at the
 // split count SIMT would use on n_sms SMs; SIMT otherwise.
 uint32_t decode_resolve_compute(const DecodeParams &p, uint32_t max_rows, int n_sms, double mem_gbps_per_sm);
+// Whether the fused decode can launch p: its grid's y (kv-heads x row chunks
+// of the compute p.compute settles to) and z (sequences) within CUDA's 65535.
+bool decode_grid_fits(const DecodeParams &p);
 // Splits the launcher picks for a shape on a device with n_sms SMs.
 uint32_t decode_choose_splits(const DecodeParams &p, int n_sms);
 // Scratch bytes decode needs for p with n_splits splits (partials of the split-K merge).

@@ -149,7 +149,7 @@ static void test_api_table(void **state) {
     void *dk = ikvt_dev_normal_f16(&rng, chunk_elems), *dv = ikvt_dev_normal_f16(&rng, chunk_elems);
     void *stream = NULL;
     assert_int_equal(ikvt_rt.stream_create_(&stream), 0);
-    printf("intentkv GPU decode table: %d q-heads, %d kv-heads, head_dim %d, page %d, F16 q/out, one query token; "
+    printf("intentkv GPU decode table: %d q-heads, %d kv-heads, head_dim %d, page %d, F16 q/out, one query token (the -t<T> columns: T); "
            "%d back-to-back calls, median of %d runs\n", HQ, HKV, D, P, STEPS, RUNS);
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; ++si) {
         const uint32_t B = shapes[si][0], ctx = shapes[si][1];

@@ -114,11 +114,8 @@ static void ref_route(const ikv_router_config *c, const ikv_layout *l, uint32_t 
     uint64_t left = c->token_budget == 0 ? UINT64_MAX : r->over ? 0 : c->token_budget - r->mandatory;
     rseg *cand[MAXSEG];
     size_t nc = 0;
-    for (size_t k = 0; k < r->nseg; ++k) {
+    for (size_t k = 0; k < r->nseg; ++k) { /* wholly inside the window (cost 0): still read on its score */
         rseg *s = &r->seg[k];
-        uint64_t cost = 0;
-        for (uint32_t t = s->start; t < s->end; ++t) cost += !r->mand[t];
-        (void)cost; /* wholly inside the window (cost 0) is still read on its score */
         if (s->policy == IKV_POLICY_ATTEND && s->score >= c->attend_threshold) cand[nc++] = s;
     }
     qsort(cand, nc, sizeof cand[0], by_score_newer_first);

@@ -178,10 +178,11 @@ MultiTokenMode multi_token_mode() {
 }
 
 // IKV_CUDA_DECODE_COMPUTE: how the fused decode computes for F16/BF16
-// queries: auto (tensor cores when the step reads INT8/FP8/INT4 pages and
-// enough of them per CTA, and for F16/BF16 pages too on devices with fast
-// memory: cuda::decode_resolve_compute), simt (fp32 FMAs) or
-// tensor-cores (kernels/decode_mma.cuh).
+// queries: auto (tensor cores for more than 4 query rows per kv-head, and
+// when the step reads INT8/FP8/INT4 pages and enough of them per CTA, and
+// for F16/BF16 pages too on devices with fast memory:
+// cuda::decode_resolve_compute), simt (fp32 FMAs) or tensor-cores
+// (kernels/decode_mma.cuh).
 uint32_t decode_compute() {
     static const char *const kNames[] = {"auto", "simt", "tensor-cores"};
     static const uint32_t kModes[] = {cuda::kComputeDefault, cuda::kComputeSimt, cuda::kComputeTensorCores};
@@ -189,16 +190,22 @@ uint32_t decode_compute() {
     return c;
 }
 
-// Whether a step of query_rows rows per kv-head runs as GEMMs; the fused
-// kernel's compute (tensor cores or SIMT) sets where they start to win.
-bool use_gemm(uint32_t query_rows, uint32_t fused_compute) {
+// Whether a step of query_rows rows per kv-head runs as GEMMs: where they
+// start to win depends on the compute the fused kernel would run (tensor
+// cores for F16/BF16 queries when p.compute says so; F32 queries always SIMT).
+// Under auto a step the fused kernel cannot launch (grid) or whose split
+// partials would pass the GEMM path's tile budget takes GEMMs too.
+bool use_gemm(uint32_t query_rows, const cuda::DecodeParams &p, int n_sms) {
     switch (multi_token_mode()) {
         case MultiTokenMode::Fused: return false;
         case MultiTokenMode::Gemm: return true;
-        default:
-            return query_rows >= (fused_compute == cuda::kComputeTensorCores ? cuda::kMultiTokenGemmMinRowsTc
-                                                                              : cuda::kMultiTokenGemmMinRows);
+        default: break;
     }
+    const bool tc = p.q_dtype != IKV_DTYPE_F32 && p.compute == cuda::kComputeTensorCores;
+    if (query_rows >= (tc ? cuda::kMultiTokenGemmMinRowsTc : cuda::kMultiTokenGemmMinRows)) return true;
+    if (query_rows < cuda::kMultiTokenGemmMinRows) return false;  // as before the tensor-core rule: always fused
+    return !cuda::decode_grid_fits(p) ||
+           cuda::decode_workspace_bytes(p, cuda::decode_choose_splits(p, n_sms)) > cuda::kMultiTokenTileBytes;
 }
 
 ikv_status ensure_state(CudaDecoderState **state, int device) {
@@ -610,7 +617,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     p.formats = sum.formats;
     p.compute = decode_compute();  // auto is settled from the formats and the list lengths
     p.compute = cuda::decode_resolve_compute(p, max_tokens, s.n_sms, s.mem_gbps_per_sm);
-    const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv), p.compute);
+    const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv), p, s.n_sms);
     p.n_splits = gemm ? 1 : cuda::decode_choose_splits(p, s.n_sms);
     if (gemm && s.gemm == nullptr) {
         cudaError_t e = cuda::multi_token_create(&s.gemm);

@@ -23,7 +23,7 @@ namespace cuda {
 // the pages beats gathering them into tiles).
 constexpr uint32_t kMultiTokenGemmMinRows = 64;
 // The same when the fused kernel runs on tensor cores (F16/BF16 queries with
-// more than kSimtMaxRowsPerCta rows per kv-head, since 2026-11-27: 16 rows
+// more than kSimtMaxQueryRows rows per kv-head, since 2026-11-27: 16 rows
 // per CTA at 2 CTAs per SM). Measured on the H100 (bench/RESULTS.md section
 // 5b; G = 4, D = 128, F16 pages, dense): fused faster up to T = 128 (512
 // rows) in every shape (0.79-0.88x the GEMM time), at T = 256 16% faster at

@@ -48,7 +48,8 @@ constexpr uint64_t kSlabAlign = 256;
 // Device slabs are large: cudaMalloc costs tens of microseconds and cudaFree
 // synchronizes the device, and a 32-layer, 8-head, head_dim 128 F16 page is
 // 2.4 MB (8 MB slabs held 3 pages: a 2048-token bulk append made ~40 slabs).
-// The allocator still caps a slab at what the pool's capacity could hold.
+// The allocator still caps a slab at a 16th of the pool's capacity (at least
+// one page), and never frees device slabs to make room (cudaFree would wait).
 constexpr uint64_t kSlabTargetBytes = 64ull << 20;
 
 // Slab memory from cudaMalloc on the pool's device. A pool with a host tier
@@ -59,6 +60,7 @@ class DeviceMemory final : public SlabMemory {
 public:
     DeviceMemory(int device, bool keep_empty) : device_(device), keep_empty_(keep_empty) {}
     bool keeps_empty_slabs() const override { return keep_empty_; }
+    bool frees_without_waiting() const override { return false; }  // cudaFree synchronizes the device
     ikv_status allocate(uint64_t bytes, uint8_t **out) override {
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");

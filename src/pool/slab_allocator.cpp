@@ -66,14 +66,13 @@ void SlabAllocator::release(ikv_format f, uint8_t *page) {
 }
 
 ikv_status SlabAllocator::add_slab(ikv_format f) {
-    // Stay within the capacity: give back the empty slabs kept for other
-    // formats first, then size the new slab to what the capacity leaves (at
-    // least one page: the pool admitted the page against its live bytes).
-    if (!memory_.keeps_empty_slabs() && reserved_ + stride_[f] * pages_per_slab_[f] > capacity_)
-        drop_empty_slabs();
-    const uint64_t room = capacity_ > reserved_ ? (capacity_ - reserved_) / stride_[f] : 0;
-    const uint32_t n_pages = uint32_t(std::max<uint64_t>(1, std::min<uint64_t>(pages_per_slab_[f], room)));
+    // Stay within the capacity where freeing is cheap: give back the empty
+    // slabs kept for other formats first (not where a free waits for the
+    // device, or for memory that keeps them).
+    const uint32_t n_pages = pages_per_slab_[f];
     const uint64_t bytes = stride_[f] * n_pages;
+    if (memory_.frees_without_waiting() && !memory_.keeps_empty_slabs() && reserved_ + bytes > capacity_)
+        drop_empty_slabs();
     uint8_t *base = nullptr;
     const ikv_status st = memory_.allocate(bytes, &base);
     if (st != IKV_OK) return st;

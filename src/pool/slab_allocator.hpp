@@ -4,10 +4,10 @@
 // Freed pages go back to their slab and are reused first; a slab whose pages
 // are all free is given back, except one empty slab per format, kept to avoid
 // thrashing at a slab boundary (or every one: SlabMemory::keeps_empty_slabs).
-// Slab memory stays within the capacity where it can: a new slab first makes
-// the other formats give back their empty slabs (not for memory that keeps
-// them) and is cut to what the capacity leaves, so only free pages stranded in
-// part-used slabs of other formats can take reserved_bytes past it. Where slab
+// On host memory a new slab that would pass the capacity first makes the
+// other formats give back their empty slabs, so reserved_bytes passes it only
+// by free pages stranded in part-used slabs of other formats and by the new
+// slab itself (slabs hold at most a kSlabsPerCapacity-th of it). Where slab
 // memory comes from (mimalloc, cudaMalloc) is a SlabMemory. Not thread-safe:
 // the pool serializes calls.
 #pragma once
@@ -34,6 +34,10 @@ public:
     // pages moving between tiers would otherwise free and re-allocate slabs
     // step after step.
     virtual bool keeps_empty_slabs() const { return false; }
+    // Whether deallocate returns without waiting for a device (host heap
+    // memory): only then does a new slab make other formats give back their
+    // empty slabs (cudaFree would stall an asynchronous append).
+    virtual bool frees_without_waiting() const { return true; }
 };
 
 class SlabAllocator {
