@@ -1554,6 +1554,16 @@ static void test_bytes_read_dense_f16(void **state) {
     fix_free(&f);
 }
 
+/* Decode arguments for one sequence, F32 q and out. */
+static ikv_decode_args one_seq_args(const ikv_seq_id *seq, uint32_t n_q_heads, const float *q, float *out) {
+    ikv_decode_args a = ikv_decode_args_default();
+    a.seqs = seq;
+    a.n_q_heads = n_q_heads;
+    a.q = q;
+    a.out = out;
+    return a;
+}
+
 /* ikv_plan_get_cost is "the count ikv_decoder_last_bytes_read makes": a plan
  * with two separate runs of one page (and a partial tail) reads that page's
  * scales once per run, in every format; the decoder and the cost agree. */
@@ -1570,20 +1580,12 @@ static void test_plan_cost_equals_bytes_read(void **state) {
         float *q = make_q(&rng, 4 * 64, IKV_DTYPE_F32, 1.0f);
         float out[4 * 64];
         const ikv_plan *plans[1] = {plan};
-        ikv_decode_args a = ikv_decode_args_default();
-        a.seqs = &f.seq;
-        a.n_q_heads = 4;
-        a.q = q;
-        a.out = out;
+        ikv_decode_args a = one_seq_args(&f.seq, 4, q, out);
         a.plans = plans;
         IKVT_OK(ikv_decode(g_dec3, f.pool, &a));
         uint64_t bytes = 0;
         IKVT_OK(ikv_decoder_last_bytes_read(g_dec3, &bytes));
-        ikv_model_shape sh = ikv_model_shape_default();
-        sh.n_layers = 1;
-        sh.n_kv_heads = 2;
-        sh.n_q_heads = 4;
-        sh.head_dim = 64;
+        const ikv_model_shape sh = ikvt_model_shape(1, 4, 2, 64);
         ikv_plan_cost c;
         IKVT_OK(ikv_plan_get_cost(plan, &sh, &c));
         assert_int_equal(c.bytes_total, bytes);
@@ -1609,11 +1611,7 @@ static void test_bytes_read_keys(void **state) {
         fix_init(&f, 1, H, D, 16, fmts[fi], LEN, &rng, 1);
         float *q = make_q(&rng, 8 * D, IKV_DTYPE_F32, 1.0f);
         float out[8 * D];
-        ikv_decode_args a = ikv_decode_args_default();
-        a.seqs = &f.seq;
-        a.n_q_heads = 8;
-        a.q = q;
-        a.out = out;
+        ikv_decode_args a = one_seq_args(&f.seq, 8, q, out);
         a.topk_token_budget = LEN;
         a.topk_score = IKV_TOPK_SCORE_KEYS;
         IKVT_OK(ikv_decode(g_dec3, f.pool, &a));

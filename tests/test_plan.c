@@ -133,11 +133,7 @@ static void test_cost_from_ranges(void **state) {
     const ikv_token_range r[] = {{0, 16}, {16, 19}};
     ikv_plan *plan = NULL;
     IKVT_OK(ikv_plan_from_ranges(r, 2, 40, 16, IKV_FMT_INT8, &plan));
-    ikv_model_shape sh = ikv_model_shape_default();
-    sh.n_layers = 2;
-    sh.n_kv_heads = 2;
-    sh.n_q_heads = 4;
-    sh.head_dim = 64;
+    ikv_model_shape sh = ikvt_model_shape(2, 4, 2, 64);
     ikv_plan_cost c;
     IKVT_OK(ikv_plan_get_cost(plan, &sh, &c));
     const uint64_t D = 64, sub = 4;

@@ -26,17 +26,24 @@ static float f16r(float x) {
     return ikvt_f16_to_f32(h);
 }
 
-/* Append n random tokens to every layer of s and to its shadow. */
-static void append(ikv_pool *pool, ikv_seq_id s, shadow *sh, uint32_t n, uint64_t seed) {
-    static float k[L * MAXT * ROW], v[L * MAXT * ROW];
+/* Append n random tokens to one layer of s, or every layer (IKV_ALL_LAYERS);
+ * the inputs are left in k, v. */
+static void append_layer(ikv_pool *pool, ikv_seq_id s, uint32_t layer, uint32_t n, uint64_t seed, float *k, float *v) {
     ikvt_rng r = {seed};
-    ikvt_fill_normal(&r, k, (size_t)L * n * ROW, 1.0f);
-    ikvt_fill_normal(&r, v, (size_t)L * n * ROW, 1.0f);
+    const uint32_t layers = layer == IKV_ALL_LAYERS ? L : 1;
+    ikvt_fill_normal(&r, k, (size_t)layers * n * ROW, 1.0f);
+    ikvt_fill_normal(&r, v, (size_t)layers * n * ROW, 1.0f);
     ikv_append a = ikv_append_default(pool, n);
-    a.layer = IKV_ALL_LAYERS;
+    a.layer = layer;
     a.k = k;
     a.v = v;
     IKVT_OK(ikv_pool_append(pool, s, &a));
+}
+
+/* Append n random tokens to every layer of s and to its shadow. */
+static void append(ikv_pool *pool, ikv_seq_id s, shadow *sh, uint32_t n, uint64_t seed) {
+    static float k[L * MAXT * ROW], v[L * MAXT * ROW];
+    append_layer(pool, s, IKV_ALL_LAYERS, n, seed, k, v);
     for (uint32_t l = 0; l < L; ++l)
         for (size_t i = 0; i < (size_t)n * ROW; ++i) {
             sh->k[l][sh->len * ROW + i] = f16r(k[(size_t)l * n * ROW + i]);
@@ -201,19 +208,6 @@ static void test_truncate_fork_near_capacity(void **state) {
     check(pool, sp, &parent);
     check(pool, so, &other);
     ikv_pool_destroy(pool);
-}
-
-/* Append n random tokens to one layer of s (inputs returned in k, v). */
-static void append_layer(ikv_pool *pool, ikv_seq_id s, uint32_t layer, uint32_t n, uint64_t seed, float *k, float *v) {
-    ikvt_rng r = {seed};
-    const uint32_t layers = layer == IKV_ALL_LAYERS ? L : 1;
-    ikvt_fill_normal(&r, k, (size_t)layers * n * ROW, 1.0f);
-    ikvt_fill_normal(&r, v, (size_t)layers * n * ROW, 1.0f);
-    ikv_append a = ikv_append_default(pool, n);
-    a.layer = layer;
-    a.k = k;
-    a.v = v;
-    IKVT_OK(ikv_pool_append(pool, s, &a));
 }
 
 /* Layers of different lengths in a fork: an all-layers append copies only the

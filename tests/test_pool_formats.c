@@ -162,6 +162,17 @@ static void test_error_bounds(void **state) {
 }
 
 /* One token (H kv-heads of D channels) appended to a new sequence, read back. */
+/* A new sequence holding the N tokens k, v ([t][h][d]). */
+static ikv_seq_id new_seq_of(ikv_pool *pool, const float *k, const float *v) {
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    ikv_append a = ikv_append_default(pool, N);
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &a));
+    return s;
+}
+
 static void append_one_and_read(ikv_pool *pool, const float *k, const float *v, float *rk, float *rv) {
     ikv_seq_id s;
     IKVT_OK(ikv_seq_create(pool, &s));
@@ -234,6 +245,7 @@ static void test_int4_saturates(void **state) {
 
 /* Demote F16 -> INT4, promote back: storage precision returns (the page is
  * F16 again, exactly the F16 rounding of the INT4 values), the lost bits do not. */
+
 static void test_promote_after_demote(void **state) {
     (void)state;
     ikv_pool *pool = make_pool(IKV_FMT_F16);
@@ -243,12 +255,7 @@ static void test_promote_after_demote(void **state) {
     float *pk = malloc(n * sizeof(float)), *pv = malloc(n * sizeof(float));
     make_data(NORMAL, 77, k);
     make_data(NORMAL, 78, v);
-    ikv_seq_id s;
-    IKVT_OK(ikv_seq_create(pool, &s));
-    ikv_append a = ikv_append_default(pool, N);
-    a.k = k;
-    a.v = v;
-    IKVT_OK(ikv_pool_append(pool, s, &a));
+    const ikv_seq_id s = new_seq_of(pool, k, v);
     for (uint32_t p = 0; p < 3; ++p) IKVT_OK(ikv_seq_set_page_format(pool, s, p, IKV_FMT_INT4));
     ikv_format f;
     IKVT_OK(ikv_seq_page_format(pool, s, 2, &f));
@@ -309,12 +316,7 @@ static void test_slabs_within_capacity(void **state) {
     float *k = malloc((size_t)N * H * D * sizeof(float)), *v = malloc((size_t)N * H * D * sizeof(float));
     make_data(NORMAL, 91, k);
     make_data(NORMAL, 92, v);
-    ikv_seq_id s;
-    IKVT_OK(ikv_seq_create(pool, &s));
-    ikv_append a = ikv_append_default(pool, N);
-    a.k = k;
-    a.v = v;
-    IKVT_OK(ikv_pool_append(pool, s, &a));
+    const ikv_seq_id s = new_seq_of(pool, k, v);
     static const ikv_format order[] = {IKV_FMT_INT4, IKV_FMT_INT8, IKV_FMT_FP8_E4M3, IKV_FMT_BF16, IKV_FMT_F16,
                                        IKV_FMT_INT8, IKV_FMT_INT4};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; ++i) {
@@ -394,12 +396,7 @@ static void test_summaries(void **state) {
         float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
         make_data(OUTLIERS, 300 + f, k);
         make_data(NORMAL, 400 + f, v);
-        ikv_seq_id s;
-        IKVT_OK(ikv_seq_create(pool, &s));
-        ikv_append a = ikv_append_default(pool, N);
-        a.k = k;
-        a.v = v;
-        IKVT_OK(ikv_pool_append(pool, s, &a));
+        const ikv_seq_id s = new_seq_of(pool, k, v);
         check_summaries(pool, s);
         IKVT_OK(ikv_seq_truncate(pool, s, 9)); /* tail page 1 keeps 12 tokens */
         check_summaries(pool, s);

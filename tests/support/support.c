@@ -145,6 +145,15 @@ ikv_pool_stats ikvt_pool_stats(const ikv_pool *pool) {
     return st;
 }
 
+ikv_model_shape ikvt_model_shape(uint32_t n_layers, uint32_t n_q_heads, uint32_t n_kv_heads, uint32_t head_dim) {
+    ikv_model_shape sh = ikv_model_shape_default();
+    sh.n_layers = n_layers;
+    sh.n_q_heads = n_q_heads;
+    sh.n_kv_heads = n_kv_heads;
+    sh.head_dim = head_dim;
+    return sh;
+}
+
 ikv_pool_config ikvt_pool_config(ikvt_pool_spec s) {
     ikv_pool_config c = ikv_pool_default_config();
     c.backend = s.backend;

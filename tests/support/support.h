@@ -42,6 +42,8 @@ typedef struct ikvt_pool_spec {
 ikv_pool_config ikvt_pool_config(ikvt_pool_spec s);
 /* The pool's statistics (asserting success). */
 ikv_pool_stats ikvt_pool_stats(const ikv_pool *pool);
+/* ikv_model_shape_default() with these fields. */
+ikv_model_shape ikvt_model_shape(uint32_t n_layers, uint32_t n_q_heads, uint32_t n_kv_heads, uint32_t head_dim);
 ikv_pool *ikvt_make_pool(ikvt_pool_spec s); /* ikv_pool_create; the test fails unless it succeeds */
 
 /* Convert fp32 arrays to the engine dtypes the pool accepts. */
