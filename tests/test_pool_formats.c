@@ -403,7 +403,7 @@ static void test_summaries(void **state) {
         IKVT_OK(ikv_seq_set_page_format(pool, s, 0, (ikv_format)((f + 2) % IKV_FMT_COUNT)));
         IKVT_OK(ikv_seq_set_page_format(pool, s, 1, (ikv_format)((f + 3) % IKV_FMT_COUNT)));
         check_summaries(pool, s);
-        a = ikv_append_default(pool, 3);
+        ikv_append a = ikv_append_default(pool, 3);
         a.k = k;
         a.v = v;
         IKVT_OK(ikv_pool_append(pool, s, &a));
