@@ -96,7 +96,7 @@ IKV_API const char *ikv_status_name(ikv_status status);
 
 /**
  * The sentence describing the last failure of an ikv_* call on the calling
- * thread, e.g. "ikv_layout_add: block 'doc3' [900, 800) has end before start".
+ * thread, e.g. "ikv_layout_add: block 'doc3' [900, 800) has end at or before start".
  * Empty string if the thread's last failing call has not happened yet.
  * Valid until the next ikv_* call on the same thread. Thread-local.
  */
@@ -543,7 +543,8 @@ typedef struct ikv_pool_config {
     int device;                 /**< CUDA device ordinal; default 0; CPU pools ignore it */
     uint32_t n_layers;          /**< 1..65536 */
     uint32_t n_kv_heads;        /**< 1..65536 */
-    uint32_t head_dim;          /**< 32, 64, 80, 96, 128 or 256 (CUDA pools decode 32, 64, 128 and 256) */
+    uint32_t head_dim;          /**< 32, 64, 80, 96, 128 or 256 (CUDA pools: 32, 64, 128 or 256; 80 and 96 are
+                                     refused there with IKV_E_UNSUPPORTED) */
     uint32_t page_size;         /**< power of two in [8, 128]; default 16 */
     uint64_t capacity_bytes;    /**< bytes of page storage (all formats, scales included); default 1 GiB;
                                      >= 1 (a pool smaller than a page refuses every append: IKV_E_NOMEM) */
@@ -584,7 +585,8 @@ IKV_API ikv_pool_config ikv_pool_default_config_v2(void);
  * before a new slab would pass capacity_bytes (a CUDA pool does not free
  * device slabs to make room: a free waits for the device).
  * Errors: IKV_E_NULL, IKV_E_INVALID (names the field), IKV_E_NO_DEVICE (CUDA
- * not built or no GPU), IKV_E_DEVICE, IKV_E_NOMEM.
+ * not built or no GPU), IKV_E_UNSUPPORTED (a CUDA pool of head_dim 80 or
+ * 96), IKV_E_DEVICE, IKV_E_NOMEM.
  */
 IKV_API ikv_status ikv_pool_create(const ikv_pool_config *config, ikv_pool **out);
 /** Free the pool and every sequence in it. No call on the pool may be in flight. */
@@ -1415,7 +1417,10 @@ typedef enum ikv_topk_score {
  * exactly as three bf16 parts); IKV_CUDA_PDL=0 launches the step's kernels without
  * programmatic dependent launch (used by default on sm_90 and newer: each
  * kernel of the step waits for the previous one's results on the device, so
- * the next launch overlaps the previous kernel's tail).
+ * the next launch overlaps the previous kernel's tail); IKV_FUSED_APPEND=0
+ * makes a decode with args->append enqueue the append as
+ * ikv_pool_append_batch does instead of writing the token in the decode's
+ * kernels (same bytes; for side-by-side timing).
  */
 typedef struct ikv_decode_args {
     uint32_t struct_size;
