@@ -195,7 +195,7 @@ uint32_t decode_compute() {
 // cores for F16/BF16 queries when p.compute says so; F32 queries always SIMT).
 // Under auto a step the fused kernel cannot launch (grid) or whose split
 // partials would pass the GEMM path's tile budget takes GEMMs too.
-bool use_gemm(uint32_t query_rows, const cuda::DecodeParams &p, int n_sms) {
+bool use_gemm(uint32_t query_rows, const cuda::DecodeParams &p, uint32_t fused_splits) {
     switch (multi_token_mode()) {
         case MultiTokenMode::Fused: return false;
         case MultiTokenMode::Gemm: return true;
@@ -205,7 +205,7 @@ bool use_gemm(uint32_t query_rows, const cuda::DecodeParams &p, int n_sms) {
     if (query_rows >= (tc ? cuda::kMultiTokenGemmMinRowsTc : cuda::kMultiTokenGemmMinRows)) return true;
     if (query_rows < cuda::kMultiTokenGemmMinRows) return false;  // as before the tensor-core rule: always fused
     return !cuda::decode_grid_fits(p) ||
-           cuda::decode_workspace_bytes(p, cuda::decode_choose_splits(p, n_sms)) > cuda::kMultiTokenTileBytes;
+           cuda::decode_workspace_bytes(p, fused_splits) > cuda::kMultiTokenTileBytes;
 }
 
 ikv_status ensure_state(CudaDecoderState **state, int device) {
@@ -617,8 +617,9 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     p.formats = sum.formats;
     p.compute = decode_compute();  // auto is settled from the formats and the list lengths
     p.compute = cuda::decode_resolve_compute(p, max_tokens, s.n_sms, s.mem_gbps_per_sm);
-    const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv), p, s.n_sms);
-    p.n_splits = gemm ? 1 : cuda::decode_choose_splits(p, s.n_sms);
+    const uint32_t fused_splits = cuda::decode_choose_splits(p, s.n_sms);
+    const bool gemm = use_gemm(a.n_query_tokens * (a.n_q_heads / Hkv), p, fused_splits);
+    p.n_splits = gemm ? 1 : fused_splits;
     if (gemm && s.gemm == nullptr) {
         cudaError_t e = cuda::multi_token_create(&s.gemm);
         if (e == cudaErrorUnknown)

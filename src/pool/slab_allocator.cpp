@@ -10,9 +10,9 @@ namespace ikv {
 SlabAllocator::SlabAllocator(const PageShape &shape, uint64_t capacity_bytes, uint64_t align,
                              uint64_t slab_target_bytes, SlabMemory &memory)
     : memory_(memory), capacity_(capacity_bytes) {
-    // Slabs of at most a 16th of the capacity: free pages stranded in part-used
-    // slabs of the other formats (what can take reserved_bytes past the
-    // capacity) stay under a quarter of it.
+    // Slabs of at most a 16th of the capacity, so that the free pages stranded
+    // in part-used slabs of other formats (what can take reserved_bytes past
+    // the capacity) come in small pieces.
     const uint64_t target = std::min(slab_target_bytes, capacity_bytes / kSlabsPerCapacity);
     for (int f = 0; f < IKV_FMT_COUNT; ++f) {
         stride_[f] = align_up(page_bytes(shape, ikv_format(f)), align);
