@@ -853,7 +853,9 @@ IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *c
 
 /**
  * Roll back the last n_tokens of every layer (speculative decoding). Pages
- * that become empty are released. If the new tail page is partial its kept
+ * that become empty are released, and so is every page past the new length
+ * (n_tokens 0 changes no token; on a CPU pool it releases the pages of a
+ * room reserved past the length: ikv_pool_reserve). If the new tail page is partial its kept
  * tokens are re-staged from their stored (dequantized) values, so a later
  * append re-quantizes them once more: the bound then applies twice, and
  * FORMATS.md says so. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE (n_tokens > length),
@@ -1558,8 +1560,9 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
  * this decoder read: for every (sequence, kv-head) and every run of tokens of
  * one page it read, the K and V rows plus that page's scales (per-channel K
  * scales of INT8/INT4 count once per run). With top-k selection the key
- * summaries' k_min and k_max it scores count too (4 * head_dim bytes per page
- * and kv-head, 6 * head_dim with k_mean under IKV_TOPK_SCORE_HYBRID and
+ * summaries' k_min and k_max it scores count too (4 * head_dim bytes per
+ * scored entry and kv-head, so a page listed as two entries counts twice;
+ * 6 * head_dim with k_mean under IKV_TOPK_SCORE_HYBRID and
  * IKV_TOPK_SCORE_KEYS: the CPU scores the non-mandatory entries, CUDA every
  * entry); IKV_TOPK_SCORE_KEYS also counts its non-mandatory candidates' K
  * rows and K scales (FP8 4 bytes, INT8 and INT4 4 * head_dim per entry);

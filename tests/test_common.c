@@ -122,6 +122,48 @@ static void test_errors_and_log(void **state) {
     assert_int_equal(small.version, 0); /* unchanged */
 }
 
+/* A failing call sends exactly one sentence to the sink, the one
+ * ikv_last_error() then holds: also where the error is found below the API
+ * (a decode of a sequence the pool does not hold, with and without an
+ * append; it once sent the pool's own sentence first). */
+static void test_one_sentence_per_failure(void **state) {
+    (void)state;
+    ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.backend = IKV_BACKEND_CPU, .n_layers = 1, .n_kv_heads = 1,
+                                                     .head_dim = 32, .page_size = 16, .default_format = IKV_FMT_F16,
+                                                     .kv_dtype = IKV_DTYPE_F32});
+    ikv_seq_id s = 0;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    float kv[32] = {0}, q[32] = {0}, out[32];
+    ikv_append ap = ikv_append_default_v2(pool, 1);
+    ap.k = kv;
+    ap.v = kv;
+    ikv_decoder_config dc = ikv_decoder_default_config();
+    ikv_decoder *dec = NULL;
+    IKVT_OK(ikv_decoder_create(&dc, &dec));
+    const ikv_seq_id missing = s + 999;
+    ikv_decode_args d = ikv_decode_args_default_v3();
+    d.n_seqs = 1;
+    d.seqs = &missing;
+    d.n_q_heads = 1;
+    d.q = q;
+    d.out = out;
+    for (int with_append = 0; with_append < 2; ++with_append) {
+        d.append = with_append ? &ap : NULL;
+        captured c;
+        memset(&c, 0, sizeof c);
+        ikv_set_log_callback(capture, &c, IKV_LOG_DEBUG);
+        const ikv_status st = ikv_decode(dec, pool, &d);
+        ikv_set_log_callback(NULL, NULL, IKV_LOG_DEBUG);
+        assert_int_equal(st, IKV_E_NOT_FOUND);
+        assert_int_equal(c.calls, 1);
+        assert_int_equal(c.level, IKV_LOG_ERROR);
+        assert_string_equal(c.text, ikv_last_error());
+        assert_non_null(strstr(c.text, "args->seqs[0]"));
+    }
+    ikv_decoder_destroy(dec);
+    ikv_pool_destroy(pool);
+}
+
 /* A sink may call ikv_set_log_callback and ikv_last_error (the header's
  * exceptions): no deadlock (alarm: a deadlock fails the test instead of
  * hanging it), the sentence is both the message and ikv_last_error() inside
@@ -393,6 +435,7 @@ int main(void) {
         cmocka_unit_test(test_first_header_query_memory_config),
         cmocka_unit_test(test_first_header_decode_args),
         cmocka_unit_test(test_first_header_append),
+        cmocka_unit_test(test_one_sentence_per_failure),
         cmocka_unit_test(test_second_header_decode_args),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

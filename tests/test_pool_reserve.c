@@ -214,6 +214,18 @@ static void test_truncate_releases_the_room(void **state) {
     assert_int_equal(ikvt_pool_stats(pool).pages_used, 1);
     append_tokens(pool, s, 30, &rng); /* length 35: pages 0-2, allocated by the appends */
     assert_int_equal(ikvt_pool_stats(pool).pages_used, 3);
+    /* A rollback of nothing releases the room too (every page past the length) and changes no token. */
+    IKVT_OK(ikv_pool_reserve(pool, &s, 1, 40)); /* positions up to 75: pages 0-4 */
+    assert_int_equal(ikvt_pool_stats(pool).pages_used, 5);
+    float before[2 * 35 * H * D], after[2 * 35 * H * D];
+    IKVT_OK(ikv_seq_read(pool, s, 0, 0, 35, before, before + 35 * H * D));
+    IKVT_OK(ikv_seq_truncate(pool, s, 0));
+    assert_int_equal(ikvt_pool_stats(pool).pages_used, 3);
+    uint32_t len = 0;
+    IKVT_OK(ikv_seq_length(pool, s, &len));
+    assert_int_equal(len, 35);
+    IKVT_OK(ikv_seq_read(pool, s, 0, 0, 35, after, after + 35 * H * D));
+    assert_memory_equal(before, after, sizeof before);
     ikv_pool_destroy(pool);
 }
 

@@ -186,6 +186,7 @@ IKV_API ikv_decode_args ikv_decode_args_default_v3(void) {
 
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args) {
     const char *fn = "ikv_decode";
+    const ikv::CallName call(fn);  // for sentences written below (page stores: a decode that appends)
     IKV_CHECK_NULL(decoder, fn);
     decoder->last.valid = false;  // every failed call, the earliest refusals too (ikv_decoder_last_selection)
     IKV_CHECK_NULL(pool, fn);

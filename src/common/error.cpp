@@ -31,6 +31,7 @@ LogSink &sink() {
 }
 
 thread_local bool t_in_sink = false;
+thread_local const char *t_call = nullptr;  // CallName's
 
 void deliver(ikv_log_level level, const char *msg) {
     if (t_in_sink) return;
@@ -85,5 +86,9 @@ void set_log_sink(ikv_log_fn fn, void *user, ikv_log_level min_level) {
     s.min_level = min_level;
 }
 
-}  // namespace ikv
+const char *current_call() { return t_call ? t_call : "intentkv"; }
 
+CallName::CallName(const char *fn) : prev_(t_call) { t_call = fn; }
+CallName::~CallName() { t_call = prev_; }
+
+}  // namespace ikv

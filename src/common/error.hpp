@@ -32,6 +32,23 @@ const char *last_error();
 // Install (or with fn == nullptr remove) the process-wide log sink.
 void set_log_sink(ikv_log_fn fn, void *user, ikv_log_level min_level);
 
+// The public call this thread is inside, for sentences written below the API
+// layer by code that serves several calls (page stores, slab memory): the
+// name a CallName set, or "intentkv" outside any.
+const char *current_call();
+
+// Names the public call for its extent (nests: the outer name comes back).
+class CallName {
+public:
+    explicit CallName(const char *fn);
+    ~CallName();
+    CallName(const CallName &) = delete;
+    CallName &operator=(const CallName &) = delete;
+
+private:
+    const char *prev_;
+};
+
 }  // namespace ikv
 
 // Argument-check helpers for the API layer. `fn` is the public function name

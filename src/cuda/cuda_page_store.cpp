@@ -68,8 +68,8 @@ public:
         const cudaError_t err = cudaMalloc(&base, bytes);
         if (err != cudaSuccess) {
             cudaGetLastError();
-            return fail(IKV_E_NOMEM, "ikv_pool: cudaMalloc of a %llu-byte page slab on device %d failed: %s",
-                        (unsigned long long)bytes, device_, cudaGetErrorString(err));
+            return fail(IKV_E_NOMEM, "%s: cudaMalloc of a %llu-byte page slab on device %d failed: %s",
+                        current_call(), (unsigned long long)bytes, device_, cudaGetErrorString(err));
         }
         *out = static_cast<uint8_t *>(base);
         return IKV_OK;
@@ -148,7 +148,7 @@ public:
         return IKV_OK;
     }
     ikv_status alloc_host(ikv_format f, uint8_t **page) override {
-        if (!host_slabs_) return fail(IKV_E_UNSUPPORTED, "ikv_pool: the pool has no host tier");
+        if (!host_slabs_) return fail(IKV_E_UNSUPPORTED, "%s: the pool has no host tier", current_call());
         return alloc_from(*host_slabs_, f, page);
     }
     // Behind the engine's work on its stream (and earlier asynchronous
@@ -168,9 +168,9 @@ public:
             fetch_sources.reserve(n_fetch);
             moved_.reserve(2);  // the two source lists below are queued without allocating
         } catch (const std::bad_alloc &) {
-            return fail(IKV_E_NOMEM, "ikv_pool: out of host memory");
+            return fail(IKV_E_NOMEM, "%s: out of host memory", current_call());
         }
-        ikv_status cst = check_move_stream(stream, "ikv_pool");
+        ikv_status cst = check_move_stream(stream, current_call());
         if (cst != IKV_OK) return cst;
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
@@ -245,7 +245,8 @@ public:
     ikv_status init_pages(const PageInit *pages, size_t n, const Exec &ex) override {
         if (n == 0) return IKV_OK;
         const uint64_t n_jobs = uint64_t(n) * shape_.n_layers;
-        if (n_jobs > 0x7FFFFFFFull / shape_.n_kv_heads) return fail(IKV_E_INVALID, "ikv_pool: too many pages at once");
+        if (n_jobs > 0x7FFFFFFFull / shape_.n_kv_heads)
+            return fail(IKV_E_INVALID, "%s: too many pages at once", current_call());
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
@@ -341,8 +342,8 @@ public:
             const cudaError_t err = cudaMalloc(&chunk, per_chunk * stride);
             if (err != cudaSuccess) {
                 cudaGetLastError();
-                return fail(IKV_E_NOMEM, "ikv_pool: cudaMalloc of %llu bytes of staging on device %d failed: %s",
-                            (unsigned long long)(per_chunk * stride), device_, cudaGetErrorString(err));
+                return fail(IKV_E_NOMEM, "%s: cudaMalloc of %llu bytes of staging on device %d failed: %s",
+                            current_call(), (unsigned long long)(per_chunk * stride), device_, cudaGetErrorString(err));
             }
             try {
                 stage_chunks_.push_back(chunk);
@@ -350,7 +351,7 @@ public:
             } catch (const std::bad_alloc &) {
                 if (!stage_chunks_.empty() && stage_chunks_.back() == chunk) stage_chunks_.pop_back();
                 cudaFree(chunk);
-                return fail(IKV_E_NOMEM, "ikv_pool: out of host memory");
+                return fail(IKV_E_NOMEM, "%s: out of host memory", current_call());
             }
             for (uint64_t i = per_chunk; i-- > 0;)
                 stage_free_.push_back(reinterpret_cast<float *>(static_cast<uint8_t *>(chunk) + i * stride));
@@ -383,7 +384,7 @@ public:
         try {
             rows.assign(stage_bytes_ / sizeof(float), 0.0f);
         } catch (const std::bad_alloc &) {
-            return fail(IKV_E_NOMEM, "ikv_pool: out of host memory");
+            return fail(IKV_E_NOMEM, "%s: out of host memory", current_call());
         }
         const uint64_t head_floats = uint64_t(shape_.page_size) * shape_.head_dim;
         float *k = rows.data(), *v = rows.data() + head_floats * shape_.n_kv_heads;

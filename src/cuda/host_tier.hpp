@@ -30,8 +30,8 @@ public:
         cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
         if (err != cudaSuccess) {
             cudaGetLastError();
-            return fail(IKV_E_NOMEM, "ikv_pool: cudaHostAlloc of a %llu-byte host-tier slab failed: %s",
-                        (unsigned long long)bytes, cudaGetErrorString(err));
+            return fail(IKV_E_NOMEM, "%s: cudaHostAlloc of a %llu-byte host-tier slab failed: %s",
+                        current_call(), (unsigned long long)bytes, cudaGetErrorString(err));
         }
         void *dev = nullptr;
         err = cudaHostGetDevicePointer(&dev, p, 0);
@@ -39,9 +39,9 @@ public:
             cudaGetLastError();
             cudaFreeHost(p);
             return fail(IKV_E_DEVICE,
-                        "ikv_pool: pinned host memory is not mapped at its host address on device %d (no unified "
+                        "%s: pinned host memory is not mapped at its host address on device %d (no unified "
                         "addressing); the host tier needs it",
-                        device_);
+                        current_call(), device_);
         }
         *out = static_cast<uint8_t *>(p);
         return IKV_OK;

@@ -11,7 +11,7 @@ namespace ikv {
 ikv_status StepLists::take_snapshots() const {
     snaps->resize(args->n_seqs);
     for (uint32_t b = 0; b < args->n_seqs; ++b) {
-        const ikv_status st = pool_snapshot(pool, args->seqs[b], args->layer, &(*snaps)[b]);
+        const ikv_status st = pool_snapshot(pool, args->seqs[b], b, args->layer, &(*snaps)[b]);
         if (st != IKV_OK) return st;
     }
     return IKV_OK;
@@ -26,11 +26,8 @@ ikv_status ListMemory::observe(const ikv_pool *pool, const ikv_decode_args &a) {
     now_.plans.resize(B);
     states_.resize(B);
     for (uint32_t b = 0; b < B; ++b) {
-        const ikv_status st = pool_seq_state(pool, a.seqs[b], a.layer, &states_[b]);
-        if (st == IKV_E_NOT_FOUND)  // name the argument (the pool's own sentence names only the id)
-            return fail(st, "ikv_decode: args->seqs[%u] is %u, a sequence that does not exist in this pool", b,
-                        a.seqs[b]);
-        if (st != IKV_OK) return st;  // its sentence is complete
+        const ikv_status st = pool_seq_state(pool, a.seqs[b], b, a.layer, &states_[b]);
+        if (st != IKV_OK) return st;  // its sentence names args->seqs[b] or the layer
         now_.lengths[b] = states_[b].length;
         now_.tables[b] = states_[b].table_gen;
         now_.plans[b] = plan_uid(a.plans ? a.plans[b] : nullptr);

@@ -26,7 +26,7 @@ public:
     ikv_status allocate(uint64_t bytes, uint8_t **out) override {
         *out = static_cast<uint8_t *>(mi_malloc_aligned(bytes, kSlabAlign));
         if (*out == nullptr)
-            return fail(IKV_E_NOMEM, "ikv_pool: host allocation of a %llu-byte page slab failed",
+            return fail(IKV_E_NOMEM, "%s: host allocation of a %llu-byte page slab failed", current_call(),
                         (unsigned long long)bytes);
         return IKV_OK;
     }
@@ -108,7 +108,7 @@ public:
         const uint64_t bytes = stage_bytes_ + stats_bytes_;
         *stage = static_cast<float *>(mi_malloc_aligned(bytes, kSlabAlign));
         if (*stage == nullptr)
-            return fail(IKV_E_NOMEM, "ikv_pool: out of host memory for a %llu-byte staging buffer",
+            return fail(IKV_E_NOMEM, "%s: out of host memory for a %llu-byte staging buffer", current_call(),
                         (unsigned long long)bytes);
         invalidate_stats(*stage);
         return IKV_OK;

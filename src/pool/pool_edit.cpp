@@ -55,9 +55,17 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
     if (n_tokens > seq.length)
         return fail(IKV_E_RANGE, "%s: n_tokens %u exceeds the length %u of sequence %u", fn, n_tokens, seq.length,
                     (unsigned)id);
-    if (n_tokens == 0) return IKV_OK;
     const uint32_t new_len = seq.length - n_tokens, keep = new_len % P, tail = new_len / P;
     const uint32_t keep_pages = (new_len + P - 1) / P;
+    if (n_tokens == 0) {  // no token changes; a CPU room's pages past the length go (the header's rule)
+        if (seq.pages.size() > keep_pages) {
+            std::lock_guard<std::mutex> lock(pool->state_mu);
+            for (size_t i = keep_pages; i < seq.pages.size(); ++i) unref_page_locked(pool, seq.pages[i]);
+            seq.pages.resize(keep_pages);
+            table_changed(seq);
+        }
+        return IKV_OK;
+    }
     if (keep != 0 && seq.pages[tail] == nullptr)
         return fail(IKV_E_EVICTED, "%s: the new tail page %u of sequence %u was evicted; cannot cut inside it", fn,
                     tail, (unsigned)id);
@@ -88,7 +96,8 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
             }
     }
 
-    std::vector<PageRec *> dropped(seq.pages.begin() + keep_pages, seq.pages.end());
+    // The pages dropped are seq.pages[keep_pages, end) (read in place: no
+    // allocation here, so nothing can fail between the checks and the cut).
     bool copying = false;
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
@@ -97,8 +106,10 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
             // The pages this rollback releases (dropped and not shared) pay for the copy:
             // a rollback that ends with fewer bytes in use never fails for lack of them.
             uint64_t freed = 0;
-            for (const PageRec *rec : dropped)
+            for (size_t i = keep_pages; i < seq.pages.size(); ++i) {
+                const PageRec *rec = seq.pages[i];
                 if (rec != nullptr && rec->refs == 1 && !rec->on_host) freed += pool->page_bytes[rec->format];
+            }
             ikv_status st = check_capacity_locked(pool, pool->page_bytes[old->format], freed, fn);
             if (st == IKV_OK) st = alloc_page_locked(pool, old->format, copy);
             if (st != IKV_OK) {
@@ -124,7 +135,7 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
             delete copy;
         }
         copy = nullptr;
-        for (PageRec *rec : dropped) unref_page_locked(pool, rec);
+        for (size_t i = keep_pages; i < seq.pages.size(); ++i) unref_page_locked(pool, seq.pages[i]);
         seq.pages.resize(keep_pages);
         table_changed(seq);
     }

@@ -106,10 +106,12 @@ ikv_status pool_order_after_moves(const ikv_pool *pool, void *stream, const char
 namespace {
 
 // The sequence decode reads, or nullptr with the error set.
-std::shared_ptr<Seq> decode_seq(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, ikv_status *st) {
+std::shared_ptr<Seq> decode_seq(const ikv_pool *pool, ikv_seq_id id, uint32_t index, uint32_t layer,
+                                ikv_status *st) {
     auto seqp = find_seq(pool, id);
     if (!seqp) {
-        *st = seq_not_found("ikv_decode", id);
+        *st = fail(IKV_E_NOT_FOUND, "ikv_decode: args->seqs[%u] is %u, a sequence that does not exist in this pool",
+                   index, (unsigned)id);
     } else if (layer >= pool->shape.n_layers) {
         *st = fail(IKV_E_RANGE, "ikv_decode: layer %u is out of range; the pool has %u layers", layer,
                    pool->shape.n_layers);
@@ -127,18 +129,18 @@ uint32_t decode_length(const Seq &seq, uint32_t layer) {
 
 }  // namespace
 
-ikv_status pool_seq_state(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, SeqState *out) {
+ikv_status pool_seq_state(const ikv_pool *pool, ikv_seq_id id, uint32_t index, uint32_t layer, SeqState *out) {
     ikv_status st = IKV_OK;
-    auto seqp = decode_seq(pool, id, layer, &st);
+    auto seqp = decode_seq(pool, id, index, layer, &st);
     if (!seqp) return st;
     out->length = decode_length(*seqp, layer);
     out->table_gen = seqp->table_gen;
     return IKV_OK;
 }
 
-ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id id, uint32_t layer, SeqSnapshot *out) {
+ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id id, uint32_t index, uint32_t layer, SeqSnapshot *out) {
     ikv_status st = IKV_OK;
-    auto seqp = decode_seq(pool, id, layer, &st);
+    auto seqp = decode_seq(pool, id, index, layer, &st);
     if (!seqp) return st;
     const Seq &seq = *seqp;
     const uint32_t len = decode_length(seq, layer), P = pool->shape.page_size;

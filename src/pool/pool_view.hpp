@@ -61,11 +61,12 @@ ikv_status pool_order_after_moves(const ikv_pool *pool, void *stream, const char
 // Snapshot seq's block table for `layer`, taken under the pool's lock so it is
 // safe while other sequences change. Valid while the caller orders mutation of
 // seq after the use (the header's thread-safety contract).
-// Errors: IKV_E_NOT_FOUND (seq), IKV_E_RANGE (layer); message set via fail().
-ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, SeqSnapshot *out);
+// Errors: IKV_E_NOT_FOUND (seq), IKV_E_RANGE (layer); message set via fail(),
+// naming seq as ikv_decode's args->seqs[index].
+ikv_status pool_snapshot(const ikv_pool *pool, ikv_seq_id seq, uint32_t index, uint32_t layer, SeqSnapshot *out);
 
 // seq's state at `layer`, without copying its block table. Same errors as
 // pool_snapshot (and the same sentences).
-ikv_status pool_seq_state(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, SeqState *out);
+ikv_status pool_seq_state(const ikv_pool *pool, ikv_seq_id seq, uint32_t index, uint32_t layer, SeqState *out);
 
 }  // namespace ikv

@@ -55,6 +55,8 @@ void SlabAllocator::release(ikv_format f, uint8_t *page) {
     --it;  // the slab whose base is the greatest <= page
     Slab *s = it->second;
     const uint32_t idx = uint32_t((page - s->base) / stride_[f]);
+    // Neither push_back allocates (a release cannot fail): free_pages holds
+    // n_pages from the slab's start, with_free_[f] one entry per slab of f.
     if (s->free_pages.empty()) with_free_[f].push_back(s);
     s->free_pages.push_back(idx);
     if (s->free_pages.size() == s->n_pages) {
@@ -84,26 +86,28 @@ ikv_status SlabAllocator::add_slab(ikv_format f) {
         s->n_pages = n_pages;
         s->free_pages.reserve(s->n_pages);
         for (uint32_t i = s->n_pages; i-- > 0;) s->free_pages.push_back(i);  // lowest index first out
-        with_free_[f].reserve(with_free_[f].size() + 1);
+        // Room for every slab of f at once, so that release() never grows it.
+        with_free_[f].reserve(uint64_t(n_slabs_[f]) + 1);
         slabs_.emplace(reinterpret_cast<uintptr_t>(base), s);
         with_free_[f].push_back(s);  // cannot throw: reserved above
     } catch (const std::bad_alloc &) {
         delete s;
         memory_.deallocate(base);
-        return fail(IKV_E_NOMEM, "ikv_pool: out of host memory for slab bookkeeping");
+        return fail(IKV_E_NOMEM, "%s: out of host memory for slab bookkeeping", current_call());
     }
     ++empty_slabs_[f];
+    ++n_slabs_[f];
     reserved_ += bytes;
     return IKV_OK;
 }
 
 void SlabAllocator::drop_empty_slabs() {
-    std::vector<Slab *> empty;
-    for (auto &kv : slabs_)
-        if (kv.second->free_pages.size() == kv.second->n_pages) empty.push_back(kv.second);
-    for (Slab *s : empty) {
-        --empty_slabs_[s->format];
-        drop_slab(s);
+    for (auto it = slabs_.begin(); it != slabs_.end();) {  // no list of them: nothing here allocates
+        Slab *s = (it++)->second;                          // (drop_slab erases s's entry, not the next)
+        if (s->free_pages.size() == s->n_pages) {
+            --empty_slabs_[s->format];
+            drop_slab(s);
+        }
     }
 }
 
@@ -112,6 +116,7 @@ void SlabAllocator::drop_slab(Slab *s) {
     avail.erase(std::find(avail.begin(), avail.end(), s));
     slabs_.erase(reinterpret_cast<uintptr_t>(s->base));
     reserved_ -= stride_[s->format] * s->n_pages;
+    --n_slabs_[s->format];
     memory_.deallocate(s->base);
     delete s;
 }

@@ -76,6 +76,7 @@ private:
     uint64_t stride_[IKV_FMT_COUNT];
     uint32_t pages_per_slab_[IKV_FMT_COUNT];
     uint32_t empty_slabs_[IKV_FMT_COUNT] = {};
+    uint32_t n_slabs_[IKV_FMT_COUNT] = {};  // slabs per format (with_free_[f]'s reserved size)
     std::vector<Slab *> with_free_[IKV_FMT_COUNT];
     std::map<uintptr_t, Slab *> slabs_;  // by base address, to find a page's slab
     uint64_t reserved_ = 0;
