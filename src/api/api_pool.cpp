@@ -8,6 +8,7 @@
 
 #include "common/config.hpp"
 #include "common/error.hpp"
+#include "common/guard.hpp"
 #include "common/raw_enum.hpp"
 #include "api/api_append.hpp"
 #include "pool/pool.hpp"
@@ -156,7 +157,6 @@ IKV_API ikv_pool_config ikv_pool_default_config_v2(void) {
 }
 
 IKV_API ikv_status ikv_pool_create(const ikv_pool_config *config, ikv_pool **out) {
-    const ikv::CallName call("ikv_pool_create");  // for sentences written below (page stores)
     constexpr const char *fn = "ikv_pool_create";
     IKV_CHECK_NULL(config, fn);
     IKV_CHECK_NULL(out, fn);
@@ -165,11 +165,7 @@ IKV_API ikv_status ikv_pool_create(const ikv_pool_config *config, ikv_pool **out
     const ikv_pool_config c = ikv::read_config(*config, ikv_pool_default_config());
     ikv_status st = check_config(c);
     if (st != IKV_OK) return st;
-    try {
-        return ikv::pool_create(c, out);
-    } catch (const std::bad_alloc &) {
-        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-    }
+    return ikv::api_call(fn, [&] { return ikv::pool_create(c, out); });
 }
 
 IKV_API void ikv_pool_destroy(ikv_pool *pool) {
@@ -202,16 +198,14 @@ IKV_API ikv_status ikv_pool_get_stats(const ikv_pool *pool, ikv_pool_stats *out)
 }
 
 IKV_API ikv_status ikv_seq_create(ikv_pool *pool, ikv_seq_id *id_out) {
-    const ikv::CallName call("ikv_seq_create");  // for sentences written below (page stores)
     IKV_CHECK_NULL(pool, "ikv_seq_create");
     IKV_CHECK_NULL(id_out, "ikv_seq_create");
-    return ikv::seq_create(pool, id_out);
+    return ikv::api_call("ikv_seq_create", [&] { return ikv::seq_create(pool, id_out); });
 }
 
 IKV_API ikv_status ikv_seq_destroy(ikv_pool *pool, ikv_seq_id seq) {
-    const ikv::CallName call("ikv_seq_destroy");  // for sentences written below (page stores)
     IKV_CHECK_NULL(pool, "ikv_seq_destroy");
-    return ikv::seq_destroy(pool, seq);
+    return ikv::api_call("ikv_seq_destroy", [&] { return ikv::seq_destroy(pool, seq); });
 }
 
 IKV_API ikv_status ikv_seq_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t *length_out) {
@@ -242,56 +236,45 @@ IKV_API ikv_append ikv_append_default_v2(const ikv_pool *pool, uint32_t n_tokens
 }
 
 IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_append *args) {
-    const ikv::CallName call("ikv_pool_append");  // for sentences written below (page stores)
-    return ikv::append_entry(pool, &seq, 1, args, "ikv_pool_append");
+    return ikv::api_call("ikv_pool_append", [&] { return ikv::append_entry(pool, &seq, 1, args, "ikv_pool_append"); });
 }
 
 IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs,
                                          const ikv_append *args) {
     constexpr const char *fn = "ikv_pool_append_batch";
-    const ikv::CallName call("ikv_pool_append_batch");  // for sentences written below (page stores)
     IKV_CHECK_NULL(pool, fn);
     IKV_CHECK_NULL(seqs, fn);
     if (n_seqs == 0) return ikv::fail(IKV_E_INVALID, "%s: n_seqs is 0; it must be >= 1", fn);
-    return ikv::append_entry(pool, seqs, n_seqs, args, fn);
+    return ikv::api_call(fn, [&] { return ikv::append_entry(pool, seqs, n_seqs, args, fn); });
 }
 
 IKV_API ikv_status ikv_pool_sync(ikv_pool *pool) {
-    const ikv::CallName call("ikv_pool_sync");  // for sentences written below (page stores)
     IKV_CHECK_NULL(pool, "ikv_pool_sync");
-    return ikv::pool_sync(pool);
+    return ikv::api_call("ikv_pool_sync", [&] { return ikv::pool_sync(pool); });
 }
 
 IKV_API ikv_status ikv_pool_reserve(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs, uint32_t n_tokens) {
-    const ikv::CallName call("ikv_pool_reserve");  // for sentences written below (page stores)
     constexpr const char *fn = "ikv_pool_reserve";
     IKV_CHECK_NULL(pool, fn);
     IKV_CHECK_NULL(seqs, fn);
     if (n_seqs == 0) return ikv::fail(IKV_E_INVALID, "%s: n_seqs is 0; it must be >= 1", fn);
-    try {
-        return ikv::seqs_reserve(pool, seqs, n_seqs, n_tokens);
-    } catch (const std::bad_alloc &) {
-        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-    }
+    return ikv::api_call(fn, [&] { return ikv::seqs_reserve(pool, seqs, n_seqs, n_tokens); });
 }
 
 IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out) {
-    const ikv::CallName call("ikv_seq_fork");  // for sentences written below (page stores)
     IKV_CHECK_NULL(pool, "ikv_seq_fork");
     IKV_CHECK_NULL(child_out, "ikv_seq_fork");
-    return ikv::seq_fork(pool, parent, child_out);
+    return ikv::api_call("ikv_seq_fork", [&] { return ikv::seq_fork(pool, parent, child_out); });
 }
 
 IKV_API ikv_status ikv_seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_tokens) {
-    const ikv::CallName call("ikv_seq_truncate");  // for sentences written below (page stores)
     IKV_CHECK_NULL(pool, "ikv_seq_truncate");
-    return ikv::seq_truncate(pool, seq, n_tokens);
+    return ikv::api_call("ikv_seq_truncate", [&] { return ikv::seq_truncate(pool, seq, n_tokens); });
 }
 
 IKV_API ikv_status ikv_seq_evict(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end) {
-    const ikv::CallName call("ikv_seq_evict");  // for sentences written below (page stores)
     IKV_CHECK_NULL(pool, "ikv_seq_evict");
-    return ikv::seq_evict(pool, seq, begin, end);
+    return ikv::api_call("ikv_seq_evict", [&] { return ikv::seq_evict(pool, seq, begin, end); });
 }
 
 IKV_API ikv_status ikv_seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint32_t token, int *evicted_out) {
@@ -303,27 +286,20 @@ IKV_API ikv_status ikv_seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint
 IKV_API ikv_status ikv_seq_offload(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end, void *stream,
                                    uint32_t *moved_out) {
     IKV_CHECK_NULL(pool, "ikv_seq_offload");
-    const ikv::CallName call("ikv_seq_offload");  // for sentences written below (page stores)
-    try {
+    return ikv::api_call("ikv_seq_offload", [&] {
         return ikv::seq_move_tier(pool, seq, begin, end, true, stream, moved_out, "ikv_seq_offload");
-    } catch (const std::bad_alloc &) {
-        return ikv::fail(IKV_E_NOMEM, "ikv_seq_offload: out of host memory");
-    }
+    });
 }
 
 IKV_API ikv_status ikv_seq_fetch(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end, void *stream,
                                  uint32_t *moved_out) {
     IKV_CHECK_NULL(pool, "ikv_seq_fetch");
-    const ikv::CallName call("ikv_seq_fetch");  // for sentences written below (page stores)
-    try {
+    return ikv::api_call("ikv_seq_fetch", [&] {
         return ikv::seq_move_tier(pool, seq, begin, end, false, stream, moved_out, "ikv_seq_fetch");
-    } catch (const std::bad_alloc &) {
-        return ikv::fail(IKV_E_NOMEM, "ikv_seq_fetch: out of host memory");
-    }
+    });
 }
 
 IKV_API ikv_status ikv_pool_set_tier_policy(ikv_pool *pool, const ikv_tier_policy *policy) {
-    const ikv::CallName call("ikv_pool_set_tier_policy");  // for sentences written below (page stores)
     constexpr const char *fn = "ikv_pool_set_tier_policy";
     IKV_CHECK_NULL(pool, fn);
     ikv::TierPolicy p;  // off, with the defaults
@@ -344,21 +320,16 @@ IKV_API ikv_status ikv_pool_set_tier_policy(ikv_pool *pool, const ikv_tier_polic
                              policy->flags);
         p.prefetch = (policy->flags & IKV_TIER_NO_PREFETCH) == 0;
     }
-    return ikv::pool_set_tier_policy(pool, p);
+    return ikv::api_call(fn, [&] { return ikv::pool_set_tier_policy(pool, p); });
 }
 
 IKV_API ikv_status ikv_pool_tier_step(ikv_pool *pool, const ikv_seq_id *seqs, const ikv_plan *const *plans,
                                       uint32_t n_seqs, void *stream, ikv_tier_step_report *report) {
-    const ikv::CallName call("ikv_pool_tier_step");  // for sentences written below (page stores)
     constexpr const char *fn = "ikv_pool_tier_step";
     IKV_CHECK_NULL(pool, fn);
     if (n_seqs > 0) IKV_CHECK_NULL(seqs, fn);
     if (report != nullptr) IKV_CHECK_STRUCT(report, sizeof(uint32_t) * 4 + sizeof(uint64_t), fn);
-    try {
-        return ikv::pool_tier_step(pool, seqs, plans, n_seqs, stream, report);
-    } catch (const std::bad_alloc &) {
-        return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
-    }
+    return ikv::api_call(fn, [&] { return ikv::pool_tier_step(pool, seqs, plans, n_seqs, stream, report); });
 }
 
 IKV_API ikv_status ikv_seq_page_tier(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, int *on_host_out) {
@@ -374,24 +345,18 @@ IKV_API ikv_status ikv_seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uin
 }
 
 IKV_API ikv_status ikv_seq_set_page_format(ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format format) {
-    const ikv::CallName call("ikv_seq_set_page_format");  // for sentences written below (page stores)
     constexpr const char *fn = "ikv_seq_set_page_format";
     IKV_CHECK_NULL(pool, fn);
     if (!valid_format(format))
         return ikv::fail(IKV_E_INVALID, "%s: format is %d; use an ikv_format below IKV_FMT_COUNT", fn,
                          ikv::raw_enum(format));
-    return ikv::seq_set_page_format(pool, seq, page, format);
+    return ikv::api_call(fn, [&] { return ikv::seq_set_page_format(pool, seq, page, format); });
 }
 
 IKV_API ikv_status ikv_seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id seq, const ikv_plan *plan) {
-    const ikv::CallName call("ikv_seq_apply_plan_formats");  // for sentences written below (page stores)
     IKV_CHECK_NULL(pool, "ikv_seq_apply_plan_formats");
     IKV_CHECK_NULL(plan, "ikv_seq_apply_plan_formats");
-    try {
-        return ikv::seq_apply_plan_formats(pool, seq, plan);
-    } catch (const std::bad_alloc &) {
-        return ikv::fail(IKV_E_NOMEM, "ikv_seq_apply_plan_formats: out of host memory");
-    }
+    return ikv::api_call("ikv_seq_apply_plan_formats", [&] { return ikv::seq_apply_plan_formats(pool, seq, plan); });
 }
 
 IKV_API ikv_status ikv_seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t begin, uint32_t end,

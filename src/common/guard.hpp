@@ -19,4 +19,12 @@ ikv_status guarded(const char *fn, Body &&body) noexcept {
     }
 }
 
+// guarded() with the call named (CallName) for the sentences written below
+// the API layer: the body of a public call that reaches the page stores.
+template <class Body>
+ikv_status api_call(const char *fn, Body &&body) noexcept {
+    const CallName call(fn);
+    return guarded(fn, static_cast<Body &&>(body));
+}
+
 }  // namespace ikv
