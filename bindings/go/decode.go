@@ -206,11 +206,23 @@ func (d *Decoder) Step(p *Pool, r DecodeRequest) (DecodeResult, error) {
 		if r.QueryMemory.raw == nil {
 			return DecodeResult{}, bindErr(ErrState, "%s: QueryMemory is closed", m)
 		}
+		if err := r.QueryMemory.closedPool(m); err != nil {
+			return DecodeResult{}, err
+		}
+		if r.QueryMemory.pool != p {
+			return DecodeResult{}, bindErr(ErrInvalid, "%s: QueryMemory was made for another pool", m)
+		}
 		a.query_memory = r.QueryMemory.raw
 	}
 	if r.Feedback != nil {
 		if r.Feedback.raw == nil {
 			return DecodeResult{}, bindErr(ErrState, "%s: Feedback is closed", m)
+		}
+		if err := r.Feedback.closedPool(m); err != nil {
+			return DecodeResult{}, err
+		}
+		if r.Feedback.pool != p {
+			return DecodeResult{}, bindErr(ErrInvalid, "%s: Feedback was made for another pool", m)
 		}
 		a.feedback = r.Feedback.raw
 	}

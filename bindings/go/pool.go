@@ -424,6 +424,9 @@ func (p *Pool) ApplyPlanFormats(seq uint32, plan *Plan) error {
 	defer runtime.KeepAlive(plan)
 	var raw *C.ikv_plan
 	if plan != nil {
+		if plan.raw == nil {
+			return bindErr(ErrState, "Pool.ApplyPlanFormats: plan is a closed plan")
+		}
 		raw = plan.raw
 	}
 	return call(func() C.ikv_status { return C.ikv_seq_apply_plan_formats(p.raw, C.ikv_seq_id(seq), raw) })

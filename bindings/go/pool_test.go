@@ -500,6 +500,7 @@ func TestTierPolicyOnCPUPool(t *testing.T) {
 	closedPlan.Close()
 	_, err = pool.TierStep([]uint32{seq}, []*Plan{closedPlan})
 	expectErr(t, err, ErrState, "closed plan")
+	expectErr(t, pool.ApplyPlanFormats(seq, closedPlan), ErrState, "closed plan")
 
 	if after, _ := pool.Stats(); after != before {
 		t.Fatalf("refused tier calls changed the stats: %+v, before %+v", after, before)

@@ -21,6 +21,7 @@ used when installed, never required.
 import array
 import ctypes
 import enum
+import weakref
 from collections import namedtuple
 from ctypes import byref, c_float, c_int, c_size_t, c_uint32, c_uint64, c_void_p, POINTER
 from typing import Any, Optional, Sequence, Tuple, Union
@@ -515,6 +516,14 @@ class Pool(_Handle):
         _apply_fields(config, fields, "pool config")
         _check(_ffi.lib().ikv_pool_create(byref(config), byref(self._ptr)))
         self._config = self.config
+        self._dependents = weakref.WeakSet()  # query memories and feedbacks: the pool must outlive them
+
+    def close(self):
+        """Destroy the pool, after the QueryMemory and PageFeedback objects made for it (the header:
+        the pool must outlive them; they raise IKV_E_STATE once closed)."""
+        for d in list(getattr(self, "_dependents", ())):
+            d.close()
+        super().close()
 
     @property
     def config(self):
@@ -780,7 +789,8 @@ class QueryMemory(_Handle):
         self._head_dim = pool._config["head_dim"]
         self._row = n_q_heads * self._head_dim
         _check(_ffi.lib().ikv_query_memory_create(pool.handle, byref(config), byref(self._ptr)))
-        self._pool = pool  # the pool must outlive the memory
+        self._pool = pool  # the pool must outlive the memory: closing it closes this first
+        pool._dependents.add(self)
 
     def remember(self, seq: int, layer: int, q: ArrayLike, q_dtype: Optional[DType] = None) -> None:
         """Add query tokens [n_tokens][n_q_heads][head_dim] (host memory, C-contiguous; float32, float16
@@ -817,7 +827,8 @@ class PageFeedback(_Handle):
         config = _ffi.lib().ikv_page_feedback_default_config()
         config.rate = rate
         _check(_ffi.lib().ikv_page_feedback_create(pool.handle, byref(config), byref(self._ptr)))
-        self._pool = pool  # the pool must outlive the feedback
+        self._pool = pool  # the pool must outlive the feedback: closing it closes this first
+        pool._dependents.add(self)
 
     def get(self, seq, layer, kv_head):
         lib, n = _ffi.lib(), c_uint32()
@@ -931,6 +942,9 @@ class Decoder(_Handle):
             args.lse = ctypes.cast(c_void_p(lr.ptr), POINTER(c_float)) if lr is not None else None
             args.scale, args.softcap, args.topk_token_budget = scale, softcap, topk_token_budget
             args.topk_score = int(topk_score)
+            for what, obj in (("query_memory", query_memory), ("feedback", feedback)):
+                if obj is not None and obj._pool is not pool:
+                    raise _invalid("%s was made for another pool" % what)
             args.query_memory = query_memory.handle if query_memory is not None else None
             args.feedback = feedback.handle if feedback is not None else None
             args.topk_feedback_weight = topk_feedback_weight

@@ -192,6 +192,35 @@ class QueryMemoryTest(unittest.TestCase):
             memory.reset()
 
 
+class PoolBoundHandlesTest(unittest.TestCase):
+    """The pool must outlive its query memories and feedbacks (the header): closing the pool closes
+    them first, and a decode refuses one made for another pool."""
+
+    def test_closing_the_pool_closes_them(self):
+        pool = ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=32, page_size=16, capacity_bytes=1 << 20)
+        memory, feedback = ikv.QueryMemory(pool, n_q_heads=2), ikv.PageFeedback(pool)
+        pool.close()
+        for obj, call in ((memory, lambda: memory.end_turn(0)), (feedback, lambda: feedback.get(0, 0, 0))):
+            with self.assertRaises(ikv.IntentKVError) as ctx:
+                call()
+            self.assertEqual(ctx.exception.status_name, "IKV_E_STATE")
+            obj.close()  # closing again is harmless
+
+    def test_decode_refuses_another_pools(self):
+        rng = random.Random(3)
+        with ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=32, page_size=16, capacity_bytes=1 << 20) as a, \
+                ikv.Pool(n_layers=1, n_kv_heads=1, head_dim=32, page_size=16, capacity_bytes=1 << 20) as b, \
+                ikv.Decoder(n_threads=1) as decoder, ikv.QueryMemory(a, n_q_heads=2) as memory, \
+                ikv.PageFeedback(a) as feedback:
+            seq = b.seq_create()
+            b.append(seq, random_f32(rng, 16 * 32), random_f32(rng, 16 * 32), layer=0)
+            q = random_f32(rng, 2 * 32)
+            for kwargs in ({"query_memory": memory, "topk_token_budget": 16}, {"feedback": feedback}):
+                with self.assertRaises(ikv.InvalidArgumentError) as ctx:
+                    decoder.decode(b, seq, q, 2, **kwargs)
+                self.assertIn("another pool", ctx.exception.message)
+
+
 class PageFeedbackTest(unittest.TestCase):
     def test_shares_of_a_dense_step_sum_to_one(self):
         rng = random.Random(8)
@@ -559,6 +588,7 @@ class StructTest(unittest.TestCase):
             (lib.ikv_decoder_default_config(), _ffi.DecoderConfig),
             (lib.ikv_decode_args_default_v3(), _ffi.DecodeArgs),
             (lib.ikv_query_memory_default_config_v2(), _ffi.QueryMemoryConfig),
+            (lib.ikv_page_feedback_default_config(), _ffi.PageFeedbackConfig),
         ]
         for value, cls in pairs:
             self.assertEqual(value.struct_size, ctypes.sizeof(cls), cls.__name__)

@@ -387,6 +387,7 @@ pub struct ikv_decoder_stats {
     pub lists_built: u64,
     pub lists_reused: u64,
     pub last_bytes_read: u64,
+    pub appends_fused: u64,
 }
 
 #[repr(C)]

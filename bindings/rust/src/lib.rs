@@ -17,6 +17,7 @@ use std::ffi::{CStr, CString};
 use std::fmt;
 use std::os::raw::{c_char, c_int};
 use std::ptr;
+use std::sync::Arc;
 
 pub use ffi::{ikv_block_decision as Decision, ikv_decoder_config as DecoderConfig, ikv_decoder_stats as DecoderStats,
               ikv_model_shape as ModelShape, ikv_plan_cost as PlanCost, ikv_plan_page as PlanPage,
@@ -415,10 +416,26 @@ pub enum Tier {
     Host,
 }
 
+/// The C pool, destroyed when its last owner goes: the [`Pool`] and every [`QueryMemory`] and
+/// [`PageFeedback`] made for it (the header: the pool must outlive them).
+#[derive(Debug)]
+struct PoolHandle(*mut ffi::ikv_pool);
+
+// SAFETY: only destroyed, once, by the last Arc; calls go through Pool, QueryMemory and PageFeedback.
+unsafe impl Send for PoolHandle {}
+unsafe impl Sync for PoolHandle {}
+
+impl Drop for PoolHandle {
+    fn drop(&mut self) {
+        unsafe { ffi::ikv_pool_destroy(self.0) }
+    }
+}
+
 /// Paged KV storage. The safe `append` takes `f32` slices, so `Pool::default_config()` sets kv_dtype F32.
 #[derive(Debug)]
 pub struct Pool {
     raw: *mut ffi::ikv_pool,
+    handle: Arc<PoolHandle>,
     config: PoolConfig,
 }
 
@@ -436,7 +453,7 @@ impl Pool {
 
     pub fn new(config: &PoolConfig) -> Result<Pool> {
         let raw = out_handle(|out| unsafe { ffi::ikv_pool_create(config, out) })?;
-        let mut pool = Pool { raw, config: *config };
+        let mut pool = Pool { raw, handle: Arc::new(PoolHandle(raw)), config: *config };
         pool.config.struct_size = std::mem::size_of::<PoolConfig>() as u32;
         check(unsafe { ffi::ikv_pool_get_config(raw, &mut pool.config) })?;
         Ok(pool)
@@ -645,12 +662,6 @@ impl Pool {
     }
 }
 
-impl Drop for Pool {
-    fn drop(&mut self) {
-        unsafe { ffi::ikv_pool_destroy(self.raw) }
-    }
-}
-
 // ------------------------------------------------------------------ decode
 
 /// One decode step's request (f32 queries and outputs on CPU pools).
@@ -675,9 +686,9 @@ pub struct DecodeRequest<'a> {
     /// What pages are ranked by: `ffi::IKV_TOPK_SCORE_QUEST` (default), `ffi::IKV_TOPK_SCORE_HYBRID` or `ffi::IKV_TOPK_SCORE_KEYS`.
     pub topk_score: ffi::ikv_topk_score,
     /// What earlier turns asked (a memory of the same pool), scored beside the queries.
-    pub query_memory: Option<&'a QueryMemory<'a>>,
+    pub query_memory: Option<&'a QueryMemory>,
     /// Receives the attention share of every page read (the decode writes into it).
-    pub feedback: Option<&'a PageFeedback<'a>>,
+    pub feedback: Option<&'a PageFeedback>,
     /// With `feedback`: the averages as a prior of the ranking, in [0, 1] (0 = off).
     pub topk_feedback_weight: f32,
 }
@@ -799,22 +810,24 @@ impl Drop for Decoder {
 
 // ------------------------------------------------------------------ what earlier steps teach
 
-/// What earlier turns of each sequence asked (`ikv_query_memory`); lives no longer than its pool.
+/// What earlier turns of each sequence asked (`ikv_query_memory`). It keeps its pool's C object
+/// alive (shared ownership): the [`Pool`] may be dropped first, and appends to the pool go on while
+/// the memory lives.
 #[derive(Debug)]
-pub struct QueryMemory<'p> {
+pub struct QueryMemory {
     raw: *mut ffi::ikv_query_memory,
     row: usize,
-    _pool: std::marker::PhantomData<&'p Pool>,
+    _pool: Arc<PoolHandle>,  // dropped after the memory is destroyed (fields drop after Drop::drop)
 }
 
-impl<'p> QueryMemory<'p> {
+impl QueryMemory {
     /// `ikv_query_memory_default_config()`: n_q_heads 0 (must be set), decay 0.5, turns 4.
     pub fn default_config() -> QueryMemoryConfig {
         unsafe { ffi::ikv_query_memory_default_config() }
     }
 
     /// A memory with the default config's other fields (turns 4); see [`QueryMemory::with_config`].
-    pub fn new(pool: &'p Pool, n_q_heads: u32, decay: f32) -> Result<QueryMemory<'p>> {
+    pub fn new(pool: &Pool, n_q_heads: u32, decay: f32) -> Result<QueryMemory> {
         QueryMemory::with_config(pool, &QueryMemoryConfig { n_q_heads, decay, ..QueryMemory::default_config() })
     }
 
@@ -823,11 +836,11 @@ impl<'p> QueryMemory<'p> {
     /// query; 0 keeps one mean of the turns weighted decay^age (the first version's memory). Errors:
     /// `IKV_E_INVALID` naming `n_q_heads` (not a positive multiple of the pool's n_kv_heads), `decay`
     /// (outside (0, 1)) or `turns` (above 64).
-    pub fn with_config(pool: &'p Pool, config: &QueryMemoryConfig) -> Result<QueryMemory<'p>> {
+    pub fn with_config(pool: &Pool, config: &QueryMemoryConfig) -> Result<QueryMemory> {
         let mut raw = ptr::null_mut();
         check(unsafe { ffi::ikv_query_memory_create(pool.raw, config, &mut raw) })?;
         Ok(QueryMemory { raw, row: config.n_q_heads as usize * pool.config.head_dim as usize,
-                         _pool: std::marker::PhantomData })
+                         _pool: Arc::clone(&pool.handle) })
     }
 
     /// Adds query tokens `[n_tokens][n_q_heads][head_dim]` of `seq` at `layer` to the current turn.
@@ -846,7 +859,7 @@ impl<'p> QueryMemory<'p> {
     pub fn reset(&mut self) -> Result<()> { check(unsafe { ffi::ikv_query_memory_reset(self.raw) }) }
 }
 
-impl Drop for QueryMemory<'_> {
+impl Drop for QueryMemory {
     fn drop(&mut self) {
         unsafe { ffi::ikv_query_memory_destroy(self.raw) }
     }
@@ -854,19 +867,20 @@ impl Drop for QueryMemory<'_> {
 
 /// The attention mass each read page received, averaged per page (`ikv_page_feedback`).
 /// Decodes that are given it write into it: use it from one thread at a time.
+/// Like [`QueryMemory`] it keeps its pool's C object alive.
 #[derive(Debug)]
-pub struct PageFeedback<'p> {
+pub struct PageFeedback {
     raw: *mut ffi::ikv_page_feedback,
-    _pool: std::marker::PhantomData<&'p Pool>,
+    _pool: Arc<PoolHandle>,  // dropped after the feedback is destroyed
 }
 
-impl<'p> PageFeedback<'p> {
-    pub fn new(pool: &'p Pool, rate: f32) -> Result<PageFeedback<'p>> {
+impl PageFeedback {
+    pub fn new(pool: &Pool, rate: f32) -> Result<PageFeedback> {
         let mut config = unsafe { ffi::ikv_page_feedback_default_config() };
         config.rate = rate;
         let mut raw = ptr::null_mut();
         check(unsafe { ffi::ikv_page_feedback_create(pool.raw, &config, &mut raw) })?;
-        Ok(PageFeedback { raw, _pool: std::marker::PhantomData })
+        Ok(PageFeedback { raw, _pool: Arc::clone(&pool.handle) })
     }
 
     /// The averages of `seq` at `layer` and `kv_head`, one per page fed back so far.
@@ -882,7 +896,7 @@ impl<'p> PageFeedback<'p> {
     pub fn reset(&mut self) -> Result<()> { check(unsafe { ffi::ikv_page_feedback_reset(self.raw) }) }
 }
 
-impl Drop for PageFeedback<'_> {
+impl Drop for PageFeedback {
     fn drop(&mut self) {
         unsafe { ffi::ikv_page_feedback_destroy(self.raw) }
     }

@@ -385,7 +385,14 @@ fn struct_sizes_match_the_library() {
         assert_eq!(ffi::ikv_decode_args_default().struct_size as usize, size_of::<ffi::ikv_decode_args>());
         assert_eq!(ffi::ikv_query_memory_default_config().struct_size as usize,
                    size_of::<ffi::ikv_query_memory_config>());
+        assert_eq!(ffi::ikv_page_feedback_default_config().struct_size as usize,
+                   size_of::<ffi::ikv_page_feedback_config>());
+        assert_eq!(ffi::ikv_append_default(std::ptr::null(), 1).struct_size as usize, size_of::<ffi::ikv_append>());
     }
+    // Filled structs: the library writes its own size (here all of the binding's) and says so.
+    let stats = Decoder::new(1).unwrap().stats().unwrap();
+    assert_eq!(stats.struct_size as usize, size_of::<ffi::ikv_decoder_stats>());
+    assert_eq!(size_of::<ffi::ikv_decoder_stats>(), 48);
     assert_eq!(size_of::<ffi::ikv_block_info>(), 4 + 64 + 4 * 7);
     assert_eq!(size_of::<ffi::ikv_plan_page>(), 16);
     assert_eq!(size_of::<ffi::ikv_block_decision>(), 20);
@@ -497,4 +504,35 @@ fn query_memory_turns() {
     }
     let v1 = unsafe { ikv_query_memory_default_config_v1() };
     assert_eq!((v1.struct_size, v1.n_q_heads, v1.decay), (12, 0, 0.5));
+}
+
+/// An engine's loop: appends to the pool go on while a query memory and a feedback made for it live
+/// (they share the pool's C object), and the pool may be dropped before them.
+#[test]
+fn appends_while_memory_and_feedback_live() {
+    let mut config = Pool::default_config();
+    config.n_layers = 1;
+    config.n_kv_heads = 1;
+    config.head_dim = 32;
+    config.page_size = 16;
+    config.capacity_bytes = 1 << 20;
+    let mut pool = Pool::new(&config).unwrap();
+    let seq = pool.seq_create().unwrap();
+    let feedback = PageFeedback::new(&pool, 0.5).unwrap();
+    let memory = QueryMemory::new(&pool, 2, 0.5).unwrap();
+    let mut decoder = Decoder::new(1).unwrap();
+    let mut rng = Rng(7);
+    let seqs = [seq];
+    for step in 0..20u32 {
+        pool.append(seq, &rng.vec(32), &rng.vec(32), Some(0), None).unwrap();
+        let q = rng.vec(2 * 32);
+        let mut req = DecodeRequest::new(&seqs, &q, 2);
+        req.feedback = Some(&feedback);
+        req.query_memory = Some(&memory);
+        decoder.decode(&pool, &req).unwrap();
+        assert_eq!(pool.seq_length(seq).unwrap(), step + 1);
+    }
+    assert_eq!(feedback.get(seq, 0, 0).unwrap().len(), 2); // 20 tokens: pages 0 and 1 fed back
+    drop(pool);
+    assert_eq!(feedback.get(seq, 0, 0).unwrap().len(), 2); // the C pool lives on with them
 }
