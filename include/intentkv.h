@@ -19,7 +19,16 @@
  * Conventions that hold for every call:
  *   - Fallible calls return ikv_status: IKV_OK (0) or a negative error code.
  *     On error ikv_last_error() holds a sentence naming the argument and the
- *     bound it broke, and the objects involved are left exactly as they were.
+ *     bound it broke, and the objects involved are left exactly as they were,
+ *     unless the call's own documentation names the errors after which part
+ *     of its work stands (ikv_pool_reserve, ikv_pool_tier_step,
+ *     ikv_pool_sync, ikv_query_memory_end_turn, ikv_decode with
+ *     args->append, and IKV_E_DEVICE from appends and ikv_seq_truncate on
+ *     CUDA pools).
+ *   - Every call that returns ikv_status returns IKV_E_NULL for a NULL
+ *     required handle or out-pointer, and may return IKV_E_INTERNAL (a
+ *     library bug, never expected), whether or not its Errors list names
+ *     them. IKV_E_NOMEM covers host and device memory alike.
  *   - No call aborts, throws, or prints; install ikv_set_log_callback() to see
  *     warnings.
  *   - Config structs carry struct_size as their first field. Always start from
@@ -33,6 +42,17 @@
  *     strides are in elements of the array's dtype.
  *   - Handles are opaque. The creator owns a handle and frees it with the
  *     matching *_destroy(); destroy(NULL) is a no-op.
+ *   - Calls that take no handle, or only handles they create, are
+ *     thread-safe. Each handle's rules are stated where it is declared.
+ *   - Every *_default* function returns its struct by value; when that
+ *     struct grows it gets a new _vN symbol and the header's name becomes a
+ *     macro for it (the older symbols stay and fill their own layouts).
+ *     Structs without struct_size (array elements, and the filled
+ *     ikv_block_info, ikv_plan_summary, ikv_plan_cost) have a fixed layout:
+ *     new information gets a new struct and call. IKV_FMT_COUNT is part of
+ *     the ABI and stays 5 (the per-format arrays keep 5 entries).
+ *   - Enum-typed fields are int-sized (the platform ABI's enum): code built
+ *     with -fshort-enums or an equivalent is not ABI-compatible.
  */
 #ifndef INTENTKV_H
 #define INTENTKV_H
@@ -109,6 +129,9 @@ typedef enum ikv_log_level {
     IKV_LOG_ERROR = 3
 } ikv_log_level;
 
+/* message: valid only during the call, at most 511 bytes (longer sentences
+ * are cut); user: what ikv_set_log_callback was given, kept until the sink is
+ * replaced. */
 typedef void (*ikv_log_fn)(ikv_log_level level, const char *message, void *user);
 
 /**
@@ -265,14 +288,17 @@ IKV_API ikv_status ikv_layout_clone(const ikv_layout *layout, ikv_layout **out);
  * valid kind, policy and hint (IKV_E_INVALID), and a name of 1..IKV_NAME_MAX
  * bytes (IKV_E_INVALID; a NULL name, like a NULL layout or block, is
  * IKV_E_NULL). Blocks may be added in any order; there may be gaps.
- * id_out (may be NULL) receives the new block's id.
+ * id_out (may be NULL) receives the new block's id. Errors: IKV_E_NULL,
+ * IKV_E_INVALID (also block->struct_size), IKV_E_RANGE (also when the
+ * layout has used all 2^32-1 ids), IKV_E_OVERLAP, IKV_E_NOMEM.
  */
 IKV_API ikv_status ikv_layout_add(ikv_layout *layout, const ikv_block_desc *block, uint32_t *id_out);
-/** Replace block id's description with *block, under add's rules (overlap ignores the block itself). */
+/** Replace block id's description with *block, under add's rules (overlap ignores the block itself).
+ * Errors: as ikv_layout_add, and IKV_E_NOT_FOUND. */
 IKV_API ikv_status ikv_layout_update(ikv_layout *layout, uint32_t id, const ikv_block_desc *block);
-/** Re-score one block (the common multi-turn update). Errors: IKV_E_NOT_FOUND, IKV_E_INVALID. */
+/** Re-score one block (the common multi-turn update). Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_INVALID. */
 IKV_API ikv_status ikv_layout_set_score(ikv_layout *layout, uint32_t id, float score);
-/** Remove a block. Errors: IKV_E_NOT_FOUND. */
+/** Remove a block. Errors: IKV_E_NULL, IKV_E_NOT_FOUND. */
 IKV_API ikv_status ikv_layout_remove(ikv_layout *layout, uint32_t id);
 
 /** Number of blocks (0 for NULL). */
@@ -287,6 +313,7 @@ IKV_API ikv_status ikv_layout_find_token(const ikv_layout *layout, uint32_t toke
  * Check the layout against a sequence of seq_len tokens: every block ends at or
  * before seq_len (IKV_E_RANGE names the first that does not). Overlap, score
  * and name rules are enforced on every add/update, so only ranges remain.
+ * Errors: IKV_E_NULL, IKV_E_RANGE.
  */
 IKV_API ikv_status ikv_layout_validate(const ikv_layout *layout, uint32_t seq_len);
 
@@ -585,7 +612,7 @@ IKV_API ikv_pool_config ikv_pool_default_config_v2(void);
  * before a new slab would pass capacity_bytes (a CUDA pool does not free
  * device slabs to make room: a free waits for the device).
  * Errors: IKV_E_NULL, IKV_E_INVALID (names the field), IKV_E_NO_DEVICE (CUDA
- * not built or no GPU), IKV_E_UNSUPPORTED (a CUDA pool of head_dim 80 or
+ * not built, no GPU, or config->device not a device ordinal), IKV_E_UNSUPPORTED (a CUDA pool of head_dim 80 or
  * 96), IKV_E_DEVICE, IKV_E_NOMEM.
  */
 IKV_API ikv_status ikv_pool_create(const ikv_pool_config *config, ikv_pool **out);
@@ -684,6 +711,14 @@ typedef struct ikv_append {
  * truncate, fork, format changes, appends without this flag) first wait for
  * its asynchronous appends. Requires src_on_device on a CUDA pool; a CPU
  * pool accepts the flag and appends synchronously, checked, as without it.
+ * One exception to "without synchronizing": an append that needs more of
+ * the pool's device scratch than earlier appends did (the first one that
+ * writes whole pages, or more whole pages at once than before; more than 64
+ * page writes at once the first time) waits for the earlier asynchronous
+ * appends and allocates it; a one-token append never does once the pool has
+ * appended a token. Make the largest such append once before the loop that
+ * must not stall (as for graph capture). k and v must stay allocated and
+ * unchanged until args->stream has run the append.
  */
 #define IKV_APPEND_ASYNC 0x1u
 
@@ -713,7 +748,12 @@ IKV_API ikv_append ikv_append_default_v2(const ikv_pool *pool, uint32_t n_tokens
  * (token-by-token appends store the same bytes as one bulk append). A CPU
  * pool gets there incrementally: an append encodes its new rows and
  * re-quantizes older rows only where a scale widened (docs/FORMATS.md).
- * Atomic: on error nothing was written and no page was allocated.
+ * Atomic: on error nothing was written and no page was allocated (one
+ * exception, on CUDA pools: an IKV_E_DEVICE raised by the device while the
+ * rows are written, after every check and allocation succeeded, leaves the
+ * pages allocated and the lengths advanced with the new rows undefined; roll
+ * them back with ikv_seq_truncate or destroy the sequence). Device memory
+ * that runs out is IKV_E_NOMEM, before anything changes.
  * Strides must be >= head_dim. K and V must be finite: a NaN or inf anywhere
  * is rejected with IKV_E_INVALID naming its layer, token, head and channel
  * (with IKV_APPEND_ASYNC it is stored as 0 and reported by ikv_pool_sync).
@@ -771,6 +811,7 @@ IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs,
  * first incident found is reported and every one found is cleared (the
  * non-finite report takes precedence).
  * Errors: IKV_E_NULL, IKV_E_INVALID, IKV_E_RANGE, IKV_E_STATE (as above),
+ * IKV_E_NOMEM (host memory for collecting the device's lengths),
  * IKV_E_DEVICE. A CPU pool has nothing pending: IKV_OK.
  */
 IKV_API ikv_status ikv_pool_sync(ikv_pool *pool);
@@ -845,9 +886,10 @@ IKV_API ikv_status ikv_pool_reserve(ikv_pool *pool, const ikv_seq_id *seqs, uint
 /**
  * Fork: a new sequence sharing all of parent's pages by reference. Full pages
  * stay shared; a shared partial tail page is copied by whichever sequence
- * appends to it first (copy-on-write). Errors: IKV_E_NULL, IKV_E_NOT_FOUND,
+ * appends to it first (copy-on-write). Waits for the pool's asynchronous
+ * appends first (IKV_APPEND_ASYNC). Errors: IKV_E_NULL, IKV_E_NOT_FOUND,
  * IKV_E_NOMEM, IKV_E_STATE (parent has room reserved on a CUDA pool:
- * ikv_pool_reserve).
+ * ikv_pool_reserve), IKV_E_DEVICE (CUDA pools: copying the parent's staging).
  */
 IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out);
 
@@ -855,13 +897,17 @@ IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *c
  * Roll back the last n_tokens of every layer (speculative decoding). Pages
  * that become empty are released, and so is every page past the new length
  * (n_tokens 0 changes no token; on a CPU pool it releases the pages of a
- * room reserved past the length: ikv_pool_reserve). If the new tail page is partial its kept
- * tokens are re-staged from their stored (dequantized) values, so a later
- * append re-quantizes them once more: the bound then applies twice, and
- * FORMATS.md says so. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE (n_tokens > length),
- * IKV_E_EVICTED (rolling back into an evicted page), IKV_E_STATE (layers of
- * unequal length, or room reserved on a CUDA pool: ikv_pool_reserve), IKV_E_NOMEM (copy of a shared tail page, when the pages
- * the rollback releases do not free room for it).
+ * room reserved past the length: ikv_pool_reserve). If the new tail page is
+ * partial its kept tokens are re-staged from their stored (dequantized)
+ * values, so a later append re-quantizes them once more: the bound then
+ * applies twice, and FORMATS.md says so. Waits for the pool's asynchronous
+ * appends first (IKV_APPEND_ASYNC). Errors: IKV_E_NULL, IKV_E_NOT_FOUND,
+ * IKV_E_RANGE (n_tokens > length), IKV_E_EVICTED (rolling back into an
+ * evicted page), IKV_E_STATE (layers of unequal length, or room reserved on
+ * a CUDA pool: ikv_pool_reserve), IKV_E_NOMEM (copy of a shared tail page,
+ * when the pages the rollback releases do not free room for it),
+ * IKV_E_DEVICE (CUDA pools; raised while the new tail page is rewritten, it
+ * leaves the rollback done and that page's contents undefined).
  */
 IKV_API ikv_status ikv_seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_tokens);
 
@@ -1024,23 +1070,28 @@ IKV_API ikv_status ikv_seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uin
  * Re-store page `page` of a sequence in another format: dequantize to fp32,
  * quantize to the new format. Demotion (e.g. F16 -> INT4) loses bits;
  * promotion (INT4 -> F16) restores the precision of storage, not the lost
- * bits. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_INVALID (format),
- * IKV_E_EVICTED, IKV_E_SHARED (page shared with a fork), IKV_E_NOMEM,
- * IKV_E_STATE (room reserved on a CUDA pool: ikv_pool_reserve).
+ * bits. Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_INVALID
+ * (format), IKV_E_EVICTED, IKV_E_SHARED (page shared with a fork),
+ * IKV_E_NOMEM, IKV_E_STATE (room reserved on a CUDA pool:
+ * ikv_pool_reserve), IKV_E_DEVICE (CUDA pools).
  */
 IKV_API ikv_status ikv_seq_set_page_format(ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format format);
 
 /**
  * Re-store every live, unshared, full page of a sequence in the format the
- * plan assigns it. Atomic: if any page cannot change, none does.
- * Errors: as ikv_seq_set_page_format, IKV_E_INVALID (plan page_size differs).
+ * plan assigns it (evicted and shared pages, and pages the plan does not
+ * cover, are skipped, not refused). Atomic: if any page cannot change, none
+ * does. Errors: IKV_E_NULL (pool, plan), IKV_E_NOT_FOUND, IKV_E_INVALID
+ * (plan page_size differs), IKV_E_STATE (room reserved on a CUDA pool),
+ * IKV_E_NOMEM, IKV_E_DEVICE (CUDA pools).
  */
 IKV_API ikv_status ikv_seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id seq, const ikv_plan *plan);
 
 /**
  * Read tokens [begin, end) of a layer back, dequantized to fp32, into
  * k_out and v_out laid out [token][kv_head][head_dim] (host memory, also for
- * CUDA pools). Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED.
+ * CUDA pools). Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED,
+ * IKV_E_NOMEM, IKV_E_DEVICE (CUDA pools).
  */
 IKV_API ikv_status ikv_seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t begin, uint32_t end,
                                 float *k_out, float *v_out);
@@ -1053,9 +1104,10 @@ IKV_API ikv_status ikv_seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t l
  * down and k_max rounded up (so they still bound every stored key; each is
  * less than 2^-7 relative away from the exact value), k_mean rounded to
  * nearest; these calls return those values. Any pointer may be NULL.
- * n_tokens_out: tokens summarized. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE
- * (layer or kv_head out of range, or a page that holds no token of the
- * layer yet), IKV_E_EVICTED.
+ * n_tokens_out: tokens summarized. Errors: IKV_E_NULL (pool),
+ * IKV_E_NOT_FOUND, IKV_E_RANGE (layer or kv_head out of range, or a page
+ * that holds no token of the layer yet), IKV_E_EVICTED, IKV_E_NOMEM,
+ * IKV_E_DEVICE (CUDA pools).
  */
 IKV_API ikv_status ikv_seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t kv_head,
                                         uint32_t page, float *k_min, float *k_max, float *k_mean,
@@ -1537,9 +1589,14 @@ IKV_API ikv_decode_args ikv_decode_args_default_v3(void);
 #define ikv_decode_args_default() ikv_decode_args_default_v3()
 
 /**
- * Run the step. Errors (nothing is written on error): IKV_E_NULL,
+ * Run the step. Errors (nothing is written on error, except the tokens of
+ * args->append: see there): IKV_E_NULL,
  * IKV_E_NOT_FOUND (a sequence), IKV_E_RANGE (layer), IKV_E_INVALID (heads,
- * n_query_tokens, dtypes, a plan of another page size, n_query_tokens > length,
+ * n_query_tokens, dtypes, a plan of another page size, n_query_tokens > length
+ * (for a sequence with room on a CUDA pool the host knows only the room's
+ * end, so the check uses it: a step of more query tokens than the device's
+ * length reads positions before the sequence as masked, and is the engine's
+ * error),
  * topk_mode, under IKV_TOPK_MASS topk_mass outside (0, 1] or topk_min_tokens
  * above a non-zero topk_token_budget, topk_score, a query_memory of another pool or other
  * n_q_heads, a feedback of another pool, topk_feedback_weight; on a CUDA
@@ -1551,7 +1608,8 @@ IKV_API ikv_decode_args ikv_decode_args_default_v3(void);
  * query memory with more than 256 sequences; IKV_TOPK_SCORE_KEYS with more
  * than 16 scored rows per kv-head),
  * IKV_E_STATE (a captured call that would have to grow the decoder's
- * buffers: see CUDA graphs above), IKV_E_DEVICE.
+ * buffers: see CUDA graphs above), IKV_E_NOMEM (host or device memory for
+ * the decoder's lists and scratch), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_decode_args *args);
 

@@ -367,7 +367,7 @@ IKV_API ikv_status ikv_seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t l
     IKV_CHECK_NULL(v_out, fn);
     ikv_status st = check_layer(pool, layer, fn);
     if (st != IKV_OK) return st;
-    return ikv::seq_read(pool, seq, layer, begin, end, k_out, v_out);
+    return ikv::api_call(fn, [&] { return ikv::seq_read(pool, seq, layer, begin, end, k_out, v_out); });
 }
 
 IKV_API ikv_status ikv_seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, uint32_t layer, uint32_t kv_head,

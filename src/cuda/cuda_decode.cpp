@@ -78,14 +78,19 @@ struct ListSummary {
 // whenever one was captured.
 constexpr unsigned long long kEagerContext = 0, kNoContext = ~0ull;
 
+constexpr int kCaptureStaging = 2;  // CudaDecoderState::pinned's buffer for captured calls
+
 struct CudaDecoderState {
     int device = -1;
     int n_sms = 0;
     int max_smem_optin = 0;  // shared memory a block may opt in to (read once, not per step)
     double mem_gbps_per_sm = 0.0;  // the device's memory bandwidth per SM (picks the compute: decode_resolve_compute)
-    // Pinned staging, two halves used alternately.
-    uint8_t *pinned[2] = {nullptr, nullptr};
-    uint64_t pinned_bytes[2] = {0, 0};
+    // Pinned staging: two halves eager calls use alternately, and a third that
+    // captured calls write (kCaptureStaging): a capture cannot wait for the
+    // copy an eager call two calls earlier enqueued from a half, and its graph
+    // reads its staging at every replay, so it never shares a half.
+    uint8_t *pinned[3] = {nullptr, nullptr, nullptr};
+    uint64_t pinned_bytes[3] = {0, 0, 0};
     cudaEvent_t copied[2] = {nullptr, nullptr};  // the copy that last read pinned[i]
     bool copied_valid[2] = {false, false};
     int next = 0;
@@ -122,8 +127,8 @@ void cuda_decoder_state_destroy(CudaDecoderState *s) {
     if (s == nullptr) return;
     if (s->device >= 0) {
         DeviceGuard g(s->device);
-        for (int i = 0; i < 2; ++i) {
-            if (s->copied[i]) {
+        for (int i = 0; i < 3; ++i) {
+            if (i < 2 && s->copied[i]) {
                 if (s->copied_valid[i]) cudaEventSynchronize(s->copied[i]);
                 cudaEventDestroy(s->copied[i]);
             }
@@ -324,20 +329,20 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     sum.off_tails = sum.off_pages + align256(uint64_t(B) * sum.stride * sizeof(cuda::DevPage));
     sum.off_full = sum.off_tails + align256(uint64_t(sum.n_room) * sizeof(cuda::RoomTail));
     sum.staged = sum.off_full + align256(n_full * sizeof(cuda::DevPage));
-    const int half = s.next;
+    const int half = capturing ? kCaptureStaging : s.next;
     cudaError_t err = cudaSuccess;
-    if (s.copied_valid[half] && !capturing) {
+    if (!capturing && s.copied_valid[half]) {
         err = cudaEventSynchronize(s.copied[half]);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "waiting for an earlier staging copy");
     }
     if (s.pinned_bytes[half] < sum.staged) {
         if (capturing) return refuse_growth_in_capture("page-list staging", sum.staged);
-        // Both halves grow together, so that after one eager call a captured call
-        // (which takes the other half) never allocates: pinned allocation is not
+        // All three grow together, so that after one eager call a captured call
+        // (which takes the third) never allocates: pinned allocation is not
         // capturable, in any capture mode.
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < 3; ++i) {
             if (s.pinned_bytes[i] >= sum.staged) continue;
-            if (s.copied_valid[i]) {  // the copy that last read it is done before it goes
+            if (i < 2 && s.copied_valid[i]) {  // the copy that last read it is done before it goes
                 err = cudaEventSynchronize(s.copied[i]);
                 if (err != cudaSuccess) return cuda_fail(err, kFn, "waiting for an earlier staging copy");
                 s.copied_valid[i] = false;
@@ -350,7 +355,7 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
             s.pinned_bytes[i] = sum.staged * 2;
         }
     }
-    s.next ^= 1;
+    if (!capturing) s.next ^= 1;
     uint8_t *h = s.pinned[half];
     std::memcpy(h, counts.data(), 4ull * B);
     std::memcpy(h + sum.off_lens, lens.data(), 4ull * B);
@@ -402,13 +407,13 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     err = grow_device(&s.lists, &s.lists_bytes, sum.staged, stream);
     if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMallocAsync of the decoder's device page lists");
     err = cudaMemcpyAsync(s.lists, h, sum.staged, cudaMemcpyHostToDevice, stream);
-    if (err == cudaSuccess) err = cudaEventRecord(s.copied[half], stream);
-    if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMemcpyAsync of the plan to the device");
     // An event recorded in a capture belongs to the graph: waiting on it
     // outside the capture fails (cudaErrorCapturedEvent), and the graph
     // orders its own copy. So only eager copies are waited for later, and
     // only eager lists are kept: a captured copy runs at replay time.
-    s.copied_valid[half] = !capturing;
+    if (err == cudaSuccess && !capturing) err = cudaEventRecord(s.copied[half], stream);
+    if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMemcpyAsync of the plan to the device");
+    if (!capturing) s.copied_valid[half] = true;
     s.rooms_whole_in = context;  // the rooms' entries as listed, to their ends
     if (!capturing) {
         s.lists_half = half;

@@ -635,6 +635,24 @@ public:
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "staging and quantize-on-write on the device");
     }
 
+    ikv_status prepare_append(const AppendSource &src, uint32_t layer, size_t n_whole) override {
+        const char *fn = src.fn;
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        cudaError_t err = ensure_append_buffers();
+        const uint64_t stride = align_up(stage_bytes_, kSlabAlign);
+        if (err == cudaSuccess && n_whole > 0)  // what plan_rounds asks for
+            err = ensure_scratch(size_t(std::min<uint64_t>({n_whole, kMaxScratchBytes / stride, scratch_stage_limit()})),
+                                 stride);
+        if (err == cudaSuccess && !src.on_device) {  // host input: what write_append uploads
+            const uint32_t l0 = src.all_layers ? 0 : layer, l1 = src.all_layers ? shape_.n_layers : l0 + 1;
+            const uint64_t bytes = source_extent(src, shape_, l0, l1) * dtype_bytes(src.dtype);
+            err = ensure_input(2 * align_up(bytes, kSlabAlign));
+        }
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "allocating the append's device buffers");
+    }
+
     ikv_status take_async_error(NonFinite *out, ikv_seq_id *seq) override {
         constexpr const char *fn = "ikv_pool_sync";
         *out = NonFinite{};
@@ -900,6 +918,13 @@ private:
         for (size_t i = 0; i < n && err == cudaSuccess; ++i)
             err = cudaMemcpyAsync(m[i].dst, m[i].src, page_bytes(shape_, m[i].format), cudaMemcpyDefault, st);
         return err;
+    }
+
+    ikv_status wait_appends(const char *fn) override {
+        DeviceGuard g(device_);
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
+        const cudaError_t err = wait_async();
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "waiting for the asynchronous appends");
     }
 
     cudaError_t wait_async() const {

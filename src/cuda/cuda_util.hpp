@@ -28,10 +28,13 @@ private:
     cudaError_t err_ = cudaSuccess;
 };
 
-// fail(IKV_E_DEVICE, "<fn>: <what> failed: <cuda error name>: <text>").
+// fail(IKV_E_DEVICE, "<fn>: <what> failed: <cuda error name>: <text>"), or
+// IKV_E_NOMEM for device memory that ran out (the header: "host/device
+// allocation failed").
 inline ikv_status cuda_fail(cudaError_t err, const char *fn, const char *what) {
     cudaGetLastError();  // clear a sticky launch error so later calls see their own
-    return fail(IKV_E_DEVICE, "%s: %s failed: %s: %s", fn, what, cudaGetErrorName(err), cudaGetErrorString(err));
+    const ikv_status st = err == cudaErrorMemoryAllocation ? IKV_E_NOMEM : IKV_E_DEVICE;
+    return fail(st, "%s: %s failed: %s: %s", fn, what, cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
 }  // namespace ikv

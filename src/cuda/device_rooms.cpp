@@ -122,7 +122,7 @@ ikv_status DeviceRooms::collect(Handle *h, const char *fn) {
     if (err == cudaSuccess && (hdr.overrun != 0 || hdr.stale_read != 0)) {
         const uint32_t zeros[2] = {0, 0};
         err = cudaMemcpy(&h->dev->overrun, zeros, sizeof zeros, cudaMemcpyHostToDevice);
-        if (!pending_found_) pending_found_ = true, pending_seq_ = hdr.seq;
+        if (!pending_found_) pending_found_ = true, pending_seq_ = hdr.seq, pending_overrun_ = -1;
     }
     return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "reading a retired room's report");
 }
@@ -133,9 +133,10 @@ ikv_status DeviceRooms::take_retired(ikv_seq_id *seq, PageStore::RoomReport *rep
         const ikv_status st = collect(h, fn);
         if (st != IKV_OK) return st;
     }
-    if (pending_found_) {  // whatever it met, it was a graph of a room that had ended
+    if (pending_found_) {  // met by the live room (an overrun), or since by a graph of the ended room
         *seq = pending_seq_;
-        report->stale_read = true;
+        report->overrun_layer = pending_overrun_;
+        report->stale_read = pending_overrun_ < 0;
         pending_found_ = false;
     }
     return IKV_OK;
@@ -147,6 +148,13 @@ void DeviceRooms::retire(void *record) {
     cuda::RoomRecord hdr{};
     cudaDeviceSynchronize();
     if (cudaMemcpy(&hdr, h->dev, sizeof hdr, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        // What the live room met and nobody took (a sequence destroyed after
+        // an overrun): an overrun, reported as such, not as a stale graph.
+        if ((hdr.overrun != 0 || hdr.stale_read != 0) && !pending_found_)
+            pending_found_ = true, pending_seq_ = hdr.seq,
+            pending_overrun_ = hdr.overrun != 0 ? int64_t(hdr.overrun) - 1 : -1;
+        hdr.overrun = 0;
+        hdr.stale_read = 0;
         hdr.generation = h->generation + 1;
         hdr.end = 0;
         hdr.n_pages = 0;

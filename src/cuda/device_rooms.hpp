@@ -83,8 +83,9 @@ private:
     uint32_t live_ = 0;
     std::vector<Handle *> handles_;  // every record made, live or retired
     std::vector<Handle *> retired_;  // retired ones, for reuse
-    bool pending_found_ = false;     // a retired record's report not taken yet (collect)
+    bool pending_found_ = false;     // a retired record's report not taken yet (collect, retire)
     ikv_seq_id pending_seq_ = 0;
+    int64_t pending_overrun_ = -1;   // its overrun layer when the live room met it (retire), else a stale read
 };
 
 }  // namespace ikv

@@ -140,6 +140,16 @@ public:
     // element for take_async_error). Otherwise returns when the pages are
     // written (device input: ordered after the engine's work on src.stream).
     virtual ikv_status write_append(const AppendSource &src, const AppendWrite *writes, size_t n_writes) = 0;
+    // Before an append commits anything: the device memory write_append will
+    // need (n_whole pages written whole, after each layer's first; layer: the
+    // one appended unless src.all_layers), so that running out of it refuses
+    // the append with nothing changed.
+    virtual ikv_status prepare_append(const AppendSource &src, uint32_t layer, size_t n_whole) {
+        (void)src;
+        (void)layer;
+        (void)n_whole;
+        return IKV_OK;
+    }
     // Wait for every asynchronous append's device work; then the first
     // non-finite input element any of them met since the last call (and the
     // sequence it was for), which is forgotten. Stores without asynchronous
@@ -152,6 +162,14 @@ public:
 
     // Byte copy of a whole page of format f.
     virtual ikv_status copy(ikv_format f, uint8_t *dst, const uint8_t *src) = 0;
+    // Wait until the asynchronous appends' device work is done (the calls the
+    // header says wait for them first, also where they touch no page
+    // themselves: a truncate or fork may release or share pages that work
+    // still writes). Stores without asynchronous appends return at once.
+    virtual ikv_status wait_appends(const char *fn) {
+        (void)fn;
+        return IKV_OK;
+    }
 
     // ---- room reserved ahead (ikv_pool_reserve; pool_reserve.cpp) ----
     // Whether this store keeps the lengths of sequences with room in its own

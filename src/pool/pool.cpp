@@ -182,6 +182,8 @@ ikv_status seq_fork(ikv_pool *pool, ikv_seq_id parent_id, ikv_seq_id *child_out)
     if (!parent) return seq_not_found(fn, parent_id);
     ikv_status room = refuse_with_room(*parent, parent_id, fn);
     if (room != IKV_OK) return room;
+    room = pool->store->wait_appends(fn);  // the shared pages are complete (the header's rule)
+    if (room != IKV_OK) return room;
     std::shared_ptr<Seq> child;
     try {
         child = std::make_shared<Seq>();

@@ -143,10 +143,11 @@ ikv_status seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out);
 // ikv_pool_reserve (pool_reserve.cpp), over n distinct sequences.
 ikv_status seqs_reserve(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n, uint32_t n_tokens);
 // A sequence with room on the device: its host lengths take the device's;
-// an incident found is kept for ikv_pool_sync.
-ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id);
+// an incident found is kept for ikv_pool_sync (unless one is pending) and,
+// with taken, handed to the caller too.
+ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id, PageStore::RoomReport *taken = nullptr);
 // Every sequence's take_room_lengths; with report, the pool's first incident
-// as ikv_pool_sync reports it (then cleared).
+// as ikv_pool_sync reports it; found incidents are cleared either way.
 ikv_status take_room_reports(ikv_pool *pool, bool report);
 // An append to sequences of which at least one has room on the device
 // (seqs_append hands it over after checking the arguments it checks for

@@ -339,8 +339,18 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
                     bad.value_name());
     }
 
-    // Memory first: nothing is visible yet, so a failure just unwinds.
+    // Memory first: nothing is visible yet, so a failure just unwinds. The
+    // store's device buffers too (pages written whole after each layer's
+    // first write: what its scratch holds).
     const Span span{l0, l1, n, P};
+    size_t n_whole = 0;
+    for (const Part &pt : parts)
+        for (uint32_t l = l0; l < l1; ++l) {
+            const uint64_t len = pt.seq->layers[l].length, first = len / P, end = (len + n) / P;
+            n_whole += end > first + 1 ? size_t(end - first - 1) : 0;
+        }
+    st = pool->store->prepare_append(src, l0, n_whole);
+    if (st != IKV_OK) return st;
     size_t n_writes = 0;
     std::vector<AppendWrite> writes;  // one per (sequence, layer, page) the tokens land in
     std::vector<PageStore::PageInit> inits;

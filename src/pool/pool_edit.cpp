@@ -57,6 +57,9 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
                     (unsigned)id);
     const uint32_t new_len = seq.length - n_tokens, keep = new_len % P, tail = new_len / P;
     const uint32_t keep_pages = (new_len + P - 1) / P;
+    // Pages released here may still be written by asynchronous appends (the header: truncate waits for them).
+    const ikv_status waited = pool->store->wait_appends(fn);
+    if (waited != IKV_OK) return waited;
     if (n_tokens == 0) {  // no token changes; a CPU room's pages past the length go (the header's rule)
         if (seq.pages.size() > keep_pages) {
             std::lock_guard<std::mutex> lock(pool->state_mu);

@@ -207,7 +207,8 @@ ikv_status prepare_records(ikv_pool *pool, std::vector<RoomPart> &parts) {
 
 }  // namespace
 
-ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id) {
+ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id, PageStore::RoomReport *taken) {
+    if (taken != nullptr) *taken = PageStore::RoomReport{};
     void *rec = nullptr;
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
@@ -224,6 +225,7 @@ ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id) {
     PageStore::RoomReport report;
     const ikv_status st = pool->store->room_take(rec, lengths.data(), &report);
     if (st != IKV_OK) return st;
+    if (taken != nullptr) *taken = report;
     std::lock_guard<std::mutex> lock(pool->state_mu);
     if (seq.reservation != rec) return IKV_OK;  // the room ended meanwhile (another thread)
     // The device's lengths (the host never advances a sequence with room
@@ -329,19 +331,23 @@ ikv_status room_append_run(ikv_pool *pool, RoomAppendReady &r) {
     // The device advances the lengths (or reports an overrun); the host takes
     // them in ikv_pool_sync, or now for a synchronous append, which waited.
     if (st != IKV_OK || r.capturing || r.src.async) return st;
-    for (uint32_t i = 0; i < n_seqs && st == IKV_OK; ++i) st = take_room_lengths(pool, *r.seqs[i], r.ids[i]);
-    if (st != IKV_OK) return st;
     // A synchronous append the device refused (the host's lengths were behind
-    // the replays') is reported by the call itself.
+    // the replays') is reported by the call itself, whatever else is pending.
+    int64_t bad = -1, bad_layer = -1;
+    for (uint32_t i = 0; i < n_seqs && st == IKV_OK; ++i) {
+        PageStore::RoomReport taken;
+        st = take_room_lengths(pool, *r.seqs[i], r.ids[i], &taken);
+        if (st == IKV_OK && taken.overrun_layer >= 0 && bad < 0) bad = i, bad_layer = taken.overrun_layer;
+    }
+    if (st != IKV_OK || bad < 0) return st;
     std::lock_guard<std::mutex> lock(pool->state_mu);
-    const RoomIncident inc = pool->room_report;
-    const auto at = std::find(r.ids.begin(), r.ids.end(), inc.seq);
-    if (!inc.found || inc.stale_read || at == r.ids.end()) return IKV_OK;
-    pool->room_report = RoomIncident{};
+    const RoomIncident inc = pool->room_report;  // the call's own overrun is not left for ikv_pool_sync
+    if (inc.found && !inc.stale_read && std::find(r.ids.begin(), r.ids.end(), inc.seq) != r.ids.end())
+        pool->room_report = RoomIncident{};
     return fail(IKV_E_RANGE,
                 "%s: layer %u of sequence %u has no room for %u more tokens (its room ends at %u; graph replays "
                 "filled it); nothing was written",
-                fn, inc.layer, (unsigned)inc.seq, n, r.seqs[at - r.ids.begin()]->reserved_end);
+                fn, uint32_t(bad_layer), (unsigned)r.ids[bad], n, r.seqs[bad]->reserved_end);
 }
 
 ikv_status pool_fused_append_begin(ikv_pool *pool, const RoomAppendReady &r, void *fused) {
@@ -509,15 +515,21 @@ ikv_status take_room_reports(ikv_pool *pool, bool report) {
         const ikv_status st = take_room_lengths(pool, *e.second, e.first);
         if (st != IKV_OK) return st;
     }
-    ikv_seq_id ended_seq = 0;  // replays of graphs whose rooms ended
+    ikv_seq_id ended_seq = 0;  // rooms that ended: what they met before, or replays of their graphs since
     PageStore::RoomReport ended;
     const ikv_status st = pool->store->room_take_ended(&ended_seq, &ended);
     if (st != IKV_OK) return st;
-    if (ended.stale_read) {
+    if (ended.stale_read || ended.overrun_layer >= 0) {
         std::lock_guard<std::mutex> lock(pool->state_mu);
-        if (!pool->room_report.found) pool->room_report = RoomIncident{true, true, ended_seq, 0};
+        if (!pool->room_report.found)
+            pool->room_report = ended.stale_read ? RoomIncident{true, true, ended_seq, 0}
+                                                 : RoomIncident{true, false, ended_seq, uint32_t(ended.overrun_layer)};
     }
-    if (!report) return IKV_OK;
+    if (!report) {  // another report came first: every incident found is cleared all the same
+        std::lock_guard<std::mutex> lock(pool->state_mu);
+        pool->room_report = RoomIncident{};
+        return IKV_OK;
+    }
     RoomIncident r;
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
