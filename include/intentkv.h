@@ -247,7 +247,7 @@ IKV_API const char *ikv_policy_name(ikv_policy policy);
 /** Longest block name in bytes, excluding the terminating NUL. */
 #define IKV_NAME_MAX 63
 
-/** A block as the caller describes it; also what the iteration calls return. */
+/** A block as the caller describes it (ikv_layout_at and ikv_layout_get return ikv_block_info). */
 typedef struct ikv_block_desc {
     uint32_t struct_size;     /**< sizeof(ikv_block_desc); set by ikv_block_desc_default() */
     const char *name;         /**< UTF-8, 1..IKV_NAME_MAX bytes; copied on add */
@@ -406,7 +406,9 @@ IKV_API void ikv_router_destroy(ikv_router *router);
  * published version of the struct).
  */
 IKV_API ikv_status ikv_router_get_config(const ikv_router *router, ikv_router_config *out);
-/** Change the memory pressure (the knob an engine turns most). Errors: IKV_E_NULL, IKV_E_INVALID. */
+/** Change the memory pressure (the knob an engine turns most). Thread-safe: it may run while other
+ * threads route with this router; a route uses the pressure it read at its start.
+ * Errors: IKV_E_NULL, IKV_E_INVALID. */
 IKV_API ikv_status ikv_router_set_pressure(ikv_router *router, float memory_pressure);
 
 /**
@@ -506,6 +508,9 @@ typedef struct ikv_plan_summary {
 
 /** Summary counts. Errors: IKV_E_NULL. */
 IKV_API ikv_status ikv_plan_get_summary(const ikv_plan *plan, ikv_plan_summary *out);
+/* The plan's lists below (pages, skipped pages, prefetch hints, decisions) point into the plan and stay
+ * valid until it is destroyed; an empty list gives *count 0 and a NULL pointer (plans from
+ * ikv_plan_from_ranges have no decisions). Errors: IKV_E_NULL. */
 /** Selected pages (shared by all kv-heads). *pages points into the plan, valid until it is destroyed. */
 IKV_API ikv_status ikv_plan_pages(const ikv_plan *plan, const ikv_plan_page **pages, size_t *count);
 /** Pages skipped entirely (no token read), ascending. Points into the plan. */
@@ -521,7 +526,8 @@ IKV_API ikv_status ikv_plan_skipped_pages(const ikv_plan *plan, const uint32_t *
 IKV_API ikv_status ikv_plan_prefetch(const ikv_plan *plan, const uint32_t **pages, size_t *count);
 /** One decision per layout block in start order, plus gaps. Points into the plan. */
 IKV_API ikv_status ikv_plan_decisions(const ikv_plan *plan, const ikv_block_decision **decisions, size_t *count);
-/** Storage format the plan assigns to token page `page` (selected or not; skipped pages get the lowest format of their blocks). */
+/** Storage format the plan assigns to token page `page` (selected or not; skipped pages get the lowest format of
+ * their blocks). Errors: IKV_E_NULL, IKV_E_RANGE (page >= pages_total). */
 IKV_API ikv_status ikv_plan_page_format(const ikv_plan *plan, uint32_t page, ikv_format *out);
 
 /** Model shape for the cost model. */
@@ -658,9 +664,11 @@ IKV_API ikv_status ikv_pool_get_stats(const ikv_pool *pool, ikv_pool_stats *out)
 
 /** Create an empty sequence. Errors: IKV_E_NULL, IKV_E_NOMEM. */
 IKV_API ikv_status ikv_seq_create(ikv_pool *pool, ikv_seq_id *id_out);
-/** Destroy a sequence; its pages are released (shared pages when their last user goes). Errors: IKV_E_NOT_FOUND. */
+/** Destroy a sequence; its pages are released (shared pages when their last user goes). Errors: IKV_E_NULL,
+ * IKV_E_NOT_FOUND. */
 IKV_API ikv_status ikv_seq_destroy(ikv_pool *pool, ikv_seq_id seq);
-/** Tokens stored in every layer (a token appended to only some layers does not count yet). */
+/** Tokens stored in every layer (a token appended to only some layers does not count yet).
+ * Errors: IKV_E_NULL, IKV_E_NOT_FOUND. */
 IKV_API ikv_status ikv_seq_length(const ikv_pool *pool, ikv_seq_id seq, uint32_t *length_out);
 /**
  * Tokens stored in one layer (per-layer appends make layers differ inside a
@@ -1225,8 +1233,9 @@ IKV_API ikv_status ikv_query_memory_remember(ikv_query_memory *memory, ikv_seq_i
  * sequence with nothing remembered is left as it is. On a CUDA pool it then
  * writes the sequence's device copy (see ikv_query_memory). Errors:
  * IKV_E_NULL; CUDA pools: IKV_E_NOMEM (the device copy could not be
- * allocated: nothing changed), IKV_E_DEVICE (a device error while waiting
- * or copying: the turn has ended on the host, and a later end_turn of the
+ * allocated: nothing changed), IKV_E_DEVICE (while preparing the
+ * sequence's first device copy: nothing changed; while waiting or copying
+ * afterwards: the turn has ended on the host, and a later end_turn of the
  * sequence writes the device copy again; until then decodes recall what the
  * copy held before).
  */
@@ -1327,7 +1336,8 @@ IKV_API ikv_decoder_config ikv_decoder_default_config(void);
  * thread. Several decoders may decode the same pool concurrently. On CUDA
  * pools a decoder's calls share its device scratch: issue them on one
  * stream, or order the streams (an event) between calls on different ones.
- * Errors: IKV_E_NULL, IKV_E_INVALID, IKV_E_NOMEM.
+ * Errors: IKV_E_NULL, IKV_E_INVALID, IKV_E_NOMEM (also when a worker thread
+ * cannot start).
  */
 IKV_API ikv_status ikv_decoder_create(const ikv_decoder_config *config, ikv_decoder **out);
 IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
@@ -1439,7 +1449,10 @@ typedef enum ikv_topk_score {
  * returns without synchronizing (except with a feedback: see
  * ikv_page_feedback). CPU pools: host pointers, done on return.
  * CUDA graphs: a call on a capturing stream is captured whole, in any
- * capture mode (global, thread-local, relaxed). When the decoder's page lists
+ * capture mode (global, thread-local, relaxed); each replay reads q (and an
+ * append's k and v) and writes out and lse at the addresses the captured
+ * call was given, which must stay allocated while the graph may be
+ * replayed. When the decoder's page lists
  * from its last eager call on the same stream are still exact for the call
  * (ikv_decoder_stats: same pool, sequences, lengths, plans and block tables),
  * the graph reads those device lists at replay, as an eager call reusing them
@@ -1645,7 +1658,7 @@ IKV_API ikv_status ikv_decoder_last_bytes_read(const ikv_decoder *decoder, uint6
  * Errors: IKV_E_NULL (decoder, n_out, ranges with capacity > 0), IKV_E_STATE
  * (the decoder's last ikv_decode call failed, was captured into a CUDA graph,
  * or there was none),
- * IKV_E_RANGE (seq_index, kv_head), IKV_E_DEVICE.
+ * IKV_E_RANGE (seq_index, kv_head), IKV_E_NOMEM, IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_decoder_last_selection(const ikv_decoder *decoder, uint32_t seq_index, uint32_t kv_head,
                                               ikv_token_range *ranges, size_t capacity, size_t *n_out);
