@@ -720,10 +720,10 @@ typedef struct ikv_append {
  * its asynchronous appends. Requires src_on_device on a CUDA pool; a CPU
  * pool accepts the flag and appends synchronously, checked, as without it.
  * One exception to "without synchronizing": an append that needs more of
- * the pool's device scratch than earlier appends did (the first one that
- * writes whole pages, or more whole pages at once than before; more than 64
- * page writes at once the first time) waits for the earlier asynchronous
- * appends and allocates it; a one-token append never does once the pool has
+ * the pool's device buffers than earlier appends did (the first one that
+ * writes whole pages, or more whole pages at once than before, or more than
+ * 64 page writes at once and more than before) waits for the earlier
+ * asynchronous appends and allocates them; a one-token append never does once the pool has
  * appended a token. Make the largest such append once before the loop that
  * must not stall (as for graph capture). k and v must stay allocated and
  * unchanged until args->stream has run the append.
@@ -897,7 +897,8 @@ IKV_API ikv_status ikv_pool_reserve(ikv_pool *pool, const ikv_seq_id *seqs, uint
  * appends to it first (copy-on-write). Waits for the pool's asynchronous
  * appends first (IKV_APPEND_ASYNC). Errors: IKV_E_NULL, IKV_E_NOT_FOUND,
  * IKV_E_NOMEM, IKV_E_STATE (parent has room reserved on a CUDA pool:
- * ikv_pool_reserve), IKV_E_DEVICE (CUDA pools: copying the parent's staging).
+ * ikv_pool_reserve), IKV_E_DEVICE (CUDA pools: waiting for the asynchronous
+ * appends or copying the parent's staging; nothing changed).
  */
 IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *child_out);
 
@@ -914,8 +915,9 @@ IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *c
  * evicted page), IKV_E_STATE (layers of unequal length, or room reserved on
  * a CUDA pool: ikv_pool_reserve), IKV_E_NOMEM (copy of a shared tail page,
  * when the pages the rollback releases do not free room for it),
- * IKV_E_DEVICE (CUDA pools; raised while the new tail page is rewritten, it
- * leaves the rollback done and that page's contents undefined).
+ * IKV_E_DEVICE (CUDA pools: from the wait for asynchronous appends nothing
+ * changed; raised while the new tail page is rewritten, it leaves the
+ * rollback done and that page's contents undefined).
  */
 IKV_API ikv_status ikv_seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_tokens);
 
@@ -1463,8 +1465,12 @@ typedef enum ikv_topk_score {
  * once first; a captured call that would grow the decoder's staging, device
  * lists or workspace is refused with IKV_E_STATE (one whose workspace is too
  * small may leave its upload node in the graph being captured: discard it).
+ * One capture holds at most 8 calls of a decoder whose lists differ from the
+ * call before on that decoder (each keeps its own pinned staging for the
+ * replays); a ninth is refused with IKV_E_STATE (use another decoder).
  * Run no other ikv_decode on that decoder while the graph may still be
- * replayed (they refill the staging); eager calls afterwards work as before.
+ * replayed (they refill the device lists, and another capture the staging);
+ * eager calls afterwards work as before.
  * Environment (read once per process): IKV_CUDA_MULTI_TOKEN=auto|fused|gemm
  * picks the CUDA path of multi-token steps; IKV_CUDA_DECODE_COMPUTE=
  * auto|simt|tensor-cores how the fused CUDA decode computes for F16/BF16

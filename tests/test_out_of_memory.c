@@ -187,9 +187,11 @@ static int case_release(void) {
     ap.n_tokens = 8 * 3;
     if (ikv_pool_append(p, d, &ap) != IKV_OK) return CASE_BROKEN_AFTER;
     limit_to(64u << 10);
-    exhaust_heap();
+    exhaust_heap();  /* again before each call: what one call frees the next could use */
     const ikv_status evict = ikv_seq_evict(p, a, 0, 56);
+    exhaust_heap();
     const ikv_status truncate = ikv_seq_truncate(p, b, 24);
+    exhaust_heap();
     const ikv_status destroy = ikv_seq_destroy(p, d);
     unlimit();
     if (evict != IKV_OK || truncate != IKV_OK || destroy != IKV_OK) {

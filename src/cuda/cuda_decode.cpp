@@ -79,6 +79,7 @@ struct ListSummary {
 constexpr unsigned long long kEagerContext = 0, kNoContext = ~0ull;
 
 constexpr int kCaptureStaging = 2;  // CudaDecoderState::pinned's buffer for captured calls
+constexpr int kCaptureSlots = 8;    // captured calls with lists of their own, per capture and decoder
 
 struct CudaDecoderState {
     int device = -1;
@@ -87,10 +88,15 @@ struct CudaDecoderState {
     double mem_gbps_per_sm = 0.0;  // the device's memory bandwidth per SM (picks the compute: decode_resolve_compute)
     // Pinned staging: two halves eager calls use alternately, and a third that
     // captured calls write (kCaptureStaging): a capture cannot wait for the
-    // copy an eager call two calls earlier enqueued from a half, and its graph
-    // reads its staging at every replay, so it never shares a half.
+    // copy an eager call two calls earlier enqueued from a half, and a graph
+    // reads its staging at every replay. The third holds kCaptureSlots slots
+    // of pinned_bytes[kCaptureStaging] each, one per captured call whose lists
+    // differ from the slot before (a graph's copy nodes read them all).
     uint8_t *pinned[3] = {nullptr, nullptr, nullptr};
-    uint64_t pinned_bytes[3] = {0, 0, 0};
+    uint64_t pinned_bytes[3] = {0, 0, 0};  // [kCaptureStaging]: per slot
+    unsigned long long capture_context = 0;  // the capture whose calls hold the slots
+    int capture_next = 0;                    // its next free slot
+    uint64_t capture_staged = 0;             // bytes the last captured call staged
     cudaEvent_t copied[2] = {nullptr, nullptr};  // the copy that last read pinned[i]
     bool copied_valid[2] = {false, false};
     int next = 0;
@@ -335,7 +341,13 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
         err = cudaEventSynchronize(s.copied[half]);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "waiting for an earlier staging copy");
     }
-    if (s.pinned_bytes[half] < sum.staged) {
+    if (capturing && s.capture_context != context) s.capture_context = context, s.capture_next = 0;
+    if (capturing && s.capture_next >= kCaptureSlots)
+        return fail(IKV_E_STATE,
+                    "%s: this capture already holds %d calls of this decoder whose page lists differ from the call "
+                    "before; a decoder captures at most %d such calls per graph (use another decoder for more)",
+                    kFn, kCaptureSlots, kCaptureSlots);
+    if (s.pinned_bytes[half] < sum.staged || (!capturing && s.pinned_bytes[kCaptureStaging] < sum.staged)) {
         if (capturing) return refuse_growth_in_capture("page-list staging", sum.staged);
         // All three grow together, so that after one eager call a captured call
         // (which takes the third) never allocates: pinned allocation is not
@@ -350,13 +362,14 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
             if (s.pinned[i]) cudaFreeHost(s.pinned[i]);
             s.pinned[i] = nullptr;
             s.pinned_bytes[i] = 0;
-            err = cudaHostAlloc(reinterpret_cast<void **>(&s.pinned[i]), sum.staged * 2, cudaHostAllocDefault);
+            const uint64_t slots = i == kCaptureStaging ? kCaptureSlots : 1;
+            err = cudaHostAlloc(reinterpret_cast<void **>(&s.pinned[i]), slots * sum.staged * 2, cudaHostAllocDefault);
             if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaHostAlloc of the plan staging buffer");
             s.pinned_bytes[i] = sum.staged * 2;
         }
     }
     if (!capturing) s.next ^= 1;
-    uint8_t *h = s.pinned[half];
+    uint8_t *h = s.pinned[half] + (capturing ? uint64_t(s.capture_next) * s.pinned_bytes[half] : 0);
     std::memcpy(h, counts.data(), 4ull * B);
     std::memcpy(h + sum.off_lens, lens.data(), 4ull * B);
     uint64_t full_bytes[IKV_FMT_COUNT];  // bytes a whole page's K/V rows and scales cost, all kv-heads
@@ -406,6 +419,14 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
     if (capturing && s.lists_bytes < sum.staged) return refuse_growth_in_capture("device page lists", sum.staged);
     err = grow_device(&s.lists, &s.lists_bytes, sum.staged, stream);
     if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaMallocAsync of the decoder's device page lists");
+    if (capturing) {  // a slot of its own, unless the lists equal the previous captured call's (its slot serves)
+        const uint8_t *prev = h - s.pinned_bytes[half];
+        if (s.capture_next > 0 && s.capture_staged == sum.staged && std::memcmp(prev, h, sum.staged) == 0)
+            h -= s.pinned_bytes[half];
+        else
+            ++s.capture_next;
+        s.capture_staged = sum.staged;
+    }
     err = cudaMemcpyAsync(s.lists, h, sum.staged, cudaMemcpyHostToDevice, stream);
     // An event recorded in a capture belongs to the graph: waiting on it
     // outside the capture fails (cudaErrorCapturedEvent), and the graph

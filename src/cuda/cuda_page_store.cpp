@@ -63,7 +63,7 @@ public:
     bool frees_without_waiting() const override { return false; }  // cudaFree synchronizes the device
     ikv_status allocate(uint64_t bytes, uint8_t **out) override {
         DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), current_call(), "cudaSetDevice");
         void *base = nullptr;
         const cudaError_t err = cudaMalloc(&base, bytes);
         if (err != cudaSuccess) {
@@ -174,7 +174,7 @@ public:
         if (cst != IKV_OK) return cst;
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), current_call(), "cudaSetDevice");
         Exec ex;
         ex.stream = stream;
         ex.async = true;
@@ -222,7 +222,7 @@ public:
             if (!fetch_queued) moved_.add_done(std::move(fetch_sources));
             return IKV_OK;
         }
-        return cuda_fail(err, "ikv_pool", "enqueueing the copies of pages between the tiers");
+        return cuda_fail(err, current_call(), "enqueueing the copies of pages between the tiers");
     }
 
     ikv_status order_after_moves(void *stream, const char *fn) override {
@@ -249,14 +249,14 @@ public:
             return fail(IKV_E_INVALID, "%s: too many pages at once", current_call());
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), current_call(), "cudaSetDevice");
         cudaStream_t st = nullptr;
         cudaError_t err = begin(ex, &st);
-        if (err != cudaSuccess) return cuda_fail(err, "ikv_pool", "waiting for asynchronous appends");
+        if (err != cudaSuccess) return cuda_fail(err, current_call(), "waiting for asynchronous appends");
         Jobs jobs;
         err = ensure_append_buffers();
         if (err == cudaSuccess) err = jobs.acquire(*this, size_t(n_jobs));
-        if (err != cudaSuccess) return cuda_fail(err, "ikv_pool", "allocating the page-initialization jobs");
+        if (err != cudaSuccess) return cuda_fail(err, current_call(), "allocating the page-initialization jobs");
         for (size_t i = 0; i < n; ++i)
             for (uint32_t l = 0; l < shape_.n_layers; ++l)
                 jobs.host[i * shape_.n_layers + l] =
@@ -265,33 +265,33 @@ public:
         if (err == cudaSuccess) err = cuda::launch_quantize_jobs(shape_, jobs.at(0), jobs.where, uint32_t(n_jobs), st);
         if (err == cudaSuccess) err = jobs.release(st);
         if (err == cudaSuccess) err = finish(ex);
-        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "initializing device pages");
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, current_call(), "initializing device pages");
     }
 
     ikv_status copy_pages(const PageCopy *pages, size_t n, const Exec &ex) override {
         if (n == 0) return IKV_OK;
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), current_call(), "cudaSetDevice");
         cudaStream_t st = nullptr;
         cudaError_t err = begin(ex, &st);
         for (size_t i = 0; i < n && err == cudaSuccess; ++i)
             err = cudaMemcpyAsync(pages[i].dst, pages[i].src, page_bytes(shape_, pages[i].format),
                                   cudaMemcpyDefault, st);  // either tier (a host-tier page is mapped memory)
         if (err == cudaSuccess) err = finish(ex);
-        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of a device page");
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, current_call(), "cudaMemcpyAsync of a device page");
     }
 
     // k, v: device staging (a stage_alloc buffer, k its start: its summary folds are refreshed too).
     ikv_status write_layer(ikv_format f, uint8_t *page, uint32_t layer, const float *k, const float *v,
                            uint32_t n_valid) override {
         DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), current_call(), "cudaSetDevice");
         cudaError_t err = wait_async();
         if (err == cudaSuccess)
             err = cuda::launch_quantize_layer(shape_, f, page, layer, k, v, n_valid, const_cast<float *>(k), stream_);
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
-        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "quantize-on-write on the device");
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, current_call(), "quantize-on-write on the device");
     }
 
     ikv_status read_rows(ikv_format f, const uint8_t *page, uint32_t layer, uint32_t head, uint32_t t0, uint32_t n,
@@ -299,11 +299,11 @@ public:
         const SubpageLayout sl = subpage_layout(f, shape_.page_size, shape_.head_dim);
         std::vector<uint8_t> sub(sl.bytes);
         DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_seq_read", "cudaSetDevice");
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), current_call(), "cudaSetDevice");
         cudaError_t err = wait_async();
         if (err == cudaSuccess)
             err = cudaMemcpy(sub.data(), page + subpage_offset(shape_, f, layer, head), sl.bytes, cudaMemcpyDefault);
-        if (err != cudaSuccess) return cuda_fail(err, "ikv_seq_read", "cudaMemcpy of a device sub-page");
+        if (err != cudaSuccess) return cuda_fail(err, current_call(), "cudaMemcpy of a device sub-page");
         for (uint32_t i = 0; i < n; ++i) {
             if (k_out) read_subpage_row(f, shape_.page_size, shape_.head_dim, sub.data(), 0, t0 + i, k_out + i * out_stride);
             if (v_out) read_subpage_row(f, shape_.page_size, shape_.head_dim, sub.data(), 1, t0 + i, v_out + i * out_stride);
@@ -337,7 +337,7 @@ public:
             const uint64_t stride = align_up(stage_bytes_, kSlabAlign);
             const uint64_t per_chunk = std::max<uint64_t>(1, kStageChunkBytes / stride);
             DeviceGuard g(device_);
-            if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+            if (g.error() != cudaSuccess) return cuda_fail(g.error(), current_call(), "cudaSetDevice");
             void *chunk = nullptr;
             const cudaError_t err = cudaMalloc(&chunk, per_chunk * stride);
             if (err != cudaSuccess) {
@@ -369,11 +369,11 @@ public:
 
     ikv_status stage_copy(float *dst, const float *src) override {
         DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_seq_fork", "cudaSetDevice");
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), current_call(), "cudaSetDevice");
         cudaError_t err = wait_async();
         if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, stage_bytes_, cudaMemcpyDeviceToDevice, stream_);
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
-        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_seq_fork", "cudaMemcpyAsync of device staging");
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, current_call(), "cudaMemcpyAsync of device staging");
     }
 
     // Through the host: the reference reader dequantizes exactly what
@@ -394,10 +394,10 @@ public:
             if (st != IKV_OK) return st;
         }
         DeviceGuard g(device_);
-        if (g.error() != cudaSuccess) return cuda_fail(g.error(), "ikv_pool", "cudaSetDevice");
+        if (g.error() != cudaSuccess) return cuda_fail(g.error(), current_call(), "cudaSetDevice");
         cudaError_t err = cudaMemcpyAsync(stage, rows.data(), stage_bytes_, cudaMemcpyHostToDevice, stream_);
         if (err == cudaSuccess) err = cudaStreamSynchronize(stream_);
-        return err == cudaSuccess ? IKV_OK : cuda_fail(err, "ikv_pool", "cudaMemcpyAsync of re-staged rows");
+        return err == cudaSuccess ? IKV_OK : cuda_fail(err, current_call(), "cudaMemcpyAsync of re-staged rows");
     }
 
     // ---- appends ----
@@ -451,7 +451,7 @@ public:
     }
     uint32_t room_generation(const void *record) const override { return DeviceRooms::generation(record); }
     ikv_status room_take_ended(ikv_seq_id *seq, RoomReport *report) override {
-        constexpr const char *fn = "ikv_pool_sync";
+        const char *fn = current_call();
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
@@ -459,7 +459,7 @@ public:
         return rooms_.take_retired(seq, report, fn);
     }
     ikv_status room_take(void *record, uint32_t *lengths, RoomReport *report) override {
-        constexpr const char *fn = "ikv_pool_sync";
+        const char *fn = current_call();
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
@@ -608,10 +608,7 @@ public:
         } else if (src.on_device) {
             err = order_after(src.stream);
         } else {  // host input: upload the extent the strides address, once
-            const uint32_t l0 = src.all_layers ? 0 : writes[0].layer;
-            const uint32_t l1 = src.all_layers ? shape_.n_layers : l0 + 1;
-            const uint64_t bytes = source_extent(src, shape_, l0, l1) * dtype_bytes(src.dtype);
-            const uint64_t half = align_up(bytes, kSlabAlign);
+            const uint64_t bytes = input_bytes(src, writes[0].layer), half = align_up(bytes, kSlabAlign);
             err = ensure_input(2 * half);
             if (err == cudaSuccess) err = cudaMemcpyAsync(input_, src.k, bytes, cudaMemcpyHostToDevice, st);
             if (err == cudaSuccess) err = cudaMemcpyAsync(input_ + half, src.v, bytes, cudaMemcpyHostToDevice, st);
@@ -635,21 +632,17 @@ public:
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "staging and quantize-on-write on the device");
     }
 
-    ikv_status prepare_append(const AppendSource &src, uint32_t layer, size_t n_whole) override {
+    ikv_status prepare_append(const AppendSource &src, uint32_t layer, size_t n_whole, size_t n_writes) override {
         const char *fn = src.fn;
         std::lock_guard<std::mutex> lock(mu_);
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
         cudaError_t err = ensure_append_buffers();
-        const uint64_t stride = align_up(stage_bytes_, kSlabAlign);
         if (err == cudaSuccess && n_whole > 0)  // what plan_rounds asks for
-            err = ensure_scratch(size_t(std::min<uint64_t>({n_whole, kMaxScratchBytes / stride, scratch_stage_limit()})),
-                                 stride);
-        if (err == cudaSuccess && !src.on_device) {  // host input: what write_append uploads
-            const uint32_t l0 = src.all_layers ? 0 : layer, l1 = src.all_layers ? shape_.n_layers : l0 + 1;
-            const uint64_t bytes = source_extent(src, shape_, l0, l1) * dtype_bytes(src.dtype);
-            err = ensure_input(2 * align_up(bytes, kSlabAlign));
-        }
+            err = ensure_scratch(scratch_per_round(n_whole), align_up(stage_bytes_, kSlabAlign));
+        if (err == cudaSuccess && !src.on_device)  // host input: what write_append uploads
+            err = ensure_input(2 * align_up(input_bytes(src, layer), kSlabAlign));
+        if (err == cudaSuccess && n_writes > cuda::kInlineJobs) err = ring_->reserve(n_writes);  // Jobs::acquire's
         return err == cudaSuccess ? IKV_OK : cuda_fail(err, fn, "allocating the append's device buffers");
     }
 
@@ -753,8 +746,7 @@ private:
             n_whole += !first && writes[i].row0 + writes[i].rows == P;
         }
         const uint64_t stride = align_up(stage_bytes_, kSlabAlign);
-        const size_t per_round =
-            size_t(std::max<uint64_t>(1, std::min<uint64_t>({n_whole, kMaxScratchBytes / stride, scratch_stage_limit()})));
+        const size_t per_round = scratch_per_round(n_whole);
         if (n_whole > 0) {
             *err = ensure_scratch(per_round, stride);
             if (*err != cudaSuccess) return 1;
@@ -803,6 +795,17 @@ private:
 
     // IKV_CUDA_APPEND_SCRATCH_STAGES=n (read once) caps the scratch stages of a
     // round below the 64 MiB bound, so tests run bulk appends over many rounds.
+    // Staging copies the scratch holds per round of whole-page writes.
+    size_t scratch_per_round(size_t n_whole) const {
+        const uint64_t stride = align_up(stage_bytes_, kSlabAlign);
+        return size_t(std::max<uint64_t>(1, std::min<uint64_t>({n_whole, kMaxScratchBytes / stride, scratch_stage_limit()})));
+    }
+    // Bytes of one of K, V that a host-input append uploads (the extent its strides address).
+    uint64_t input_bytes(const AppendSource &src, uint32_t layer) const {
+        const uint32_t l0 = src.all_layers ? 0 : layer, l1 = src.all_layers ? shape_.n_layers : l0 + 1;
+        return source_extent(src, shape_, l0, l1) * dtype_bytes(src.dtype);
+    }
+
     static uint64_t scratch_stage_limit() {
         static const uint64_t limit = [] {
             const char *e = std::getenv("IKV_CUDA_APPEND_SCRATCH_STAGES");

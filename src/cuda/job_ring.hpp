@@ -63,6 +63,28 @@ public:
         return err;
     }
 
+    // Every slot with room for n jobs (waiting for a busy one first), so that
+    // the next acquire(n) of any slot allocates nothing.
+    cudaError_t reserve(size_t n) {
+        for (int i = 0; i < kSlots; ++i) {
+            Slot &s = slots_[i];
+            if (n <= s.cap) continue;
+            cudaError_t err = s.in_use ? cudaEventSynchronize(s.done) : cudaSuccess;
+            s.in_use = false;
+            const size_t cap = std::max<size_t>(n, 2 * s.cap);
+            if (s.dev) cudaFree(s.dev);
+            if (s.host) cudaFreeHost(s.host);
+            s.dev = s.host = nullptr;
+            s.cap = 0;
+            if (err == cudaSuccess) err = cudaMalloc(reinterpret_cast<void **>(&s.dev), cap * sizeof(cuda::AppendJob));
+            if (err == cudaSuccess)
+                err = cudaMallocHost(reinterpret_cast<void **>(&s.host), cap * sizeof(cuda::AppendJob));
+            if (err != cudaSuccess) return err;
+            s.cap = cap;
+        }
+        return cudaSuccess;
+    }
+
     // n jobs of the slot's host buffer to its device buffer, on stream.
     static cudaError_t upload(const Slot &s, size_t n, cudaStream_t stream) {
         return cudaMemcpyAsync(s.dev, s.host, n * sizeof(cuda::AppendJob), cudaMemcpyHostToDevice, stream);

@@ -141,13 +141,14 @@ public:
     // written (device input: ordered after the engine's work on src.stream).
     virtual ikv_status write_append(const AppendSource &src, const AppendWrite *writes, size_t n_writes) = 0;
     // Before an append commits anything: the device memory write_append will
-    // need (n_whole pages written whole, after each layer's first; layer: the
-    // one appended unless src.all_layers), so that running out of it refuses
-    // the append with nothing changed.
-    virtual ikv_status prepare_append(const AppendSource &src, uint32_t layer, size_t n_whole) {
+    // need (n_whole pages written whole, after each layer's first; n_writes
+    // page writes in all; layer: the one appended unless src.all_layers), so
+    // that running out of it refuses the append with nothing changed.
+    virtual ikv_status prepare_append(const AppendSource &src, uint32_t layer, size_t n_whole, size_t n_writes) {
         (void)src;
         (void)layer;
         (void)n_whole;
+        (void)n_writes;
         return IKV_OK;
     }
     // Wait for every asynchronous append's device work; then the first

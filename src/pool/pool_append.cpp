@@ -339,18 +339,8 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
                     bad.value_name());
     }
 
-    // Memory first: nothing is visible yet, so a failure just unwinds. The
-    // store's device buffers too (pages written whole after each layer's
-    // first write: what its scratch holds).
+    // Memory first: nothing is visible yet, so a failure just unwinds.
     const Span span{l0, l1, n, P};
-    size_t n_whole = 0;
-    for (const Part &pt : parts)
-        for (uint32_t l = l0; l < l1; ++l) {
-            const uint64_t len = pt.seq->layers[l].length, first = len / P, end = (len + n) / P;
-            n_whole += end > first + 1 ? size_t(end - first - 1) : 0;
-        }
-    st = pool->store->prepare_append(src, l0, n_whole);
-    if (st != IKV_OK) return st;
     size_t n_writes = 0;
     std::vector<AppendWrite> writes;  // one per (sequence, layer, page) the tokens land in
     std::vector<PageStore::PageInit> inits;
@@ -366,7 +356,16 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
         unwind(pool, parts);
         return fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     }
-    st = alloc_stages(pool, parts, span);
+    // The store's device buffers too: its job lists, and its scratch for the
+    // pages written whole after each layer's first write.
+    size_t n_whole = 0;
+    for (const Part &pt : parts)
+        for (uint32_t l = l0; l < l1; ++l) {
+            const uint64_t len = pt.seq->layers[l].length, first = len / P, end = (len + n) / P;
+            n_whole += end > first + 1 ? size_t(end - first - 1) : 0;
+        }
+    st = pool->store->prepare_append(src, l0, n_whole, n_writes);
+    if (st == IKV_OK) st = alloc_stages(pool, parts, span);
     if (st == IKV_OK) {
         std::lock_guard<std::mutex> lock(pool->state_mu);
         st = allocate_pages_locked(pool, parts, a.formats, plan_pages, fn, &allocated);

@@ -204,7 +204,8 @@ ikv_status seq_set_page_format(ikv_pool *pool, ikv_seq_id id, uint32_t page, ikv
     auto seqp = find_seq(pool, id);
     if (!seqp) return seq_not_found(fn, id);
     Seq &seq = *seqp;
-    const ikv_status room = refuse_with_room(seq, id, fn);
+    ikv_status room = refuse_with_room(seq, id, fn);
+    if (room == IKV_OK) room = pool->store->wait_appends(fn);  // the header: format changes wait for them
     if (room != IKV_OK) return room;
     if (page >= seq.pages.size())
         return fail(IKV_E_RANGE, "%s: page %u is out of range; sequence %u has %zu pages", fn, page, (unsigned)id,
@@ -249,6 +250,7 @@ ikv_status seq_apply_plan_formats(ikv_pool *pool, ikv_seq_id id, const ikv_plan 
     Seq &seq = *seqp;
     const uint32_t P = pool->shape.page_size;
     ikv_status st = refuse_with_room(seq, id, fn);
+    if (st == IKV_OK) st = pool->store->wait_appends(fn);  // the header: format changes wait for them
     if (st != IKV_OK) return st;
     ikv_plan_summary sum;
     st = ikv_plan_get_summary(plan, &sum);

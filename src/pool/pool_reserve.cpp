@@ -220,7 +220,7 @@ ikv_status take_room_lengths(ikv_pool *pool, Seq &seq, ikv_seq_id id, PageStore:
     try {
         lengths.resize(L);
     } catch (const std::bad_alloc &) {
-        return fail(IKV_E_NOMEM, "ikv_pool_sync: out of host memory");
+        return fail(IKV_E_NOMEM, "%s: out of host memory", current_call());
     }
     PageStore::RoomReport report;
     const ikv_status st = pool->store->room_take(rec, lengths.data(), &report);
@@ -342,7 +342,7 @@ ikv_status room_append_run(ikv_pool *pool, RoomAppendReady &r) {
     if (st != IKV_OK || bad < 0) return st;
     std::lock_guard<std::mutex> lock(pool->state_mu);
     const RoomIncident inc = pool->room_report;  // the call's own overrun is not left for ikv_pool_sync
-    if (inc.found && !inc.stale_read && std::find(r.ids.begin(), r.ids.end(), inc.seq) != r.ids.end())
+    if (inc.found && !inc.stale_read && inc.seq == r.ids[bad] && inc.layer == uint32_t(bad_layer))
         pool->room_report = RoomIncident{};
     return fail(IKV_E_RANGE,
                 "%s: layer %u of sequence %u has no room for %u more tokens (its room ends at %u; graph replays "

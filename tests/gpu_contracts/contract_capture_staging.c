@@ -18,22 +18,6 @@
 #include "contract_util.h"
 
 
-static ikv_status decode1(ikv_decoder *dec, ikv_pool *pool, ikv_seq_id *seq, const float *q, float *out,
-                          cudaStream_t s) {
-    ikv_decode_args d = ikv_decode_args_default();
-    d.layer = 0;
-    d.n_seqs = 1;
-    d.seqs = seq;
-    d.n_query_tokens = 1;
-    d.n_q_heads = 1;
-    d.q = q;
-    d.q_dtype = IKV_DTYPE_F32;
-    d.out = out;
-    d.out_dtype = IKV_DTYPE_F32;
-    d.stream = s;
-    return ikv_decode(dec, pool, &d);
-}
-
 int main(void) {
     require_gpu();
     ikv_pool *pool = small_cuda_pool(1, 16, 64ull << 20, 0);
