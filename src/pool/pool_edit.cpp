@@ -35,6 +35,13 @@ void restage_partial_layers(ikv_pool *pool, Seq &seq, uint32_t p, const PageRec 
     }
 }
 
+// Release seq's pages from index keep on (under state_mu; allocates nothing).
+void drop_pages_from_locked(ikv_pool *pool, Seq &seq, size_t keep) {
+    for (size_t i = keep; i < seq.pages.size(); ++i) unref_page_locked(pool, seq.pages[i]);
+    seq.pages.resize(keep);
+    table_changed(seq);
+}
+
 }  // namespace
 
 ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
@@ -63,9 +70,7 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
     if (n_tokens == 0) {  // no token changes; a CPU room's pages past the length go (the header's rule)
         if (seq.pages.size() > keep_pages) {
             std::lock_guard<std::mutex> lock(pool->state_mu);
-            for (size_t i = keep_pages; i < seq.pages.size(); ++i) unref_page_locked(pool, seq.pages[i]);
-            seq.pages.resize(keep_pages);
-            table_changed(seq);
+            drop_pages_from_locked(pool, seq, keep_pages);
         }
         return IKV_OK;
     }
@@ -138,9 +143,7 @@ ikv_status seq_truncate(ikv_pool *pool, ikv_seq_id id, uint32_t n_tokens) {
             delete copy;
         }
         copy = nullptr;
-        for (size_t i = keep_pages; i < seq.pages.size(); ++i) unref_page_locked(pool, seq.pages[i]);
-        seq.pages.resize(keep_pages);
-        table_changed(seq);
+        drop_pages_from_locked(pool, seq, keep_pages);
     }
 
     // Re-stage the kept tokens of the new tail page from their stored values
