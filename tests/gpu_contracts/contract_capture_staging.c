@@ -71,11 +71,11 @@ int main(void) {
     CK(cudaStreamSynchronize(s));
     CK(cudaDeviceSynchronize());
     if (st1 != IKV_OK || st2 != IKV_OK || st3 != IKV_OK || cb != cudaSuccess) {
-        INCONCL("decodes: %s %s %s (capture begin %s): %s", ikv_status_name(st1), ikv_status_name(st2),
+        BREAK("decodes: %s %s %s (capture begin %s): %s", ikv_status_name(st1), ikv_status_name(st2),
                 ikv_status_name(st3), cudaGetErrorString(cb), ikv_last_error());
         return probe_exit();
     }
-    if (blocked) INCONCL("a decode call blocked on the stalled stream (the watchdog released it)");
+    if (blocked) BREAK("a decode call blocked on the stalled stream (the watchdog released it)");
 
     IK(decode1(dec, pool, &A, q, refA, s));
     CK(cudaStreamSynchronize(s));

@@ -33,7 +33,7 @@ static int round_trip(ikv_pool *pool, ikv_seq_id seq, cudaStream_t s, const floa
     if (st != IKV_OK) {
         atomic_store(&g_release, 1);
         cudaStreamSynchronize(s);
-        INCONCL("%s: the async append failed: %s: %s", name, ikv_status_name(st), ikv_last_error());
+        BREAK("%s: the async append failed: %s: %s", name, ikv_status_name(st), ikv_last_error());
         return -1;
     }
     if (t_app > 0.5) INCONCL("%s: the async append itself took %.3f s (blocked)", name, t_app);
@@ -45,7 +45,7 @@ static int round_trip(ikv_pool *pool, ikv_seq_id seq, cudaStream_t s, const floa
     pthread_join(w, NULL);
     CK(cudaStreamSynchronize(s));
     if (st != IKV_OK) {
-        INCONCL("%s returned %s: %s", name, ikv_status_name(st), ikv_last_error());
+        BREAK("%s returned %s: %s", name, ikv_status_name(st), ikv_last_error());
         return -1;
     }
     if (!released_before_return) {
