@@ -366,7 +366,10 @@ typedef enum ikv_over_budget {
  * -> attend_mid, else attend_low. Memory pressure p then demotes every block
  * that is not ALWAYS by one step along F16/BF16 -> FP8 -> INT8 -> INT4 when
  * p >= demote1_pressure and by two when p >= demote2_pressure. A block's
- * precision_hint, when not AUTO, wins over the table and pressure.
+ * precision_hint, when not AUTO, wins over the table and pressure. Every
+ * format field is a storage format (F16 ... INT4), not IKV_FMT_AUTO
+ * (IKV_E_INVALID). Fixed layout: new precision settings are appended to
+ * ikv_router_config.
  */
 typedef struct ikv_precision_policy {
     ikv_format always_format;   /**< default F16 */
@@ -465,7 +468,7 @@ typedef struct ikv_plan_page {
     uint32_t token_end;
     uint8_t format;    /**< ikv_format the router chose for storing this page */
     uint8_t flags;     /**< IKV_PAGE_* */
-    uint16_t reserved;
+    uint16_t reserved; /**< 0 */
 } ikv_plan_page;
 
 /** Why the router decided what it did for a block. */
@@ -772,7 +775,9 @@ IKV_API ikv_append ikv_append_default_v2(const ikv_pool *pool, uint32_t n_tokens
  * IKV_APPEND_ASYNC with host input on a CUDA pool, a stream
  * that is capturing a CUDA graph unless the sequences have room reserved:
  * ikv_pool_reserve; with room: host input, more than page_size tokens,
- * sequences with and without room in one batch), IKV_E_RANGE (on a CUDA
+ * sequences with and without room in one batch, no IKV_APPEND_ASYNC on a
+ * capturing stream, more than 1024 sequences; args->struct_size below the
+ * first version's), IKV_E_RANGE (on a CUDA
  * pool, an append that would pass a reserved room; a CPU pool allocates
  * pages past it as without room), IKV_E_NOMEM (capacity), IKV_E_EVICTED
  * (the page the tokens land in was evicted), IKV_E_DEVICE.
@@ -1693,7 +1698,7 @@ IKV_API ikv_status ikv_decoder_last_selection(const ikv_decoder *decoder, uint32
  */
 typedef struct ikv_decoder_stats {
     uint32_t struct_size;
-    uint32_t reserved;
+    uint32_t reserved;       /**< 0 */
     uint64_t steps;          /**< successful ikv_decode calls */
     uint64_t lists_built;    /**< of them, calls that built their page lists */
     uint64_t lists_reused;   /**< calls that reused the previous call's lists */
