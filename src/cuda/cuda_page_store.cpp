@@ -635,6 +635,10 @@ public:
     ikv_status prepare_append(const AppendSource &src, uint32_t layer, size_t n_whole, size_t n_writes) override {
         const char *fn = src.fn;
         std::lock_guard<std::mutex> lock(mu_);
+        // The common case, an engine's one-token append with everything sized: no device call at all.
+        const bool sized = event_ && verdict_dev_ && verdict_host_ && error_dev_ && ring_ && n_whole == 0 &&
+                           src.on_device && n_writes <= cuda::kInlineJobs;
+        if (sized) return IKV_OK;
         DeviceGuard g(device_);
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
         cudaError_t err = ensure_append_buffers();
