@@ -1272,15 +1272,23 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * n_q_heads / n_kv_heads; no second read of V; not counted by
  * ikv_decoder_last_bytes_read).
  * CUDA pools: the device measures the shares (fp32 sums; the CPU sums in
- * double, so the two agree to float rounding) and the decode then waits
- * for its stream and copies them back to the host, where the averages live:
- * a decode with feedback synchronizes, and one on a stream capturing a CUDA
- * graph is refused (IKV_E_INVALID) before anything is enqueued. The prior
+ * double, so the two agree to float rounding), and the decode enqueues their
+ * copy into pinned host memory, where the averages live, and returns without
+ * waiting. They join the averages at the next call that uses this feedback
+ * (a decode passing it, ikv_page_feedback_get, _block_scores, _forget,
+ * _reset), which first waits for that copy (in a loop, the previous step's,
+ * long done): what any call sees holds every decode before it. A decode with
+ * feedback on a stream capturing a CUDA graph is refused (IKV_E_INVALID)
+ * before anything is enqueued (the averages are kept on the host). Those
+ * calls return IKV_E_DEVICE when that copy failed (its shares are lost;
+ * nothing else changes). The prior
  * (ikv_decode_args.topk_feedback_weight > 0 with query-aware selection) is
  * computed from the averages on the host and copied to the device with each
  * such call; it selects the pages a CPU pool selects (up to float rounding
  * where a score and a prior nearly tie).
- * Host memory: 4 bytes per page, layer and kv-head of each sequence fed back.
+ * Host memory: 4 bytes per page, layer and kv-head of each sequence fed back;
+ * CUDA pools also 8 bytes of pinned memory per list entry (sequence x
+ * kv-head x the longest list's pages) of the largest decode.
  * Thread-safety: a decode writes it; calls on one feedback object, decodes
  * that pass it included, need the caller's ordering.
  */
@@ -1301,6 +1309,7 @@ IKV_API ikv_page_feedback_config ikv_page_feedback_default_config(void);
  */
 IKV_API ikv_status ikv_page_feedback_create(const ikv_pool *pool, const ikv_page_feedback_config *config,
                                             ikv_page_feedback **out);
+/** Destroys feedback (NULL: no-op); waits for a CUDA decode's copy of shares still in flight. */
 IKV_API void ikv_page_feedback_destroy(ikv_page_feedback *feedback);
 
 /**
@@ -1308,7 +1317,8 @@ IKV_API void ikv_page_feedback_destroy(ikv_page_feedback *feedback);
  * mass (pages never fed back: 0); *n_pages_out receives how many pages of
  * that layer and kv-head have been fed back so far (the highest page read +
  * 1; 0 for an unknown sequence). Errors: IKV_E_NULL (feedback, n_pages_out, mass with
- * capacity > 0), IKV_E_RANGE (layer, kv_head).
+ * capacity > 0), IKV_E_RANGE (layer, kv_head), IKV_E_DEVICE (above: an earlier
+ * CUDA decode's shares).
  */
 IKV_API ikv_status ikv_page_feedback_get(const ikv_page_feedback *feedback, ikv_seq_id seq, uint32_t layer,
                                          uint32_t kv_head, float *mass, uint32_t capacity, uint32_t *n_pages_out);
@@ -1319,14 +1329,15 @@ IKV_API ikv_status ikv_page_feedback_get(const ikv_page_feedback *feedback, ikv_
  * blocks counts for both), averaged over layers and kv-heads; each block
  * with any page fed back gets its mass divided by the largest block's (so the
  * most attended block scores 1), the others keep their score. Atomic: on
- * error the layout is unchanged. Errors: IKV_E_NULL, IKV_E_NOMEM.
+ * error the layout is unchanged. Errors: IKV_E_NULL, IKV_E_NOMEM,
+ * IKV_E_DEVICE (as ikv_page_feedback_get).
  */
 IKV_API ikv_status ikv_page_feedback_block_scores(const ikv_page_feedback *feedback, ikv_seq_id seq,
                                                   ikv_layout *layout);
 
-/** Forget seq's averages. Errors: IKV_E_NULL. */
+/** Forget seq's averages. Errors: IKV_E_NULL, IKV_E_DEVICE (as ikv_page_feedback_get; nothing is forgotten). */
 IKV_API ikv_status ikv_page_feedback_forget(ikv_page_feedback *feedback, ikv_seq_id seq);
-/** Forget every sequence's. Errors: IKV_E_NULL. */
+/** Forget every sequence's. Errors: IKV_E_NULL, IKV_E_DEVICE (as ikv_page_feedback_forget). */
 IKV_API ikv_status ikv_page_feedback_reset(ikv_page_feedback *feedback);
 
 typedef struct ikv_decoder_config {

@@ -104,8 +104,15 @@ __global__ void __launch_bounds__(kLseWarps * 32, NR <= 8 ? 8 : 6) key_lse_kerne
     for (uint32_t e = threadIdx.x; e < NR * D; e += blockDim.x)
         qs[e] = e / D < R ? scored_row(p, b, h, e / D, e % D) : 0.0f;
     __syncthreads();
-    for (uint32_t e = blockIdx.x * kLseWarps + threadIdx.x / 32; e < n; e += gridDim.x * kLseWarps) {
+    const uint32_t step = gridDim.x * kLseWarps;
+    for (uint32_t e = blockIdx.x * kLseWarps + threadIdx.x / 32; e < n; e += step) {
         const DevPage pg = p.candidates.pages[uint64_t(bh) * p.candidates.stride + e];
+        if (e + step < n) {  // the warp's next entry on its way while this one is read (warp_key_dots.cuh)
+            const DevPage nx = p.candidates.pages[uint64_t(bh) * p.candidates.stride + e + step];
+            if (!(nx.flags & IKV_PAGE_MANDATORY))
+                prefetch_key_rows<D>(nx.base + subpage_offset(p.shape, ikv_format(nx.format), p.layer, h),
+                                     ikv_format(nx.format), nx.begin, nx.end, lane);
+        }
         if (pg.flags & IKV_PAGE_MANDATORY) continue;  // warp-uniform
         float *out = p.lse + (uint64_t(bh) * p.candidates.stride + e) * p.lse_rows;
         with_format(pg.format, [&](auto F) { entry_lse<D, F.value, NR>(p, qs, R, pg, h, lane, out); });

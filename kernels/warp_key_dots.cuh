@@ -106,6 +106,20 @@ __device__ __forceinline__ void for_each_key_dot(const uint8_t *sub, uint32_t P,
     }
 }
 
+// Ask L2 for the key rows [begin, end) of a sub-page (the entry a warp walks
+// next), one 128-byte line per lane at a time. A warp walks an entry one key
+// row group at a time with one load in flight per lane, so without it each
+// group waits a full DRAM round trip; prefetches hold no registers.
+template <int D>
+__device__ __forceinline__ void prefetch_key_rows(const uint8_t *sub, ikv_format f, uint32_t begin, uint32_t end,
+                                                  uint32_t lane) {
+    const uint64_t rb = row_bytes(f, D);
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(sub + begin * rb) & ~uintptr_t(127);
+    const uintptr_t hi = reinterpret_cast<uintptr_t>(sub + end * rb);
+    for (uintptr_t a = lo + 128u * lane; a < hi; a += 32u * 128u)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
 // The tile of query rows a kernel stages: r rows rounded up to 4, 8 or 16.
 inline uint32_t key_dot_tile_rows(uint32_t r) { return r <= 4 ? 4 : r <= 8 ? 8 : 16; }
 

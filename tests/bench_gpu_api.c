@@ -14,7 +14,7 @@
  * hybrid score without / with a query memory of 4 ended turns; "keys25":
  * IKV_TOPK_SCORE_KEYS (hybrid candidates for half the tokens, ranked again
  * by their keys);
- * "dense-feedback": dense with attention feedback (the call waits for it);
+ * "dense-feedback": dense with attention feedback (its shares copied back behind the step);
  * "plan25-t4" / "topk25-t4": those with 4 query tokens;
  * "dense-t<T>" (T = 2, 4, ..., 512): T query tokens a step (a speculative
  * decode's draft; 4T query rows per kv-head); "dense-feedback-t8": 8 tokens
@@ -233,7 +233,7 @@ static void test_api_table(void **state) {
                 ikv_query_memory_destroy(mem);
                 a.topk_score = IKV_TOPK_SCORE_QUEST;
                 a.topk_token_budget = 0;
-                /* A dense step with attention feedback (its shares come back: the call waits). */
+                /* A dense step with attention feedback (its shares copied to the host behind it, folded by the next call). */
                 ikv_page_feedback_config fc = ikv_page_feedback_default_config();
                 ikv_page_feedback *fb = NULL;
                 IKVT_OK(ikv_page_feedback_create(pool, &fc, &fb));

@@ -841,6 +841,56 @@ static void test_feedback_many_rows(void **state) {
 }
 
 
+/* A CUDA decode with feedback returns with its shares still on their way to
+ * the host; the next call that uses the feedback adds them first. Against the
+ * CPU pool (which adds them at once) through every such call: a wider decode
+ * while a narrower one's copy is in flight (the pinned buffer grows), a
+ * second decoder, forget and reset right after a decode (its shares are
+ * forgotten too, not added after), and destroying the feedback with a copy in
+ * flight. */
+static void test_feedback_in_flight(void **state) {
+    (void)state;
+    ikvt_rng rng = {0xF11E};
+    ikv_decoder *dec = two_thread_decoder(), *dec2 = two_thread_decoder();
+    enum { B = FB_SEQS };
+    float *q = malloc(4 * (size_t)B * HQ * D), *out = malloc(4 * (size_t)B * HQ * D), *lse = malloc(4 * (size_t)B * HQ);
+    feedback_pools f = feedback_pools_make(IKV_FMT_F16, &rng);
+    const double tol = step_tol(1, IKV_DTYPE_F32);
+    for (int step = 0; step < 5; ++step) {
+        const uint32_t n = step == 0 ? 1u : (uint32_t)B; /* step 1 is wider than step 0 */
+        step_cfg cfg = {1, NULL, step == 3 ? 64u : 0u, IKV_DTYPE_F32, 0, 0, NULL, NULL, f.fb_cpu, f.fb_gpu, 0.0f};
+        ikvt_fill_normal(&rng, q, (size_t)n * HQ * D, 1.0f);
+        const double e = decode_both(step == 2 ? dec2 : dec, f.cpu, f.sc, f.gpu, f.sg, n, 1, q, cfg, out, lse);
+        if (!(e <= tol)) fail_msg("step %d: rel L2 %.3g vs CPU", step, e);
+        if (step == 1) { /* forget sequence 1 while step 1's shares are in flight */
+            IKVT_OK(ikv_page_feedback_forget(f.fb_cpu, f.sc[1]));
+            IKVT_OK(ikv_page_feedback_forget(f.fb_gpu, f.sg[1]));
+            uint32_t n1 = 99;
+            IKVT_OK(ikv_page_feedback_get(f.fb_gpu, f.sg[1], 1, 0, NULL, 0, &n1));
+            assert_int_equal(n1, 0);
+        }
+    }
+    /* sequence 0: five steps' averages; sequence 1: those of steps 2-4 only */
+    expect_same_feedback(f.fb_cpu, f.sc, f.fb_gpu, f.sg, B, tol, IKV_FMT_F16);
+    {
+        step_cfg cfg = {1, NULL, 0u, IKV_DTYPE_F32, 0, 0, NULL, NULL, f.fb_cpu, f.fb_gpu, 0.0f};
+        ikvt_fill_normal(&rng, q, (size_t)B * HQ * D, 1.0f);
+        (void)decode_both(dec, f.cpu, f.sc, f.gpu, f.sg, B, 1, q, cfg, out, lse);
+        IKVT_OK(ikv_page_feedback_reset(f.fb_gpu));
+        for (int b = 0; b < B; ++b) {
+            uint32_t nb = 99;
+            IKVT_OK(ikv_page_feedback_get(f.fb_gpu, f.sg[b], 1, 0, NULL, 0, &nb));
+            assert_int_equal(nb, 0);
+        }
+        /* and a decode whose copy is still in flight when its feedback is destroyed */
+        (void)decode_both(dec, f.cpu, f.sc, f.gpu, f.sg, B, 1, q, cfg, out, lse);
+    }
+    feedback_pools_free(&f);
+    free(q), free(out), free(lse);
+    ikv_decoder_destroy(dec);
+    ikv_decoder_destroy(dec2);
+}
+
 /* <test>_head_dim_<n>: the test again at head_dim n (run between
  * use_head_dim_<n> and use_head_dim_128). At head_dim 32 a key row spans 4
  * lanes of kernels/warp_key_dots.cuh, and each lane holds the sums of 4 of
@@ -1275,6 +1325,7 @@ int main(void) {
         cmocka_unit_test(test_query_memory_matches_cpu),
         cmocka_unit_test(test_query_memory_in_graph),
         cmocka_unit_test(test_feedback_matches_cpu),
+        cmocka_unit_test(test_feedback_in_flight),
         cmocka_unit_test(test_feedback_many_rows),
         cmocka_unit_test_setup_teardown(test_feedback_many_rows_head_dim_32, use_head_dim_32, use_head_dim_128),
         cmocka_unit_test_setup_teardown(test_feedback_many_rows_head_dim_64, use_head_dim_64, use_head_dim_128),

@@ -55,6 +55,9 @@ IKV_API ikv_status ikv_page_feedback_get(const ikv_page_feedback *feedback, ikv_
     if (kv_head >= feedback->n_kv_heads)
         return ikv::fail(IKV_E_RANGE, "%s: kv_head %u is out of range, the pool has %u kv-heads", fn, kv_head,
                          feedback->n_kv_heads);
+    const ikv::CallName call(fn);  // a CUDA decode's shares still in flight join first
+    const ikv_status st = feedback->settle();
+    if (st != IKV_OK) return st;
     const ikv::PageAverages *a = feedback->averages(seq, layer, kv_head);
     const uint32_t n = a ? a->n_fed : 0;
     for (uint32_t p = 0; p < capacity; ++p) mass[p] = p < n ? a->avg[p] : 0.0f;
@@ -67,7 +70,9 @@ IKV_API ikv_status ikv_page_feedback_block_scores(const ikv_page_feedback *feedb
     const char *fn = "ikv_page_feedback_block_scores";
     IKV_CHECK_NULL(feedback, fn);
     IKV_CHECK_NULL(layout, fn);
-    return ikv::guarded(fn, [&] {
+    return ikv::api_call(fn, [&] {
+        const ikv_status st = feedback->settle();  // a CUDA decode's shares still in flight join first
+        if (st != IKV_OK) return st;
         const uint32_t P = ikv::pool_shape(feedback->pool).page_size;
         const uint32_t LH = feedback->n_layers * feedback->n_kv_heads;
         std::vector<double> block_mass(layout->blocks.size(), 0.0);
@@ -94,14 +99,25 @@ IKV_API ikv_status ikv_page_feedback_block_scores(const ikv_page_feedback *feedb
     });
 }
 
+// forget and reset settle first: a CUDA decode's shares in flight were measured
+// before the call, so they are forgotten with the rest (and a failed copy is
+// reported with nothing forgotten).
 IKV_API ikv_status ikv_page_feedback_forget(ikv_page_feedback *feedback, ikv_seq_id seq) {
-    IKV_CHECK_NULL(feedback, "ikv_page_feedback_forget");
+    const char *fn = "ikv_page_feedback_forget";
+    IKV_CHECK_NULL(feedback, fn);
+    const ikv::CallName call(fn);
+    const ikv_status st = feedback->settle();
+    if (st != IKV_OK) return st;
     feedback->seqs.erase(seq);
     return IKV_OK;
 }
 
 IKV_API ikv_status ikv_page_feedback_reset(ikv_page_feedback *feedback) {
-    IKV_CHECK_NULL(feedback, "ikv_page_feedback_reset");
+    const char *fn = "ikv_page_feedback_reset";
+    IKV_CHECK_NULL(feedback, fn);
+    const ikv::CallName call(fn);
+    const ikv_status st = feedback->settle();
+    if (st != IKV_OK) return st;
     feedback->seqs.clear();
     return IKV_OK;
 }

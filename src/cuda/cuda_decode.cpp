@@ -30,11 +30,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <vector>
 
 #include "common/error.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "cuda/cuda_feedback.hpp"
 #include "cuda/cuda_multi_token.hpp"
 #include "cuda/cuda_util.hpp"
 #include "decode/selection.hpp"
@@ -124,9 +126,6 @@ struct CudaDecoderState {
     uint32_t sel_stride = 0, sel_heads = 0;
     cudaStream_t sel_stream = nullptr;
     cuda::MultiTokenGemm *gemm = nullptr;  // cuBLASLt state of the multi-token path, created on first use
-    // Attention feedback copied back: per (sequence, kv-head) entry counts, shares and pages.
-    dvec<uint32_t> fb_counts, fb_pages, fb_run_pages;
-    dvec<float> fb_shares, fb_run_shares;
 };
 
 void cuda_decoder_state_destroy(CudaDecoderState *s) {
@@ -450,7 +449,7 @@ ikv_status build_lists(CudaDecoderState &s, ikv_pool *pool, const ikv_decode_arg
 // logit scale (the device's scores are of the unscaled query), and whether the
 // feedback has anything for that (sequence, layer, kv-head), copied to the
 // device on the stream. The averages change every step, so this runs on every
-// call; a decode with feedback waits for its stream anyway.
+// call (the averages are settled: cuda_decode).
 ikv_status upload_prior(CudaDecoderState &s, const ikv_decode_args &a, uint32_t B, uint32_t Hkv, uint32_t stride,
                         float scale, uint8_t *prior_dev, uint8_t *on_dev, cudaStream_t stream) {
     try {
@@ -482,10 +481,11 @@ ikv_status upload_prior(CudaDecoderState &s, const ikv_decode_args &a, uint32_t 
 }
 
 // Attention feedback (ikv_page_feedback) of the decode just enqueued: the
-// device measures each read entry's share (kernels/attention_feedback.cu),
-// the host waits for the stream, copies the shares back and adds them per
-// (sequence, kv-head) page to the feedback's averages, a page's entries
-// summed as on the CPU (decode/cpu_decode.cpp feed_back).
+// device measures each read entry's share (kernels/attention_feedback.cu) and
+// the shares are copied back behind it without a wait (cuda/cuda_feedback.cpp:
+// the next call that uses the feedback adds them to the averages).
+CudaPendingShares &pending_shares(ikv_page_feedback &fb) { return static_cast<CudaPendingShares &>(*fb.device_shares); }
+
 ikv_status feed_back(CudaDecoderState &s, const ikv_decode_args &a, const cuda::DecodeParams &p, uint8_t *dev,
                      cudaStream_t stream) {
     const uint32_t Hkv = p.shape.n_kv_heads, BH = a.n_seqs * Hkv, stride = p.lists.stride;
@@ -494,25 +494,7 @@ ikv_status feed_back(CudaDecoderState &s, const ikv_decode_args &a, const cuda::
                         reinterpret_cast<uint32_t *>(dev + 2 * align256(4 * n)), stride};
     cudaError_t err = cuda::launch_attention_feedback(p, o, s.n_sms, stream);
     if (err != cudaSuccess) return cuda_fail(err, kFn, "the attention feedback kernel");
-    err = cudaMemcpyAsync(s.fb_counts.data(), o.counts, 4ull * BH, cudaMemcpyDeviceToHost, stream);
-    if (err == cudaSuccess) err = cudaMemcpyAsync(s.fb_shares.data(), o.shares, 4 * n, cudaMemcpyDeviceToHost, stream);
-    if (err == cudaSuccess) err = cudaMemcpyAsync(s.fb_pages.data(), o.pages, 4 * n, cudaMemcpyDeviceToHost, stream);
-    if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-    if (err != cudaSuccess) return cuda_fail(err, kFn, "copying the attention feedback back");
-    for (uint32_t bh = 0; bh < BH; ++bh) {
-        uint32_t runs = 0;
-        for (uint32_t i = 0; i < s.fb_counts[bh]; ++i) {
-            const uint32_t page = s.fb_pages[uint64_t(bh) * stride + i];
-            const float share = s.fb_shares[uint64_t(bh) * stride + i];
-            if (runs > 0 && s.fb_run_pages[runs - 1] == page)
-                s.fb_run_shares[runs - 1] += share;
-            else
-                s.fb_run_pages[runs] = page, s.fb_run_shares[runs++] = share;
-        }
-        a.feedback->add_step(a.seqs[bh / Hkv], a.layer, bh % Hkv, s.fb_run_pages.data(), s.fb_run_shares.data(),
-                             runs);
-    }
-    return IKV_OK;
+    return pending_shares(*a.feedback).enqueue(*a.feedback, o, a.seqs, a.n_seqs, Hkv, a.layer, stream, kFn);
 }
 
 // cuda_decode_check's work, with the pool's device already current (a
@@ -744,11 +726,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         // Everything feedback writes after the kernels is sized now (as on the CPU):
         // an allocation failure leaves nothing enqueued.
         try {
-            s.fb_counts.resize(uint64_t(B) * Hkv);
-            s.fb_pages.resize(fb_entries);
-            s.fb_shares.resize(fb_entries);
-            s.fb_run_pages.resize(stride);
-            s.fb_run_shares.resize(stride);
+            if (a.feedback->device_shares == nullptr) a.feedback->device_shares = std::make_unique<CudaPendingShares>();
             for (uint32_t b = 0; b < B; ++b) {
                 const uint32_t pages = ((*lists.snaps)[b].length + P - 1) / P;
                 for (uint32_t h = 0; h < Hkv; ++h) a.feedback->reserve(a.seqs[b], a.layer, h, pages);
@@ -756,6 +734,9 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         } catch (const std::bad_alloc &) {
             return fail(IKV_E_NOMEM, "%s: out of host memory for the attention feedback", kFn);
         }
+        st = pending_shares(*a.feedback).reserve(*a.feedback, B, Hkv, stride, kFn);
+        if (st == IKV_OK && prior) st = a.feedback->settle();  // the prior is of every earlier decode's shares
+        if (st != IKV_OK) return st;
     }
     uint64_t bytes = sum.bytes;
 

@@ -2,6 +2,12 @@
 
 #include <algorithm>
 
+ikv_status ikv_page_feedback::settle() const {
+    if (device_shares == nullptr || !device_shares->in_flight()) return IKV_OK;
+    // The handle is never created const (ikv_page_feedback_create): casting the qualifier away is defined.
+    return device_shares->fold(const_cast<ikv_page_feedback &>(*this));
+}
+
 const ikv::PageAverages *ikv_page_feedback::averages(ikv_seq_id seq, uint32_t layer, uint32_t head) const {
     auto it = seqs.find(seq);
     if (it == seqs.end()) return nullptr;

@@ -3,9 +3,12 @@
 // share of the softmax the page received in the decodes that read it.
 // decode/cpu_decode.cpp measures the shares: it calls reserve before the
 // step's kernels (all allocation happens there) and add_step after them.
+// A CUDA decode (cuda/cuda_feedback.cpp) leaves its shares on their way back
+// to the host and returns; whoever next uses the averages settles them first.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -19,6 +22,18 @@ struct PageAverages {
     uint32_t n_fed = 0;      // highest page fed back + 1
 };
 
+// One decode's shares still in flight from a device (CUDA pools): the decode
+// enqueued their copy into host memory and returned without waiting, so a
+// step's feedback costs no host synchronization; they join the averages at
+// the next call that uses them (ikv_page_feedback::settle).
+struct PendingShares {
+    virtual ~PendingShares() = default;  // waits for a copy in flight (its memory is freed)
+    virtual bool in_flight() const = 0;
+    // Wait for the copy and add its shares (add_step); nothing is in flight
+    // after, also on error (IKV_E_DEVICE: the copy failed, its shares are lost).
+    virtual ikv_status fold(ikv_page_feedback &fb) = 0;
+};
+
 }  // namespace ikv
 
 struct ikv_page_feedback {
@@ -26,6 +41,12 @@ struct ikv_page_feedback {
     uint32_t n_layers, n_kv_heads;
     float rate;
     std::unordered_map<ikv_seq_id, std::vector<ikv::PageAverages>> seqs;  // seq -> [layer][kv_head]
+    std::unique_ptr<ikv::PendingShares> device_shares;  // CUDA pools: created by the first decode
+
+    // Fold the shares of a decode still in flight (CUDA pools), so that the
+    // averages hold every decode before this call. Logically const: what a
+    // reader sees is what the decodes it follows wrote.
+    ikv_status settle() const;
 
     // The averages of (seq, layer, head), or nullptr when nothing was fed back there.
     const ikv::PageAverages *averages(ikv_seq_id seq, uint32_t layer, uint32_t head) const;
