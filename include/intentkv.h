@@ -1274,21 +1274,27 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * CUDA pools: the device measures the shares (fp32 sums; the CPU sums in
  * double, so the two agree to float rounding), and the decode enqueues their
  * copy into pinned host memory, where the averages live, and returns without
- * waiting. They join the averages at the next call that uses this feedback
- * (a decode passing it, ikv_page_feedback_get, _block_scores, _forget,
- * _reset), which first waits for that copy (in a loop, the previous step's,
- * long done): what any call sees holds every decode before it. A decode with
- * feedback on a stream capturing a CUDA graph is refused (IKV_E_INVALID)
- * before anything is enqueued (the averages are kept on the host). Those
- * calls return IKV_E_DEVICE when that copy failed (its shares are lost;
- * nothing else changes). The prior
+ * waiting for it. Up to 8 decodes' copies are in flight per feedback (an
+ * engine's layers, decoded one after another): a 9th decode first waits for
+ * the oldest, and a decode with the prior (below) for the earlier decodes
+ * of its own layer. ikv_page_feedback_get, _block_scores, _forget, _reset
+ * and _destroy first wait for every copy in flight and add those shares:
+ * what any call sees holds every decode before it. These waits are legal
+ * while a stream captures a graph (this thread waits in relaxed capture
+ * mode). A decode with feedback on a stream capturing a CUDA graph is
+ * refused (IKV_E_INVALID) before anything is enqueued (the averages are kept
+ * on the host, which replays would not reach). When such a copy failed (a
+ * device error), the call that waits for it returns IKV_E_DEVICE and those
+ * shares are lost; the averages are otherwise unchanged (a decode's own
+ * work may have been enqueued already, as for any IKV_E_DEVICE). The prior
  * (ikv_decode_args.topk_feedback_weight > 0 with query-aware selection) is
  * computed from the averages on the host and copied to the device with each
  * such call; it selects the pages a CPU pool selects (up to float rounding
  * where a score and a prior nearly tie).
  * Host memory: 4 bytes per page, layer and kv-head of each sequence fed back;
- * CUDA pools also 8 bytes of pinned memory per list entry (sequence x
- * kv-head x the longest list's pages) of the largest decode.
+ * CUDA pools also up to 8 pinned buffers, each of 8 bytes per list entry and
+ * 4 per list (sequences x kv-heads lists of the longest list's entries) of
+ * the largest decode it served, kept until the feedback is destroyed.
  * Thread-safety: a decode writes it; calls on one feedback object, decodes
  * that pass it included, need the caller's ordering.
  */
@@ -1464,8 +1470,8 @@ typedef enum ikv_topk_score {
  * attentions merge exactly. A query with no key to read (empty selection)
  * gets out = 0 and lse = -INFINITY.
  * CUDA pools: q, out, lse are device pointers; the call enqueues on stream and
- * returns without synchronizing (except with a feedback: see
- * ikv_page_feedback). CPU pools: host pointers, done on return.
+ * returns without synchronizing (a feedback may wait for earlier decodes'
+ * copies: see ikv_page_feedback). CPU pools: host pointers, done on return.
  * CUDA graphs: a call on a capturing stream is captured whole, in any
  * capture mode (global, thread-local, relaxed); each replay reads q (and an
  * append's k and v) and writes out and lse at the addresses the captured

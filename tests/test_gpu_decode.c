@@ -842,12 +842,14 @@ static void test_feedback_many_rows(void **state) {
 
 
 /* A CUDA decode with feedback returns with its shares still on their way to
- * the host; the next call that uses the feedback adds them first. Against the
- * CPU pool (which adds them at once) through every such call: a wider decode
- * while a narrower one's copy is in flight (the pinned buffer grows), a
- * second decoder, forget and reset right after a decode (its shares are
- * forgotten too, not added after), and destroying the feedback with a copy in
- * flight. */
+ * the host (cuda/cuda_feedback.cpp); they are added before the feedback is
+ * read. Against the CPU pool (which adds them at once), through the
+ * bookkeeping of those copies: a wider decode after a narrower one (a slot's
+ * buffer grows), a second decoder, forget and reset right after a decode (its
+ * shares are forgotten too, not added after), destroying the feedback after
+ * a decode. decode_both synchronizes the stream, so the copies have finished
+ * here; tests/gpu_contracts/contract_feedback_waits.c holds them in flight
+ * (which calls wait, which do not). */
 static void test_feedback_in_flight(void **state) {
     (void)state;
     ikvt_rng rng = {0xF11E};

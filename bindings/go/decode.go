@@ -463,9 +463,11 @@ func (m *QueryMemory) Close() {
 // PageFeedback is an ikv_page_feedback: the attention mass each page a
 // decode read received (DecodeRequest.Feedback), as an exponential moving
 // average per sequence, layer, kv-head and page. On CUDA pools a decode
-// with feedback does not wait: its shares reach the averages at the next
-// call that uses the feedback, which waits for their copy; a decode with
-// feedback cannot be captured in a CUDA graph. Calls on one feedback object,
+// with feedback does not wait for its shares: Get, BlockScores, Forget,
+// Reset and Close wait for their copy and add them first (a decode waits
+// only when 8 earlier decodes' copies are in flight, or for its own layer's
+// with the top-k prior); a decode with feedback cannot be captured in a
+// CUDA graph. Calls on one feedback object,
 // decodes that pass it included, need the caller's ordering. Close it before
 // its pool.
 type PageFeedback struct {

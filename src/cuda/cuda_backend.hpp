@@ -23,8 +23,8 @@ void cuda_decoder_state_destroy(CudaDecoderState *state);
 // capturing); otherwise the call takes snapshots and builds and uploads them.
 // Sets lists.reuse to whether it reused them and lists.keep to whether its
 // lists may serve a later call. Enqueues on args->stream without host
-// synchronization (with a feedback it then waits for the stream and folds
-// the shares into the host averages). *bytes_read: K/V bytes the step reads (host-computed).
+// synchronization (a feedback's shares are copied back behind the step:
+// cuda/cuda_feedback.hpp). *bytes_read: K/V bytes the step reads (host-computed).
 ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decode_args *args, StepLists &lists,
                        uint64_t *bytes_read);
 // The checks of cuda_decode that need the device but not the page lists

@@ -494,7 +494,7 @@ ikv_status feed_back(CudaDecoderState &s, const ikv_decode_args &a, const cuda::
                         reinterpret_cast<uint32_t *>(dev + 2 * align256(4 * n)), stride};
     cudaError_t err = cuda::launch_attention_feedback(p, o, s.n_sms, stream);
     if (err != cudaSuccess) return cuda_fail(err, kFn, "the attention feedback kernel");
-    return pending_shares(*a.feedback).enqueue(*a.feedback, o, a.seqs, a.n_seqs, Hkv, a.layer, stream, kFn);
+    return pending_shares(*a.feedback).enqueue(o, a.seqs, a.n_seqs, Hkv, a.layer, stream, kFn);
 }
 
 // cuda_decode_check's work, with the pool's device already current (a
@@ -537,8 +537,8 @@ ikv_status check_limits(CudaDecoderState **state, ikv_pool *pool, const ikv_deco
         if (err != cudaSuccess) return cuda_fail(err, kFn, "cudaStreamIsCapturing");
         if (cap != cudaStreamCaptureStatusNone)
             return fail(IKV_E_INVALID, "%s: the stream is capturing a CUDA graph, and a decode with attention "
-                        "feedback copies the pages' shares back to the host and waits for them; decode with "
-                        "feedback eagerly", kFn);
+                        "feedback adds the pages' shares to averages kept on the host, which a graph's replays "
+                        "would not reach; decode with feedback eagerly", kFn);
     }
     return IKV_OK;
 }
@@ -735,7 +735,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
             return fail(IKV_E_NOMEM, "%s: out of host memory for the attention feedback", kFn);
         }
         st = pending_shares(*a.feedback).reserve(*a.feedback, B, Hkv, stride, kFn);
-        if (st == IKV_OK && prior) st = a.feedback->settle();  // the prior is of every earlier decode's shares
+        // The prior reads this layer's averages: every earlier decode's shares of the layer join first.
+        if (st == IKV_OK && prior) st = pending_shares(*a.feedback).settle_layer(*a.feedback, a.layer);
         if (st != IKV_OK) return st;
     }
     uint64_t bytes = sum.bytes;

@@ -28,6 +28,24 @@ private:
     cudaError_t err_ = cudaSuccess;
 };
 
+// This thread in relaxed stream-capture mode for the scope: a host-side wait
+// for work recorded outside any graph (or a pinned allocation) is then legal
+// while another thread captures in global mode, and does not invalidate that
+// capture (CUDA prohibits such calls to every thread during one by default).
+class RelaxedCaptureMode {
+public:
+    RelaxedCaptureMode() { ok_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess; }
+    ~RelaxedCaptureMode() {
+        if (ok_) cudaThreadExchangeStreamCaptureMode(&mode_);
+    }
+    RelaxedCaptureMode(const RelaxedCaptureMode &) = delete;
+    RelaxedCaptureMode &operator=(const RelaxedCaptureMode &) = delete;
+
+private:
+    cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+    bool ok_ = false;
+};
+
 // fail(IKV_E_DEVICE, "<fn>: <what> failed: <cuda error name>: <text>"), or
 // IKV_E_NOMEM for device memory that ran out (the header: "host/device
 // allocation failed").
