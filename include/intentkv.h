@@ -1267,10 +1267,13 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * kv-group's query heads and the step's query tokens (causal: a token after
  * a query's position adds nothing for that query). For each such page,
  * ema = (1 - rate) * ema + rate * share (ema starts at 0); pages the step did
- * not read keep their ema. This costs one more pass over the keys the step
- * read (on CUDA pools one per 16 query rows per kv-head, n_query_tokens x
- * n_q_heads / n_kv_heads; no second read of V; not counted by
- * ikv_decoder_last_bytes_read).
+ * not read keep their ema. On CPU pools this costs one more pass over the
+ * keys the step read; on CUDA pools the decode's kernel sums each page's
+ * share as it reads the page (no second pass), except where the step takes
+ * the multi-token GEMM path (long drafts), which reads the keys again once
+ * per 16 query rows per kv-head (n_query_tokens x n_q_heads / n_kv_heads);
+ * V is never read again, and these reads are not counted by
+ * ikv_decoder_last_bytes_read.
  * CUDA pools: the device measures the shares (fp32 sums; the CPU sums in
  * double, so the two agree to float rounding), and the decode enqueues their
  * copy into pinned host memory, where the averages live, and returns without

@@ -6,12 +6,13 @@
 // key, rows see only keys at positions <= their own, and a row whose lse is
 // -inf (it read nothing) adds nothing.
 //
-// Why read the keys again instead of keeping the decode's per-chunk sums:
-// the fused decode's chunks are not pages (a split covers many pages, a
-// chunk 16 rows of one), and recording per-page partials would put work on
-// the hot path that only feedback steps want. Feedback is opt-in and costs
-// one more read of the keys the step read per 16 query rows per kv-head (the
-// CPU path reads them once).
+// Two ways. The fused decode (decode_attention.cu) has feedback variants of
+// its kernel that write each 16-row chunk's softmax sum per query row as it
+// reads the chunk (a chunk is a page, or a 16-row part of a larger one), and
+// feedback_from_chunks_kernel turns those into shares with the rows' lse: no
+// second read of the keys (2026-11-27: a feedback step 1.15-1.4x a dense
+// one on the H100, was 2.0-2.2x with the kernel below). The multi-token GEMM
+// path has no chunks: there feedback_kernel reads the keys again.
 //
 // One warp per list entry, reading its keys as warp_key_dots.cuh does; a
 // block's warps share one (sequence, kv-head) and walk many entries of its
@@ -22,6 +23,8 @@
 // Measured first with the queries read from global memory for every key row
 // and 64 blocks per list: 4.1-5.8x a dense step (bench/RESULTS.md 6y).
 #include <math.h>
+
+#include <algorithm>
 
 #include "ikv_kernels.h"
 #include "load_elem.cuh"
@@ -120,7 +123,49 @@ cudaError_t launch_feedback_rows(const DecodeParams &p, const FeedbackOut &o, in
     }
 }
 
+// Shares from the decode's per-chunk sums (launch_feedback_from_chunks): one
+// thread per list entry slot of every (sequence, kv-head); the thread of
+// entry 0 also writes the count.
+__global__ void __launch_bounds__(256) feedback_from_chunks_kernel(const DecodeParams p, const ChunkSums c,
+                                                                   FeedbackOut o) {
+    const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv, T = p.n_query_tokens, R = T * G;
+    const uint32_t P = p.shape.page_size, cpp = P > 16 ? P / 16 : 1;
+    const uint64_t total = uint64_t(p.n_seqs) * Hkv * p.lists.stride;
+    constexpr float kLog2e = 1.4426950408889634f;
+    for (uint64_t idx = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; idx < total;
+         idx += uint64_t(gridDim.x) * blockDim.x) {
+        const uint32_t bh = uint32_t(idx / p.lists.stride), e = uint32_t(idx % p.lists.stride);
+        const uint32_t b = bh / Hkv, h = bh % Hkv;
+        const uint32_t list = p.lists.list_heads > 1 ? b * p.lists.list_heads + h : b;
+        const uint32_t n = p.lists.counts[list];
+        if (e == 0) o.counts[bh] = n;
+        if (e >= n) continue;
+        const DevPage pg = p.lists.pages[uint64_t(list) * p.lists.stride + e];
+        float share = 0.0f;
+        for (uint32_t k = 0; k < cpp; ++k) {
+            const float *row = c.sums + ((uint64_t(bh) * c.chunks_per_list + uint64_t(e) * cpp + k) * R) * 2;
+            for (uint32_t r = 0; r < R; ++r) {
+                const float l = row[2 * r + 1];
+                if (!(l > 0.0f)) continue;  // the chunk gave the row nothing
+                const float lse = p.lse[(uint64_t(b) * T + r / G) * p.n_q_heads + h * G + r % G];
+                if (lse == -INFINITY) continue;  // the row read nothing
+                share += l * exp2f(row[2 * r] - lse * kLog2e);
+            }
+        }
+        o.shares[uint64_t(bh) * o.stride + e] = share / float(R);
+        o.pages[uint64_t(bh) * o.stride + e] = pg.pos0 / P;
+    }
+}
+
 }  // namespace
+
+cudaError_t launch_feedback_from_chunks(const DecodeParams &p, const ChunkSums &c, const FeedbackOut &o,
+                                        cudaStream_t stream) {
+    if (p.lse == nullptr || o.stride < p.lists.stride) return cudaErrorInvalidValue;
+    const uint64_t total = uint64_t(p.n_seqs) * p.shape.n_kv_heads * p.lists.stride;
+    const uint32_t blocks = uint32_t(std::min<uint64_t>((total + 255) / 256, 4096));
+    return launch(feedback_from_chunks_kernel, dim3(blocks), dim3(256), size_t(0), stream, p, c, o);
+}
 
 cudaError_t launch_attention_feedback(const DecodeParams &p, const FeedbackOut &o, int n_sms, cudaStream_t stream) {
     if (p.lse == nullptr || o.stride < p.lists.stride) return cudaErrorInvalidValue;

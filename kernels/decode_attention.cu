@@ -350,6 +350,61 @@ struct RoomView {
 struct NoRoom {};
 template <bool kAppend>
 using RoomParam = std::conditional_t<kAppend, RoomArgs, NoRoom>;
+// The decode kernel's: RoomArgs (a decode that appends), ChunkSums (one with
+// attention feedback), or nothing.
+template <bool kAppend, bool kFb>
+using ExtraParam = std::conditional_t<kAppend, RoomArgs, std::conditional_t<kFb, ChunkSums, NoRoom>>;
+
+// Attention feedback variants (kFb): each chunk's own softmax sum per query
+// row, for launch_feedback_from_chunks (attention_feedback.cu), so that the
+// feedback needs no second read of the keys. The chunk runs from l = 0 (its
+// sum alone: no cancellation against the running sum), then the running sum
+// comes back rescaled to the chunk's max: l = saved * exp2(m_before - m) + chunk.
+template <int N>
+struct ChunkSave {
+    float m[N], l[N];
+};
+template <int N, class W>
+__device__ __forceinline__ ChunkSave<N> chunk_sum_begin(W &w) {
+    ChunkSave<N> s;
+#pragma unroll
+    for (int i = 0; i < N; ++i) s.m[i] = w.m[i], s.l[i] = w.l[i], w.l[i] = 0.0f;
+    return s;
+}
+// The lane's sum of row slot i back into the running sum; returns the chunk's part.
+template <int N, class W>
+__device__ __forceinline__ float chunk_sum_resume(W &w, const ChunkSave<N> &s, int i) {
+    const float part = w.l[i];
+    w.l[i] = fmaf(s.l[i], s.m[i] == w.m[i] ? 1.0f : fast_exp2(s.m[i] - w.m[i]), part);  // m = -inf before: l was 0
+    return part;
+}
+// SIMT: every lane holds all R rows' sums of its key-row slot (the slot's
+// lanes the same values); the slots are summed across the warp.
+template <int D, int R>
+__device__ __forceinline__ void chunk_sum_end(WarpState<R> &w, const ChunkSave<R> &s, float *out, int nrows, int lane) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        float part = chunk_sum_resume<R>(w, s, r);
+#pragma unroll
+        for (int o = Cfg<D>::kLanesPerRow; o < 32; o <<= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
+        if (lane == 0 && r < nrows) out[2 * r] = w.m[r], out[2 * r + 1] = part;
+    }
+}
+// Tensor cores: lane (g, c) holds rows g and g + 8 over its keys 4c .. 4c + 3 (decode_mma.cuh).
+template <int D, int TR>
+__device__ __forceinline__ void chunk_sum_end(tc::State<D, TR> &w, const ChunkSave<tc::State<D, TR>::kH> &s,
+                                              float *out, int nrows, int lane) {
+    constexpr int kH = tc::State<D, TR>::kH;
+    const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int h = 0; h < kH; ++h) {
+        float part = chunk_sum_resume<kH>(w, s, h);
+        part += __shfl_xor_sync(0xFFFFFFFFu, part, 1);
+        part += __shfl_xor_sync(0xFFFFFFFFu, part, 2);
+        const int row = g + 8 * h;
+        if (c == 0 && row < nrows) out[2 * row] = w.m[h], out[2 * row + 1] = part;
+    }
+}
 
 // Sequence seq's tail: from the parameters when it is among the first kInlineRoomTails.
 __device__ __forceinline__ RoomTail room_tail(const RoomArgs &ra, uint32_t seq) {
@@ -453,9 +508,10 @@ __device__ void write_token_f16(const DecodeParams &p, const RoomArgs &ra, const
 // kAppend: the decode that appends its step's token (FusedAppend; its own
 // instantiations, so that the others keep their code and registers: the
 // branches compiled into every variant made plain decodes 10-24% slower).
-template <int D, int R, int kMode, bool kAppend>
+// kFb: a decode with attention feedback (ChunkSums; its own instantiations too).
+template <int D, int R, int kMode, bool kAppend, bool kFb = false>
 __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
-    decode_kernel(const DecodeParams p, const RoomParam<kAppend> ra, uint32_t rows_total, float *part_acc,
+    decode_kernel(const DecodeParams p, const ExtraParam<kAppend, kFb> ra, uint32_t rows_total, float *part_acc,
                   float *part_ml) {
     constexpr bool kTc = kMode != kSimt, kBF = kMode == kTcBF16;
     using C = Cfg<D>;
@@ -583,13 +639,25 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
         __syncwarp();  // chunk i landed for every lane
         const ChunkMeta mt = meta[st];
         const uint8_t *slot = ring + st * C::kSlotBytes;
-        if (mt.r1 > mt.r0) {
-            with_format(mt.format, [&](auto F) {
-                if constexpr (kTc)
-                    tc::compute_chunk<D, R, kBF, F.value>(slot, mt.r0, mt.r1, mt.pos, w, lane, qs, cap2, inv_cap2);
-                else
-                    compute_chunk<D, R, F.value>(slot, mt, Qs, w, lane, cap2, inv_cap2);
-            });
+        const auto compute = [&] {
+            if (mt.r1 > mt.r0) {
+                with_format(mt.format, [&](auto F) {
+                    if constexpr (kTc)
+                        tc::compute_chunk<D, R, kBF, F.value>(slot, mt.r0, mt.r1, mt.pos, w, lane, qs, cap2,
+                                                              inv_cap2);
+                    else
+                        compute_chunk<D, R, F.value>(slot, mt, Qs, w, lane, cap2, inv_cap2);
+                });
+            }
+        };
+        if constexpr (kFb) {  // every chunk of the slice writes its sums (0 where it read nothing)
+            constexpr int kN = sizeof(w.m) / sizeof(w.m[0]);
+            const ChunkSave<kN> saved = chunk_sum_begin<kN>(w);
+            compute();
+            const uint64_t chunk = (uint64_t(seq) * Hkv + head) * ra.chunks_per_list + uint64_t(first) * cpp + i;
+            chunk_sum_end<D>(w, saved, ra.sums + (chunk * rows_total + row0) * 2, nrows, lane);
+        } else {
+            compute();
         }
         st = st == C::kStages - 1 ? 0 : st + 1;
     }
@@ -805,37 +873,50 @@ uint32_t rows_per_cta(int mode, uint32_t rows_total) {
 
 using DecodeFn = void (*)(const DecodeParams, const NoRoom, uint32_t, float *, float *);
 using AppendDecodeFn = void (*)(const DecodeParams, const RoomArgs, uint32_t, float *, float *);
+using FeedbackDecodeFn = void (*)(const DecodeParams, const ChunkSums, uint32_t, float *, float *);
+
+// What a table entry's kernel takes besides the decode (its second argument).
+enum KernelKind { kPlainKernel, kAppendKernel, kFeedbackKernel };
 
 struct KernelEntry {
     uint32_t D, R;
     int mode;
-    bool append;         // the decode that appends (FusedAppend): one row chunk, so R <= 8
-    DecodeFn fn;         // the plain kernel (append false), else nullptr
-    AppendDecodeFn afn;  // the fused one (append true), else nullptr
+    int kind;              // KernelKind; kAppendKernel: the decode that appends (FusedAppend), one row chunk, R <= 8
+    DecodeFn fn;           // kPlainKernel, else nullptr
+    AppendDecodeFn afn;    // kAppendKernel, else nullptr
+    FeedbackDecodeFn ffn;  // kFeedbackKernel, else nullptr
     int smem;
-    const void *any() const { return append ? reinterpret_cast<const void *>(afn) : reinterpret_cast<const void *>(fn); }
+    const void *any() const {
+        return kind == kAppendKernel     ? reinterpret_cast<const void *>(afn)
+               : kind == kFeedbackKernel ? reinterpret_cast<const void *>(ffn)
+                                         : reinterpret_cast<const void *>(fn);
+    }
 };
 
-// The dispatch table: head_dim x row-chunk size x compute mode.
-#define IKV_DECODE_PLAIN(D, R, M) {D, R, M, false, decode_kernel<D, R, M, false>, nullptr, Smem<D, R>::kBytes}
-#define IKV_DECODE_APPEND(D, R, M) {D, R, M, true, nullptr, decode_kernel<D, R, M, true>, Smem<D, R>::kBytes}
+// The dispatch table: head_dim x row-chunk size x compute mode x kind.
+#define IKV_DECODE_PLAIN(D, R, M) {D, R, M, kPlainKernel, decode_kernel<D, R, M, false>, nullptr, nullptr, Smem<D, R>::kBytes}
+#define IKV_DECODE_APPEND(D, R, M) {D, R, M, kAppendKernel, nullptr, decode_kernel<D, R, M, true>, nullptr, Smem<D, R>::kBytes}
+#define IKV_DECODE_FEEDBACK(D, R, M) \
+    {D, R, M, kFeedbackKernel, nullptr, nullptr, decode_kernel<D, R, M, false, true>, Smem<D, R>::kBytes}
 #define IKV_DECODE_R8(D, E) E(D, 1, kSimt), E(D, 4, kSimt), E(D, 8, kSimt), E(D, 8, kTcF16), E(D, 8, kTcBF16)
 #define IKV_DECODE_D(D)                                                                               \
     IKV_DECODE_R8(D, IKV_DECODE_PLAIN), IKV_DECODE_PLAIN(D, 16, kTcF16), IKV_DECODE_PLAIN(D, 16, kTcBF16), \
-        IKV_DECODE_R8(D, IKV_DECODE_APPEND)
+        IKV_DECODE_R8(D, IKV_DECODE_APPEND), IKV_DECODE_R8(D, IKV_DECODE_FEEDBACK),                        \
+        IKV_DECODE_FEEDBACK(D, 16, kTcF16), IKV_DECODE_FEEDBACK(D, 16, kTcBF16)
 // D = 32 (small models, MiniLM-sized heads): the same templates; SIMT with 4
 // lanes per row, tensor cores with 2 k-steps for S and 4 n-tiles for P V.
 const KernelEntry kTable[] = {IKV_DECODE_D(32), IKV_DECODE_D(64), IKV_DECODE_D(128), IKV_DECODE_D(256)};
 #undef IKV_DECODE_D
 #undef IKV_DECODE_R8
+#undef IKV_DECODE_FEEDBACK
 #undef IKV_DECODE_APPEND
 #undef IKV_DECODE_PLAIN
 
-const KernelEntry *find_kernel(const DecodeParams &p, uint32_t rows_total, bool append = false) {
+const KernelEntry *find_kernel(const DecodeParams &p, uint32_t rows_total, int kind = kPlainKernel) {
     const int mode = decode_mode(p);
     const uint32_t R = rows_per_cta(mode, rows_total);
     for (const KernelEntry &e : kTable)
-        if (e.D == p.shape.head_dim && e.R == R && e.mode == mode && e.append == append) return &e;
+        if (e.D == p.shape.head_dim && e.R == R && e.mode == mode && e.kind == kind) return &e;
     return nullptr;
 }
 
@@ -944,9 +1025,18 @@ uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits) {
     return align_up(n * p.shape.head_dim * 4, 256) + n * 8;
 }
 
-cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream, const RoomArgs *room) {
+uint32_t chunks_per_entry(const DecodeParams &p) {
+    return p.shape.page_size > uint32_t(kChunkRows) ? p.shape.page_size / kChunkRows : 1u;
+}
+
+uint64_t chunk_sums_bytes(const DecodeParams &p, uint32_t list_stride) {
+    return 8ull * p.n_seqs * p.shape.n_kv_heads * list_stride * chunks_per_entry(p) * query_rows(p);
+}
+
+cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream, const RoomArgs *room, const ChunkSums *sums) {
     const uint32_t rows = query_rows(p);
-    const KernelEntry *k = find_kernel(p, rows, room != nullptr);
+    if (room != nullptr && sums != nullptr) return cudaErrorInvalidValue;
+    const KernelEntry *k = find_kernel(p, rows, room ? kAppendKernel : sums ? kFeedbackKernel : kPlainKernel);
     // (the merge keeps one float per split in shared memory: at most kMaxSplits)
     if (!k || p.n_splits == 0 || p.n_splits > kMaxSplits || p.shape.page_size > 128) return cudaErrorInvalidValue;
     const uint32_t splits = p.n_splits;
@@ -959,6 +1049,12 @@ cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream, const Room
     const dim3 grid(splits, p.shape.n_kv_heads * row_chunks(p), p.n_seqs);
     const dim3 merge_grid(p.n_seqs * p.shape.n_kv_heads * rows), merge_block(kMergeThreads);
     const size_t merge_smem = splits * sizeof(float);
+    if (sums != nullptr) {
+        err = launch_pdl(k->ffn, grid, dim3(kThreads), size_t(k->smem), stream, p, *sums, rows, part_acc, part_ml);
+        if (err != cudaSuccess) return err;
+        return launch_pdl(merge_kernel<false>, merge_grid, merge_block, merge_smem, stream, p, NoRoom{}, splits, rows,
+                          static_cast<const float *>(part_acc), static_cast<const float *>(part_ml));
+    }
     if (room == nullptr) {
         err = launch_pdl(k->fn, grid, dim3(kThreads), size_t(k->smem), stream, p, NoRoom{}, rows, part_acc, part_ml);
         if (err != cudaSuccess) return err;

@@ -187,7 +187,10 @@ uint64_t decode_workspace_bytes(const DecodeParams &p, uint32_t n_splits);
 // Enqueue the fused decode (+ merge). p.n_splits must be set (>= 1).
 // Returns cudaErrorInvalidValue for an unsupported head_dim.
 // room: a decode that appends (its fused variants; cuda_decode.cpp decides), else nullptr.
-cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream, const RoomArgs *room = nullptr);
+// sums: a decode with attention feedback (ChunkSums below; not with room), else nullptr.
+struct ChunkSums;
+cudaError_t launch_decode(const DecodeParams &p, cudaStream_t stream, const RoomArgs *room = nullptr,
+                          const ChunkSums *sums = nullptr);
 
 // ------------------------------------------- multi-token path (cuBLASLt) --
 // Device pieces around the cuBLASLt GEMMs of the multi-token path
@@ -229,6 +232,24 @@ struct FeedbackOut {
     uint32_t stride;
 };
 cudaError_t launch_attention_feedback(const DecodeParams &p, const FeedbackOut &o, int n_sms, cudaStream_t stream);
+
+// The same shares without reading the keys again: the fused decode's feedback
+// variants (launch_decode with sums) write, per (sequence, kv-head) bh, chunk
+// of its list (entry e's chunks e * cpp .. e * cpp + cpp - 1, cpp = page_size
+// / 16 or 1) and query row r, the chunk's row max m (base-2 scaled logits)
+// and sum l of exp2(logit - m) over its keys at
+// sums[((bh * chunks_per_list + chunk) * rows + r) * 2 + {0, 1}], rows =
+// T * G; launch_feedback_from_chunks turns them into o with p.lse:
+// share = sum over chunks and rows of l * exp2(m - lse * log2 e) / rows.
+// bytes: 8 * n_seqs * n_kv_heads * chunks_per_list * rows.
+struct ChunkSums {
+    float *sums;
+    uint32_t chunks_per_list;  // >= lists.stride * cpp
+};
+uint64_t chunk_sums_bytes(const DecodeParams &p, uint32_t list_stride);  // lists of list_stride entries
+uint32_t chunks_per_entry(const DecodeParams &p);  // cpp
+cudaError_t launch_feedback_from_chunks(const DecodeParams &p, const ChunkSums &c, const FeedbackOut &o,
+                                        cudaStream_t stream);
 
 // --------------------------------------------------------- score + top-k --
 constexpr uint32_t kMaxTopkCandidates = 8192;

@@ -486,13 +486,17 @@ ikv_status upload_prior(CudaDecoderState &s, const ikv_decode_args &a, uint32_t 
 // the next call that uses the feedback adds them to the averages).
 CudaPendingShares &pending_shares(ikv_page_feedback &fb) { return static_cast<CudaPendingShares &>(*fb.device_shares); }
 
+// sums: the fused decode's per-chunk sums (its feedback variant), else
+// nullptr (the multi-token GEMM path: the keys are read again).
 ikv_status feed_back(CudaDecoderState &s, const ikv_decode_args &a, const cuda::DecodeParams &p, uint8_t *dev,
-                     cudaStream_t stream) {
+                     uint8_t *sums, cudaStream_t stream) {
     const uint32_t Hkv = p.shape.n_kv_heads, BH = a.n_seqs * Hkv, stride = p.lists.stride;
     const uint64_t n = uint64_t(BH) * stride;  // the workspace's shares | pages | counts (cuda_decode sizes it)
     cuda::FeedbackOut o{reinterpret_cast<float *>(dev), reinterpret_cast<uint32_t *>(dev + align256(4 * n)),
                         reinterpret_cast<uint32_t *>(dev + 2 * align256(4 * n)), stride};
-    cudaError_t err = cuda::launch_attention_feedback(p, o, s.n_sms, stream);
+    const cuda::ChunkSums c{reinterpret_cast<float *>(sums), stride * cuda::chunks_per_entry(p)};
+    cudaError_t err = sums != nullptr ? cuda::launch_feedback_from_chunks(p, c, o, stream)
+                                      : cuda::launch_attention_feedback(p, o, s.n_sms, stream);
     if (err != cudaSuccess) return cuda_fail(err, kFn, "the attention feedback kernel");
     return pending_shares(*a.feedback).enqueue(o, a.seqs, a.n_seqs, Hkv, a.layer, stream, kFn);
 }
@@ -661,7 +665,10 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
     const uint64_t off_cand = off_prior_on + (prior ? align256(4ull * B * Hkv) : 0);
     const uint64_t off_candc = off_cand + (keys ? align256(uint64_t(B) * Hkv * stride * sizeof(cuda::DevPage)) : 0);
     const uint64_t off_keys_lse = off_candc + (keys ? align256(4ull * B * Hkv) : 0);
-    const uint64_t off_ws = off_keys_lse + (keys ? align256(4ull * B * Hkv * stride * score_rows) : 0);
+    const uint64_t off_fb_sums = off_keys_lse + (keys ? align256(4ull * B * Hkv * stride * score_rows) : 0);
+    // Feedback on the fused kernel: its per-chunk softmax sums (no second read of the keys).
+    const bool fb_sums = feedback && !gemm;
+    const uint64_t off_ws = off_fb_sums + (fb_sums ? align256(cuda::chunk_sums_bytes(p, stride)) : 0);
     const uint64_t total = off_ws + align256(gemm ? cuda::multi_token_workspace_bytes(p, max_tokens)
                                                   : cuda::decode_workspace_bytes(p, p.n_splits));
     if (capturing && s.dev_bytes < total) return refuse_growth_in_capture("device workspace", total);
@@ -848,7 +855,8 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
             return fail(IKV_E_DEVICE, "%s: the multi-token path's %s", kFn, cuda::multi_token_error(s.gemm));
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the multi-token attention kernels");
     } else {
-        err = cuda::launch_decode(p, stream, fuse ? &room : nullptr);
+        const cuda::ChunkSums sums{reinterpret_cast<float *>(s.dev + off_fb_sums), stride * cuda::chunks_per_entry(p)};
+        err = cuda::launch_decode(p, stream, fuse ? &room : nullptr, fb_sums ? &sums : nullptr);
         if (err != cudaSuccess) return cuda_fail(err, kFn, "the decode kernels");
         if (fuse) {
             st = pool_fused_append_end(pool, *ready);
@@ -857,7 +865,7 @@ ikv_status cuda_decode(CudaDecoderState **state, ikv_pool *pool, const ikv_decod
         }
     }
     if (feedback) {
-        st = feed_back(s, a, p, s.dev + off_fb, stream);
+        st = feed_back(s, a, p, s.dev + off_fb, fb_sums ? s.dev + off_fb_sums : nullptr, stream);
         if (st != IKV_OK) return st;
     }
     if (sum.host_pages > 0) pool_count_host_reads(pool, sum.host_pages);
