@@ -1274,8 +1274,10 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * per 16 query rows per kv-head (n_query_tokens x n_q_heads / n_kv_heads);
  * V is never read again, and these reads are not counted by
  * ikv_decoder_last_bytes_read.
- * CUDA pools: the device measures the shares (fp32 sums; the CPU sums in
- * double, so the two agree to float rounding), and the decode enqueues their
+ * CUDA pools: the device measures the shares (fp32 sums of the decode's own
+ * weights; the CPU sums in double, so the two agree within the decode's
+ * tolerance: float rounding with F32 queries, the 16-bit operands' rounding
+ * on tensor cores), and the decode enqueues their
  * copy into pinned host memory, where the averages live, and returns without
  * waiting for it. Up to 8 decodes' copies are in flight per feedback (an
  * engine's layers, decoded one after another): a 9th decode first waits for
@@ -1294,6 +1296,9 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * computed from the averages on the host and copied to the device with each
  * such call; it selects the pages a CPU pool selects (up to float rounding
  * where a score and a prior nearly tie).
+ * Device memory (the decoder's scratch, CUDA pools): 8 bytes per query row
+ * (n_query_tokens x n_q_heads / n_kv_heads) per 16 rows of every list entry,
+ * per kv-head and sequence of the call, plus 12 bytes per list entry.
  * Host memory: 4 bytes per page, layer and kv-head of each sequence fed back;
  * CUDA pools also up to 8 pinned buffers, each of 8 bytes per list entry and
  * 4 per list (sequences x kv-heads lists of the longest list's entries) of

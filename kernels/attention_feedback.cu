@@ -10,7 +10,7 @@
 // its kernel that write each 16-row chunk's softmax sum per query row as it
 // reads the chunk (a chunk is a page, or a 16-row part of a larger one), and
 // feedback_from_chunks_kernel turns those into shares with the rows' lse: no
-// second read of the keys (2026-11-27: a feedback step 1.15-1.4x a dense
+// second read of the keys (2026-11-27: a feedback step 1.14-1.41x a dense
 // one on the H100, was 2.0-2.2x with the kernel below). The multi-token GEMM
 // path has no chunks: there feedback_kernel reads the keys again.
 //

@@ -144,9 +144,12 @@ struct WarpState {
 };
 
 // One chunk in a slot: scores, online softmax, P.V. Format F, warp-uniform.
-template <int D, int R, int F>
+// kChunkSum (attention feedback): cl[r] accumulates the lane's part of this
+// chunk's softmax sum of row r, rescaled with the running sum, so it ends
+// relative to the row's max after the chunk (the caller zeroes it).
+template <int D, int R, int F, bool kChunkSum = false>
 __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMeta mt, const float *Qs, WarpState<R> &w,
-                                              int lane, float cap2, float inv_cap2) {
+                                              int lane, float cap2, float inv_cap2, float *cl = nullptr) {
     using C = Cfg<D>;
     using M = dec::Fmt<D, F>;
     constexpr bool kFold = R <= 4;  // fold per-channel K scales into the query (registers allow it)
@@ -286,6 +289,7 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
                 const float alpha = mn == w.m[r] ? 1.0f : fast_exp2(w.m[r] - mn);  // m = -inf: 0
                 w.m[r] = mn;
                 w.l[r] *= alpha;
+                if constexpr (kChunkSum) cl[r] *= alpha;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) w.acc[r][j] *= alpha;
             }
@@ -317,6 +321,7 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 w.l[r] += pr[r];
+                if constexpr (kChunkSum) cl[r] += pr[r];
                 const float pw = pr[r] * vs;
 #pragma unroll
                 for (int j = 0; j < 8; ++j) w.acc[r][j] = fmaf(pw, x[j], w.acc[r][j]);
@@ -356,53 +361,34 @@ template <bool kAppend, bool kFb>
 using ExtraParam = std::conditional_t<kAppend, RoomArgs, std::conditional_t<kFb, ChunkSums, NoRoom>>;
 
 // Attention feedback variants (kFb): each chunk's own softmax sum per query
-// row, for launch_feedback_from_chunks (attention_feedback.cu), so that the
-// feedback needs no second read of the keys. The chunk runs from l = 0 (its
-// sum alone: no cancellation against the running sum), then the running sum
-// comes back rescaled to the chunk's max: l = saved * exp2(m_before - m) + chunk.
-template <int N>
-struct ChunkSave {
-    float m[N], l[N];
-};
-template <int N, class W>
-__device__ __forceinline__ ChunkSave<N> chunk_sum_begin(W &w) {
-    ChunkSave<N> s;
-#pragma unroll
-    for (int i = 0; i < N; ++i) s.m[i] = w.m[i], s.l[i] = w.l[i], w.l[i] = 0.0f;
-    return s;
-}
-// The lane's sum of row slot i back into the running sum; returns the chunk's part.
-template <int N, class W>
-__device__ __forceinline__ float chunk_sum_resume(W &w, const ChunkSave<N> &s, int i) {
-    const float part = w.l[i];
-    w.l[i] = fmaf(s.l[i], s.m[i] == w.m[i] ? 1.0f : fast_exp2(s.m[i] - w.m[i]), part);  // m = -inf before: l was 0
-    return part;
-}
-// SIMT: every lane holds all R rows' sums of its key-row slot (the slot's
+// row (compute_chunk's cl, accumulated beside the running sum, which stays as
+// in the plain kernel: the same output bits), written with the row's running
+// max after the chunk for launch_feedback_from_chunks (attention_feedback.cu),
+// so that the feedback needs no second read of the keys.
+// SIMT: every lane holds all R rows' parts of its key-row slot (the slot's
 // lanes the same values); the slots are summed across the warp.
 template <int D, int R>
-__device__ __forceinline__ void chunk_sum_end(WarpState<R> &w, const ChunkSave<R> &s, float *out, int nrows, int lane) {
+__device__ __forceinline__ void chunk_sum_write(const WarpState<R> &w, float *cl, float *out, int nrows, int lane) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        float part = chunk_sum_resume<R>(w, s, r);
+        float part = cl[r];
 #pragma unroll
         for (int o = Cfg<D>::kLanesPerRow; o < 32; o <<= 1) part += __shfl_xor_sync(0xFFFFFFFFu, part, o);
-        if (lane == 0 && r < nrows) out[2 * r] = w.m[r], out[2 * r + 1] = part;
+        if (lane == 0 && r < nrows) reinterpret_cast<float2 *>(out)[r] = make_float2(w.m[r], part);
     }
 }
 // Tensor cores: lane (g, c) holds rows g and g + 8 over its keys 4c .. 4c + 3 (decode_mma.cuh).
 template <int D, int TR>
-__device__ __forceinline__ void chunk_sum_end(tc::State<D, TR> &w, const ChunkSave<tc::State<D, TR>::kH> &s,
-                                              float *out, int nrows, int lane) {
+__device__ __forceinline__ void chunk_sum_write(const tc::State<D, TR> &w, float *cl, float *out, int nrows, int lane) {
     constexpr int kH = tc::State<D, TR>::kH;
     const int g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int h = 0; h < kH; ++h) {
-        float part = chunk_sum_resume<kH>(w, s, h);
+        float part = cl[h];
         part += __shfl_xor_sync(0xFFFFFFFFu, part, 1);
         part += __shfl_xor_sync(0xFFFFFFFFu, part, 2);
         const int row = g + 8 * h;
-        if (c == 0 && row < nrows) out[2 * row] = w.m[h], out[2 * row + 1] = part;
+        if (c == 0 && row < nrows) reinterpret_cast<float2 *>(out)[row] = make_float2(w.m[h], part);
     }
 }
 
@@ -639,25 +625,24 @@ __global__ void __launch_bounds__(kThreads, min_blocks<D, R, kMode>())
         __syncwarp();  // chunk i landed for every lane
         const ChunkMeta mt = meta[st];
         const uint8_t *slot = ring + st * C::kSlotBytes;
-        const auto compute = [&] {
+        const auto compute = [&](float *cl) {
             if (mt.r1 > mt.r0) {
                 with_format(mt.format, [&](auto F) {
                     if constexpr (kTc)
-                        tc::compute_chunk<D, R, kBF, F.value>(slot, mt.r0, mt.r1, mt.pos, w, lane, qs, cap2,
-                                                              inv_cap2);
+                        tc::compute_chunk<D, R, kBF, F.value, kFb>(slot, mt.r0, mt.r1, mt.pos, w, lane, qs, cap2,
+                                                                   inv_cap2, cl);
                     else
-                        compute_chunk<D, R, F.value>(slot, mt, Qs, w, lane, cap2, inv_cap2);
+                        compute_chunk<D, R, F.value, kFb>(slot, mt, Qs, w, lane, cap2, inv_cap2, cl);
                 });
             }
         };
         if constexpr (kFb) {  // every chunk of the slice writes its sums (0 where it read nothing)
-            constexpr int kN = sizeof(w.m) / sizeof(w.m[0]);
-            const ChunkSave<kN> saved = chunk_sum_begin<kN>(w);
-            compute();
+            float cl[sizeof(w.m) / sizeof(w.m[0])] = {};
+            compute(cl);
             const uint64_t chunk = (uint64_t(seq) * Hkv + head) * ra.chunks_per_list + uint64_t(first) * cpp + i;
-            chunk_sum_end<D>(w, saved, ra.sums + (chunk * rows_total + row0) * 2, nrows, lane);
+            chunk_sum_write<D>(w, cl, ra.sums + (chunk * rows_total + row0) * 2, nrows, lane);
         } else {
-            compute();
+            compute(nullptr);
         }
         st = st == C::kStages - 1 ? 0 : st + 1;
     }

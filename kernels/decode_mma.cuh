@@ -376,9 +376,12 @@ __device__ __forceinline__ void v_pairs(const uint8_t *Varea, const float *Sc, i
 // One chunk: S = Q K^T, masked online softmax (base 2), O += P V. Format F,
 // warp-uniform. Rows [r0, r1) of the chunk hold data; chunk row i sits at
 // position pos + i. qs = scale*log2(e); cap2/inv_cap2: softcap (0 = off).
-template <int D, int TR, bool BF, int F>
+// kChunkSum (attention feedback): cl[h] += the lane's part of this chunk's
+// softmax sum of row g + 8h, relative to the row's max after the chunk (the
+// chunk rescales once, before its weights, so no rescale of cl is needed).
+template <int D, int TR, bool BF, int F, bool kChunkSum = false>
 __device__ __forceinline__ void compute_chunk(const uint8_t *slot, int r0, int r1, uint32_t pos, State<D, TR> &w,
-                                              int lane, float qs, float cap2, float inv_cap2) {
+                                              int lane, float qs, float cap2, float inv_cap2, float *cl = nullptr) {
     using M = dec::Fmt<D, F>;
     using St = State<D, TR>;
     constexpr int kH = St::kH, kW = St::kW;
@@ -444,6 +447,7 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, int r0, int r
                 const float pe = x == -INFINITY ? 0.0f : exp2_approx(x - mn);
                 p[nt][2 * h + e] = pe;
                 w.l[h] = w.l[h] * (e == 0 && nt == 0 ? alpha[h] : 1.0f) + pe;
+                if constexpr (kChunkSum) cl[h] += pe;
             }
     }
     if (__any_sync(0xFFFFFFFFu, grow)) {

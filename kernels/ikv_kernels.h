@@ -236,8 +236,9 @@ cudaError_t launch_attention_feedback(const DecodeParams &p, const FeedbackOut &
 // The same shares without reading the keys again: the fused decode's feedback
 // variants (launch_decode with sums) write, per (sequence, kv-head) bh, chunk
 // of its list (entry e's chunks e * cpp .. e * cpp + cpp - 1, cpp = page_size
-// / 16 or 1) and query row r, the chunk's row max m (base-2 scaled logits)
-// and sum l of exp2(logit - m) over its keys at
+// / 16 or 1) and query row r, the row's running max m after the chunk (base-2
+// scaled logits; -inf while nothing was read) and the sum l of
+// exp2(logit - m) over the chunk's keys at
 // sums[((bh * chunks_per_list + chunk) * rows + r) * 2 + {0, 1}], rows =
 // T * G; launch_feedback_from_chunks turns them into o with p.lse:
 // share = sum over chunks and rows of l * exp2(m - lse * log2 e) / rows.

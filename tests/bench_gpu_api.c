@@ -18,7 +18,7 @@
  * "plan25-t4" / "topk25-t4": those with 4 query tokens;
  * "dense-t<T>" (T = 2, 4, ..., 512): T query tokens a step (a speculative
  * decode's draft; 4T query rows per kv-head); "dense-feedback-t8": 8 tokens
- * with feedback (32 rows per kv-head: two of the feedback kernel's 16-row tiles).
+ * with feedback (32 rows per kv-head: two row chunks of the fused kernel's feedback variant).
  * Prints `RESULT <B> <ctx> <column> <ms>` lines (read by peer_table.py) and
  * the K/V bytes each column reads. Not a CTest test: run by the device
  * scripts, `build/tests/bench_gpu_api`; IKV_API_ONLY=<column>[,...] runs only

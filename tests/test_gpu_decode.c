@@ -809,12 +809,17 @@ static void test_long_multi_token_step(void **state) {
  * F16 queries (CTest's _simt and _tensor_cores runs force each compute path),
  * and the T = 130 step on the fused kernel and the GEMM path
  * (IKV_CUDA_MULTI_TOKEN), each against the CPU pool and float64. */
-/* Steps of 5 query tokens: 20 query rows per kv-head, which the device's
- * feedback kernel reads each entry's keys for 16 at a time (two tiles, the
- * second partly empty), then a top-k step by IKV_TOPK_SCORE_KEYS (its lse
- * kernel reads keys the same way); the averages equal the CPU pool's. The
- * head_dim variants cover every lane layout of kernels/warp_key_dots.cuh
- * (4, 8, 16 and 32 lanes per key row). */
+/* Steps of 5 query tokens: 20 query rows per kv-head, which the fused
+ * decode's feedback variants take in several row chunks (SIMT 8 rows, tensor
+ * cores 16: three and two CTAs per kv-head, each writing its rows' chunk
+ * sums) and the GEMM path's feedback kernel (IKV_CUDA_MULTI_TOKEN=gemm) in
+ * tiles of 16 (two, the second partly empty); then a top-k step by
+ * IKV_TOPK_SCORE_KEYS (its lse kernel reads keys as the feedback kernel
+ * does); then F16-query steps (T = 5 and 1), which CTest's _tensor_cores run
+ * takes to the tensor-core feedback variants (F32 queries always run SIMT).
+ * The averages equal the CPU pool's. The head_dim variants cover every lane
+ * layout of kernels/warp_key_dots.cuh (4, 8, 16 and 32 lanes per key row)
+ * and of the SIMT chunk sums (32 / (head_dim / 8) key-row slots). */
 static void test_feedback_many_rows(void **state) {
     (void)state;
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
@@ -825,15 +830,23 @@ static void test_feedback_many_rows(void **state) {
     float *lse = malloc(4 * (size_t)B * T * HQ);
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; ++fi) {
         feedback_pools f = feedback_pools_make(fmts[fi], &rng);
-        for (int step = 0; step < 3; ++step) { /* dense and a plan at T = 5; IKV_TOPK_SCORE_KEYS at T = 1 */
-            const uint32_t t = step < 2 ? (uint32_t)T : 1u;
-            step_cfg cfg = {t,   step == 1 ? f.plan : NULL, step == 2 ? 64u : 0u, IKV_DTYPE_F32, step == 2 ? 2 : 0, 0,
-                            NULL, NULL, f.fb_cpu, f.fb_gpu, 0.0f};
+        /* dense and a plan at T = 5; IKV_TOPK_SCORE_KEYS at T = 1; F16 queries: a plan at T = 5, top-k at T = 1 */
+        for (int step = 0; step < 5; ++step) {
+            const uint32_t t = step == 0 || step == 1 || step == 3 ? (uint32_t)T : 1u;
+            const ikv_dtype qd = step >= 3 ? IKV_DTYPE_F16 : IKV_DTYPE_F32;
+            step_cfg cfg = {t,  step == 1 || step == 3 ? f.plan : NULL, step == 2 || step == 4 ? 64u : 0u, qd,
+                            step == 2 ? 2 : 0, 0, NULL, NULL, f.fb_cpu, f.fb_gpu, 0.0f};
             ikvt_fill_normal(&rng, q, (size_t)B * t * HQ * D, 1.0f);
+            if (qd == IKV_DTYPE_F16) /* values the decoders read exactly */
+                for (size_t i = 0; i < (size_t)B * t * HQ * D; ++i) {
+                    uint16_t h;
+                    ikvt_to_f16(q + i, &h, 1);
+                    q[i] = ikvt_f16_to_f32(h);
+                }
             const double e = decode_both(dec, f.cpu, f.sc, f.gpu, f.sg, B, 1, q, cfg, out, lse);
-            if (!(e <= step_tol(t, IKV_DTYPE_F32))) fail_msg("format %d step %d: rel L2 %.3g vs CPU", (int)fmts[fi], step, e);
+            if (!(e <= step_tol(t, qd))) fail_msg("format %d step %d: rel L2 %.3g vs CPU", (int)fmts[fi], step, e);
         }
-        expect_same_feedback(f.fb_cpu, f.sc, f.fb_gpu, f.sg, B, step_tol(T, IKV_DTYPE_F32), fmts[fi]);
+        expect_same_feedback(f.fb_cpu, f.sc, f.fb_gpu, f.sg, B, step_tol(T, IKV_DTYPE_F16), fmts[fi]);
         feedback_pools_free(&f);
     }
     free(q), free(out), free(lse);
@@ -895,9 +908,9 @@ static void test_feedback_in_flight(void **state) {
 
 /* <test>_head_dim_<n>: the test again at head_dim n (run between
  * use_head_dim_<n> and use_head_dim_128). At head_dim 32 a key row spans 4
- * lanes of kernels/warp_key_dots.cuh, and each lane holds the sums of 4 of
- * the 16 query rows the feedback kernel reads keys for at once; at 256, 32
- * lanes, 8 of which hold each of 4 rows' sums. */
+ * lanes of kernels/warp_key_dots.cuh (the GEMM path's feedback kernel), and
+ * each lane holds the sums of 4 of the 16 query rows it reads keys for at
+ * once; at 256, 32 lanes, 8 of which hold each of 4 rows' sums. */
 #define AT_HEAD_DIM(test, n)                        \
     static void test##_head_dim_##n(void **state) { \
         assert_int_equal(D, n);                     \
