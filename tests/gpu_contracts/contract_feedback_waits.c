@@ -18,16 +18,8 @@ enum { kLen = 128, kD = 32 };
 
 static ikv_status fb_decode(ikv_decoder *dec, ikv_pool *pool, ikv_seq_id *seq, uint32_t layer, const float *q,
                             float *out, cudaStream_t s, ikv_page_feedback *fb, float prior) {
-    ikv_decode_args d = ikv_decode_args_default();
+    ikv_decode_args d = step1_args(seq, q, out, s);
     d.layer = layer;
-    d.n_seqs = 1;
-    d.seqs = seq;
-    d.n_q_heads = 1;
-    d.q = q;
-    d.q_dtype = IKV_DTYPE_F32;
-    d.out = out;
-    d.out_dtype = IKV_DTYPE_F32;
-    d.stream = s;
     d.feedback = fb;
     if (prior > 0.0f) d.topk_token_budget = 48, d.topk_feedback_weight = prior;
     return ikv_decode(dec, pool, &d);

@@ -142,9 +142,9 @@ static inline pthread_t start_watchdog(long ms) {
     return t;
 }
 
-/* One decode step of one sequence: one query token, one q-head, F32 q/out (device), on stream s. */
-static inline ikv_status decode1(ikv_decoder *dec, ikv_pool *pool, ikv_seq_id *seq, const float *q, float *out,
-                          cudaStream_t s) {
+/* The arguments of one decode step of one sequence at layer 0: one query token, one q-head, F32 q/out
+ * (device), on stream s. */
+static inline ikv_decode_args step1_args(ikv_seq_id *seq, const float *q, float *out, cudaStream_t s) {
     ikv_decode_args d = ikv_decode_args_default();
     d.layer = 0;
     d.n_seqs = 1;
@@ -156,6 +156,13 @@ static inline ikv_status decode1(ikv_decoder *dec, ikv_pool *pool, ikv_seq_id *s
     d.out = out;
     d.out_dtype = IKV_DTYPE_F32;
     d.stream = s;
+    return d;
+}
+
+/* That step (step1_args). */
+static inline ikv_status decode1(ikv_decoder *dec, ikv_pool *pool, ikv_seq_id *seq, const float *q, float *out,
+                          cudaStream_t s) {
+    const ikv_decode_args d = step1_args(seq, q, out, s);
     return ikv_decode(dec, pool, &d);
 }
 
