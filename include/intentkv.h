@@ -183,9 +183,10 @@ IKV_API ikv_status ikv_runtime_info_get(ikv_runtime_info *info);
 /** Storage format of a KV page. Errors bounds are in docs/FORMATS.md. */
 typedef enum ikv_format {
     IKV_FMT_F16 = 0,      /**< IEEE half; lossless for |x| <= 65504 up to half rounding */
-    IKV_FMT_BF16 = 1,     /**< bfloat16, round to nearest even */
+    IKV_FMT_BF16 = 1,     /**< bfloat16, round to nearest even; finite values beyond the largest bf16 saturate to it */
     IKV_FMT_FP8_E4M3 = 2, /**< FP8 E4M3 with one float scale per page, layer and kv-head (K and V each) */
-    IKV_FMT_INT8 = 3,     /**< symmetric int8; K scaled per channel over the page, V per token (KIVI) */
+    IKV_FMT_INT8 = 3,     /**< symmetric int8; K scaled per channel over the page, V per token (KIVI); INT8 and FP8
+                               saturate beyond about 3.376e38 so that every stored value is finite (docs/FORMATS.md) */
     IKV_FMT_INT4 = 4,     /**< asymmetric 4-bit, packed; K per channel over the page, V per token in groups of 32 channels;
                                minimums and scales are halves, so values beyond +-65504 saturate (docs/FORMATS.md) */
     IKV_FMT_COUNT = 5,

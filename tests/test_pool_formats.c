@@ -2,6 +2,7 @@
  * error stays within the bound docs/FORMATS.md gives, on random normal data
  * and on adversarial data; F16/BF16 are exactly round-to-nearest-even;
  * promotion after demotion; key summaries equal plain recomputation. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,6 +244,61 @@ static void test_int4_saturates(void **state) {
     ikv_pool_destroy(pool);
 }
 
+/* Finite inputs up to +-FLT_MAX are stored finite in every format and their
+ * key summaries stay finite bounds of the stored keys: BF16 rounds them to
+ * its largest finite value (0x1.fep127) instead of infinity, and INT8/FP8 take
+ * a group's largest magnitude at most 0x1.fcp127, so their largest code times
+ * the scale stays finite (docs/FORMATS.md). A page of two tokens: token 0
+ * huge, token 1 ordinary, appended one token at a time and then rewritten by a
+ * format change (both encoders). */
+static void test_huge_finite_values_stay_finite(void **state) {
+    (void)state;
+    const float huge[4] = {FLT_MAX, -FLT_MAX, 3.4e38f, -3.39e38f};
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) {
+        ikv_pool *pool = make_pool((ikv_format)f);
+        ikv_seq_id s;
+        IKVT_OK(ikv_seq_create(pool, &s));
+        float k[2][H * D], v[2][H * D];
+        for (int i = 0; i < H * D; ++i) {
+            k[0][i] = v[0][i] = huge[i % 4];
+            k[1][i] = v[1][i] = 0.5f + 0.01f * (float)(i % 7);
+        }
+        for (int t = 0; t < 2; ++t) {
+            ikv_append a = ikv_append_default(pool, 1);
+            a.k = k[t];
+            a.v = v[t];
+            IKVT_OK(ikv_pool_append(pool, s, &a));
+        }
+        for (int pass = 0; pass < 2; ++pass) {
+            if (pass == 1) IKVT_OK(ikv_seq_set_page_format(pool, s, 0, (ikv_format)((f + 1) % IKV_FMT_COUNT)));
+            float rk[2 * H * D], rv[2 * H * D], mn[D], mx[D], mean[D];
+            IKVT_OK(ikv_seq_read(pool, s, 0, 0, 2, rk, rv));
+            for (int i = 0; i < 2 * H * D; ++i)
+                if (!isfinite(rk[i]) || !isfinite(rv[i])) {
+                    print_error("%s (pass %d): element %d stored as k %g, v %g from finite input\n",
+                                ikv_format_name((ikv_format)f), pass, i, (double)rk[i], (double)rv[i]);
+                    fail();
+                }
+            const ikv_format now = pass == 0 ? (ikv_format)f : (ikv_format)((f + 1) % IKV_FMT_COUNT);
+            if (pass == 0 && now == IKV_FMT_BF16) assert_true(rk[0] == 0x1.fep127f && rk[1] == -0x1.fep127f);
+            for (uint32_t h = 0; h < H; ++h) {
+                IKVT_OK(ikv_seq_page_summary(pool, s, 0, h, 0, mn, mx, mean, NULL));
+                for (uint32_t d = 0; d < D; ++d) {
+                    const float a = rk[h * D + d], b = rk[H * D + h * D + d];
+                    const float lo = a < b ? a : b, hi = a < b ? b : a;
+                    if (!(isfinite(mn[d]) && isfinite(mx[d]) && isfinite(mean[d]) && mn[d] <= lo && hi <= mx[d])) {
+                        print_error("%s (pass %d): head %u channel %u summary [%g, %g] mean %g, stored %g, %g\n",
+                                    ikv_format_name(now), pass, h, d, (double)mn[d], (double)mx[d], (double)mean[d],
+                                    (double)a, (double)b);
+                        fail();
+                    }
+                }
+            }
+        }
+        ikv_pool_destroy(pool);
+    }
+}
+
 /* Demote F16 -> INT4, promote back: storage precision returns (the page is
  * F16 again, exactly the F16 rounding of the INT4 values), the lost bits do not. */
 
@@ -419,6 +475,7 @@ int main(void) {
         cmocka_unit_test(test_error_bounds),
         cmocka_unit_test(test_int4_saturates),
         cmocka_unit_test(test_f16_saturates),
+        cmocka_unit_test(test_huge_finite_values_stay_finite),
         cmocka_unit_test(test_promote_after_demote),
         cmocka_unit_test(test_summaries),
         cmocka_unit_test(test_slabs_within_capacity),

@@ -79,11 +79,18 @@ IKV_HD uint16_t f16_toward(float x, bool up) {
 IKV_HD uint16_t f16_down(float x) { return f16_toward(x, false); }  // largest half <= x
 IKV_HD uint16_t f16_up(float x) { return f16_toward(x, true); }     // smallest half >= x
 
-// ---- bfloat16: round to nearest even, NaN kept ----
+// ---- bfloat16: round to nearest even, NaN and +-inf kept; a finite value
+// that would round to +-inf (|x| >= 0x1.ffp127, about 3.3961e38) saturates to
+// the largest bf16, +-0x1.fep127 (about 3.3895e38), as F16 saturates: the
+// pool stores finite values only ----
+constexpr uint16_t kBf16MaxBits = 0x7F7Fu;
 IKV_HD uint16_t f32_to_bf16(float f) {
     uint32_t x = f32_bits(f);
-    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((x >> 16) | 0x40u);
+    const uint32_t ax = x & 0x7FFFFFFFu;
+    if (ax > 0x7F800000u) return uint16_t((x >> 16) | 0x40u);
+    if (ax == 0x7F800000u) return uint16_t(x >> 16);
     x += 0x7FFFu + ((x >> 16) & 1u);
+    if ((x & 0x7F800000u) == 0x7F800000u) return uint16_t(((x >> 16) & 0x8000u) | kBf16MaxBits);
     return uint16_t(x >> 16);
 }
 IKV_HD float bf16_to_f32(uint16_t b) { return bits_f32(uint32_t(b) << 16); }
@@ -102,8 +109,8 @@ inline float load_dtype_elem(const void *base, int dtype, uint64_t i) {
 // Directed bf16 rounding keeps k_min/k_max outward: bf16_down(x) <= x <=
 // bf16_up(x), both exact bf16 values next to x. Truncating the low 16 bits
 // rounds toward zero, so one ulp more of magnitude gives the other direction.
-// Inputs are finite (appends reject NaN/inf); |x| above the largest bf16
-// rounds outward to +-inf, still a valid bound.
+// Inputs are stored keys: finite, and within the largest bf16 in every
+// format (F16/INT4 saturate at 65504, BF16 and the INT8/FP8 scales as above).
 IKV_HD uint16_t f32_to_bf16_toward(float f, bool up) {
     const uint32_t x = f32_bits(f);
     uint16_t b = uint16_t(x >> 16);
@@ -157,8 +164,17 @@ IKV_HD float e4m3_to_f32(uint8_t c) {
 }
 
 // ---- group scales ----
-IKV_HD float int8_scale(float absmax) { return absmax > 0.0f ? absmax / 127.0f : 1.0f; }
-IKV_HD float fp8_scale(float absmax) { return absmax > 0.0f ? absmax / kFp8Max : 1.0f; }
+// A group's largest magnitude is taken at most kScaleAbsMax (0x1.fcp127,
+// about 3.3762e38): the largest code times the scale (127 s, 448 s) then
+// stays below the largest bf16, so every stored value is finite and its key
+// summary (bf16, rounded outward) too; larger values saturate there.
+constexpr float kScaleAbsMax = 0x1.fcp127f;
+IKV_HD float int8_scale(float absmax) {
+    return absmax > 0.0f ? (absmax < kScaleAbsMax ? absmax : kScaleAbsMax) / 127.0f : 1.0f;
+}
+IKV_HD float fp8_scale(float absmax) {
+    return absmax > 0.0f ? (absmax < kScaleAbsMax ? absmax : kScaleAbsMax) / kFp8Max : 1.0f;
+}
 
 // INT4 group parameters, stored as halves: the minimum rounded down and the
 // scale rounded up, so [m, m + 15 s] covers the group and every value is

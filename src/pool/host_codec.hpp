@@ -133,8 +133,11 @@ inline void encode_row_bf16(const float *x, uint32_t D, uint16_t *out) {
     std::memcpy(bits, x, 4ull * D);
     for (uint32_t d = 0; d < D; ++d) {
         const uint32_t u = bits[d];
+        // f32_to_bf16 (quant.hpp) without branches: NaN kept, a finite value rounding to +-inf saturates
         const uint16_t nan = uint16_t((u >> 16) | 0x40u), rounded = uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-        out[d] = (u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded;
+        const bool overflow = (rounded & 0x7F80u) == 0x7F80u && (u & 0x7FFFFFFFu) != 0x7F800000u;
+        const uint16_t sat = overflow ? uint16_t((rounded & 0x8000u) | kBf16MaxBits) : rounded;
+        out[d] = (u & 0x7FFFFFFFu) > 0x7F800000u ? nan : sat;
     }
 }
 

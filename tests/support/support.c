@@ -85,11 +85,15 @@ void ikvt_to_f16(const float *in, uint16_t *out, size_t n) {
     }
 }
 
+/* Round to nearest even; a finite value that would round to +-inf saturates
+ * to the largest bf16 (0x7F7F), as the library stores it (docs/FORMATS.md). */
 void ikvt_to_bf16(const float *in, uint16_t *out, size_t n) {
     for (size_t i = 0; i < n; ++i) {
         uint32_t x = ikvt_f32_bits(in[i]);
+        const int finite = (x & 0x7F800000u) != 0x7F800000u;
         x += 0x7FFFu + ((x >> 16) & 1u);
-        out[i] = (uint16_t)(x >> 16);
+        out[i] = finite && (x & 0x7F800000u) == 0x7F800000u ? (uint16_t)(((x >> 16) & 0x8000u) | 0x7F7Fu)
+                                                            : (uint16_t)(x >> 16);
     }
 }
 
