@@ -1342,8 +1342,10 @@ IKV_API ikv_status ikv_page_feedback_get(const ikv_page_feedback *feedback, ikv_
  * Re-score the ATTEND blocks of layout from seq's feedback: a block's mass is
  * the sum of the averages of the pages it overlaps (a page shared by two
  * blocks counts for both), averaged over layers and kv-heads; each block
- * with any page fed back gets its mass divided by the largest block's (so the
- * most attended block scores 1), the others keep their score. Atomic: on
+ * with any page fed back (read by a decode with this feedback, also where its
+ * share was 0) gets its mass divided by the largest block's (so the most
+ * attended block scores 1; 0 where every fed-back block's mass is 0), the
+ * others keep their score. Atomic: on
  * error the layout is unchanged. Errors: IKV_E_NULL, IKV_E_NOMEM,
  * IKV_E_DEVICE (as ikv_page_feedback_get).
  */

@@ -1191,6 +1191,67 @@ static void expect_feedback(const ikv_page_feedback *fb, ikv_seq_id seq, uint32_
     free(got);
 }
 
+/* A block whose pages were read and received no attention (a share of
+ * exactly 0: its keys' logits are ~1e4 below the other page's) is fed back:
+ * ikv_page_feedback_block_scores gives it 0 / top = 0 rather than leaving its
+ * old score, and the attended block 1; a block never read keeps its score. */
+static void test_feedback_zero_share_block(void **state) {
+    (void)state;
+    enum { ZD = 32, ZP = 8, ZLEN = 16 };
+    ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.n_layers = 1, .n_kv_heads = 1, .head_dim = ZD, .page_size = ZP,
+                                                     .capacity_bytes = 1u << 20, .default_format = IKV_FMT_F16});
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    float k[ZLEN * ZD], v[ZLEN * ZD], q[ZD], out[ZD];
+    for (int t = 0; t < ZLEN; ++t)
+        for (int c = 0; c < ZD; ++c) k[t * ZD + c] = t < ZP ? -1000.0f : 1.0f, v[t * ZD + c] = 1.0f;
+    for (int c = 0; c < ZD; ++c) q[c] = 1.0f;
+    ikv_append ap = ikv_append_default(pool, ZLEN);
+    ap.k = k;
+    ap.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &ap));
+    ikv_page_feedback_config fc = ikv_page_feedback_default_config();
+    ikv_page_feedback *fb = NULL;
+    IKVT_OK(ikv_page_feedback_create(pool, &fc, &fb));
+    ikv_decode_args a = ikv_decode_args_default();
+    a.seqs = &s;
+    a.n_q_heads = 1;
+    a.q = q;
+    a.out = out;
+    a.feedback = fb;
+    IKVT_OK(ikv_decode(g_dec1, pool, &a));
+    float m[2];
+    uint32_t n = 0;
+    IKVT_OK(ikv_page_feedback_get(fb, s, 0, 0, m, 2, &n));
+    assert_int_equal(n, 2);
+    assert_true(m[0] == 0.0f && m[1] > 0.0f);
+    ikv_layout *lay = NULL;
+    IKVT_OK(ikv_layout_create(&lay));
+    const char *names[3] = {"ignored", "attended", "unread"};
+    const uint32_t starts[3] = {0, ZP, ZLEN};
+    for (int b = 0; b < 3; ++b) {
+        ikv_block_desc d = ikv_block_desc_default();
+        d.name = names[b];
+        d.start = starts[b];
+        d.end = starts[b] + ZP;
+        d.score = 0.7f;
+        IKVT_OK(ikv_layout_add(lay, &d, NULL));
+    }
+    IKVT_OK(ikv_page_feedback_block_scores(fb, s, lay));
+    const float want[3] = {0.0f, 1.0f, 0.7f};
+    for (uint32_t b = 0; b < 3; ++b) {
+        ikv_block_info bi;
+        IKVT_OK(ikv_layout_at(lay, b, &bi));
+        if (bi.score != want[b]) {
+            print_error("block %s: score %g, want %g\n", names[b], (double)bi.score, (double)want[b]);
+            fail();
+        }
+    }
+    ikv_layout_destroy(lay);
+    ikv_page_feedback_destroy(fb);
+    ikv_pool_destroy(pool);
+}
+
 /* Attention feedback: two steps (a plan with partial pages and 2 causal query
  * tokens on 3 threads, then top-k with the first step's averages as its
  * prior) give the float64 reference's averages; the prior's selection is the
@@ -1971,6 +2032,7 @@ int main(void) {
         cmocka_unit_test(test_query_memory_selection),
         cmocka_unit_test(test_query_memory_errors),
         cmocka_unit_test(test_attention_feedback),
+        cmocka_unit_test(test_feedback_zero_share_block),
         cmocka_unit_test(test_lse_merges_disjoint_plans),
         cmocka_unit_test(test_selected_equals_dense_on_those_tokens),
         cmocka_unit_test(test_empty_selection),

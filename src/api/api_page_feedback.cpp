@@ -81,20 +81,20 @@ IKV_API ikv_status ikv_page_feedback_block_scores(const ikv_page_feedback *feedb
             for (uint32_t h = 0; h < feedback->n_kv_heads; ++h) {
                 const ikv::PageAverages *pa = feedback->averages(seq, l, h);
                 if (pa == nullptr) continue;
-                const std::vector<float> *a = &pa->avg;
                 for (size_t b = 0; b < layout->blocks.size(); ++b) {
                     const ikv_block_info &blk = layout->blocks[b];
                     if (blk.policy != IKV_POLICY_ATTEND) continue;
-                    const uint64_t p1 = std::min<uint64_t>((uint64_t(blk.end) + P - 1) / P, a->size());
-                    for (uint64_t p = blk.start / P; p < p1; ++p)
-                        if ((*a)[p] > 0.0f) block_mass[b] += (*a)[p], seen[b] = 1;
+                    const uint64_t p1 = std::min<uint64_t>((uint64_t(blk.end) + P - 1) / P, pa->fed.size());
+                    for (uint64_t p = blk.start / P; p < p1; ++p)  // a page read with share 0 counts as fed back
+                        if (pa->fed[p]) block_mass[b] += pa->avg[p], seen[b] = 1;
                 }
             }
         double top = 0.0;
         for (size_t b = 0; b < block_mass.size(); ++b) top = std::max(top, block_mass[b] / LH);
-        if (top <= 0.0) return IKV_OK;  // nothing fed back on any ATTEND block: the layout is unchanged
-        for (size_t b = 0; b < block_mass.size(); ++b)  // no allocation below: nothing can fail half-way
-            if (seen[b]) layout->blocks[b].score = float(std::min(1.0, block_mass[b] / LH / top));
+        // Every fed-back block divided by the largest (0 where all fed-back mass is 0: they were read and
+        // received none). No allocation below: nothing can fail half-way.
+        for (size_t b = 0; b < block_mass.size(); ++b)
+            if (seen[b]) layout->blocks[b].score = top > 0.0 ? float(std::min(1.0, block_mass[b] / LH / top)) : 0.0f;
         return IKV_OK;
     });
 }

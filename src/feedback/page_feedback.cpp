@@ -19,8 +19,9 @@ void ikv_page_feedback::reserve(ikv_seq_id seq, uint32_t layer, uint32_t head, u
     auto it = seqs.find(seq);
     if (it == seqs.end())  // sized aside, then moved in
         it = seqs.emplace(seq, std::vector<ikv::PageAverages>(uint64_t(n_layers) * n_kv_heads)).first;
-    std::vector<float> &avg = it->second[uint64_t(layer) * n_kv_heads + head].avg;
-    if (avg.size() < n_pages) avg.resize(n_pages, 0.0f);
+    ikv::PageAverages &a = it->second[uint64_t(layer) * n_kv_heads + head];
+    if (a.avg.size() < n_pages) a.avg.resize(n_pages, 0.0f);
+    if (a.fed.size() < n_pages) a.fed.resize(n_pages, 0);
 }
 
 void ikv_page_feedback::add_step(ikv_seq_id seq, uint32_t layer, uint32_t head, const uint32_t *pages,
@@ -28,6 +29,7 @@ void ikv_page_feedback::add_step(ikv_seq_id seq, uint32_t layer, uint32_t head, 
     ikv::PageAverages &a = seqs.find(seq)->second[uint64_t(layer) * n_kv_heads + head];
     for (uint32_t i = 0; i < n; ++i) {
         a.avg[pages[i]] = (1.0f - rate) * a.avg[pages[i]] + rate * share[i];
+        a.fed[pages[i]] = 1;
         a.n_fed = std::max(a.n_fed, pages[i] + 1);
     }
 }

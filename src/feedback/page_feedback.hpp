@@ -18,8 +18,9 @@ namespace ikv {
 
 // One (sequence, layer, kv-head)'s averages.
 struct PageAverages {
-    std::vector<float> avg;  // per page; room may run ahead of what was fed back
-    uint32_t n_fed = 0;      // highest page fed back + 1
+    std::vector<float> avg;    // per page; room may run ahead of what was fed back
+    std::vector<uint8_t> fed;  // per page: 1 once a decode fed it back (its average may still be 0)
+    uint32_t n_fed = 0;        // highest page fed back + 1
 };
 
 // One decode's shares still in flight from a device (CUDA pools): the decode
