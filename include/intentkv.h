@@ -482,7 +482,8 @@ typedef enum ikv_reason {
     IKV_REASON_BELOW_THRESHOLD = 5,   /**< ATTEND: score below attend_threshold */
     IKV_REASON_BUDGET_EXHAUSTED = 6,  /**< ATTEND: cleared the threshold but did not fit the budget */
     IKV_REASON_OUTSIDE_WINDOW = 7,    /**< policy RECENT: entirely older than the recent window */
-    IKV_REASON_OVER_BUDGET_KEPT = 8,  /**< mandatory, kept although mandatory tokens exceed the budget */
+    IKV_REASON_OVER_BUDGET_KEPT = 8,  /**< mandatory, kept although mandatory tokens exceed the budget (an ATTEND
+                                           block read on its score inside the window keeps IKV_REASON_SCORE) */
     IKV_REASON_COUNT = 9
 } ikv_reason;
 

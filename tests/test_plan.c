@@ -168,6 +168,14 @@ static void test_cost_from_ranges(void **state) {
     IKVT_EXPECT_STATUS(ikv_plan_get_cost(plan, &sh, &c), IKV_E_INVALID, "64 bits");
     assert_memory_equal(&before, &c, sizeof c);
     ikv_plan_destroy(plan);
+    /* INT4 near the largest head_dim: its ceil(D / 32) V groups counted without 32-bit wrap. */
+    const ikv_token_range r10 = {0, 10};
+    IKVT_OK(ikv_plan_from_ranges(&r10, 1, 100, 16, IKV_FMT_INT4, &plan));
+    sh = ikvt_model_shape(1, 1, 1, 0xFFFFFFF0u);
+    IKVT_OK(ikv_plan_get_cost(plan, &sh, &c));
+    const uint64_t big = 0xFFFFFFF0ull, groups = (big + 31) / 32;
+    assert_true(c.bytes_by_format[IKV_FMT_INT4] == 2 * (big / 2) * 10 + 4 * big + 4 * 10 * groups);
+    ikv_plan_destroy(plan);
 }
 
 int main(void) {

@@ -137,7 +137,7 @@ static void ref_route(const ikv_router_config *c, const ikv_layout *l, uint32_t 
             any_sel |= r->sel[t];
         }
         if (s->policy == IKV_POLICY_SKIP) s->reason = IKV_REASON_POLICY_SKIP;
-        else if (r->over && any_mand) s->reason = IKV_REASON_OVER_BUDGET_KEPT;
+        else if (r->over && any_mand && !s->taken) s->reason = IKV_REASON_OVER_BUDGET_KEPT; /* read on its score: SCORE */
         else if (s->policy == IKV_POLICY_ALWAYS) s->reason = IKV_REASON_ALWAYS;
         else if (s->policy == IKV_POLICY_GLOBAL) s->reason = IKV_REASON_GLOBAL;
         else if (s->policy == IKV_POLICY_RECENT) s->reason = any_mand ? IKV_REASON_RECENT_WINDOW : IKV_REASON_OUTSIDE_WINDOW;
@@ -556,6 +556,47 @@ static void test_over_budget(void **state) {
     ikv_layout_destroy(l);
 }
 
+/* An ATTEND block at or above the threshold wholly inside the recent window
+ * is read on its score (IKV_REASON_SCORE) in the precision table's format,
+ * also when the mandatory tokens exceed the budget and KEEP keeps them. */
+static void test_over_budget_keeps_score_blocks(void **state) {
+    (void)state;
+    ikv_layout *l = NULL;
+    IKVT_OK(ikv_layout_create(&l));
+    ikv_block_desc d = ikv_block_desc_default();
+    d.name = "sys";
+    d.start = 0;
+    d.end = 64;
+    d.policy = IKV_POLICY_ALWAYS;
+    IKVT_OK(ikv_layout_add(l, &d, NULL));
+    d.name = "doc";
+    d.start = 160;
+    d.end = 200;
+    d.policy = IKV_POLICY_ATTEND;
+    d.score = 0.6f;
+    uint32_t doc = 0;
+    IKVT_OK(ikv_layout_add(l, &d, &doc));
+    ikv_router_config c = ikv_router_default_config();
+    c.recent_window = 64;
+    c.over_budget = IKV_OVER_BUDGET_KEEP;
+    const uint32_t budgets[3] = {0, 1000, 100}; /* unlimited, ample, over (128 mandatory tokens) */
+    ikv_format table_format = IKV_FMT_COUNT;
+    for (int i = 0; i < 3; ++i) {
+        c.token_budget = budgets[i];
+        ikv_set_log_callback(capture, &(captured){0}, IKV_LOG_WARN); /* the over-budget warning */
+        ikv_plan *plan = route_checked(&c, l, 200);
+        ikv_set_log_callback(NULL, NULL, IKV_LOG_WARN);
+        const ikv_block_decision *dd = decision_of(plan, doc);
+        assert_int_equal(dd->reason, IKV_REASON_SCORE);
+        assert_int_equal(dd->tokens_selected, 40);
+        if (i == 0) table_format = (ikv_format)dd->format;
+        assert_int_equal(dd->format, table_format);
+        ikv_plan_destroy(plan);
+    }
+    assert_int_equal(table_format, ikv_router_default_config().precision.attend_mid);
+    ikv_layout_destroy(l);
+}
+
 static void test_pressure_and_hints(void **state) {
     (void)state;
     ikv_layout *l = scenario();
@@ -863,6 +904,7 @@ static void test_random_property(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_reason),       cmocka_unit_test(test_over_budget),
+        cmocka_unit_test(test_over_budget_keeps_score_blocks),
         cmocka_unit_test(test_pressure_and_hints), cmocka_unit_test(test_router_config_errors),
         cmocka_unit_test(test_plan_accessor_errors), cmocka_unit_test(test_random_property),
         cmocka_unit_test(test_attend_inside_window),

@@ -63,7 +63,8 @@ constexpr float kFp8Max = 448.0f;
 
 IKV_HD constexpr uint64_t align_up(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
-IKV_HD constexpr uint32_t int4_v_groups(uint32_t D) { return (D + kInt4VGroup - 1) / kInt4VGroup; }
+// ceil(D / 32) without the overflow of D + 31 (plan costs take any head_dim below 2^32).
+IKV_HD constexpr uint32_t int4_v_groups(uint32_t D) { return D / kInt4VGroup + (D % kInt4VGroup != 0 ? 1u : 0u); }
 
 // Bytes of one token row of K (or V) in a format (data only, no scales).
 IKV_HD constexpr uint64_t row_bytes(ikv_format f, uint32_t D) {

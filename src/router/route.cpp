@@ -201,9 +201,9 @@ ikv_status route_layout(const ikv_router_config &c, const ikv_layout &layout, ui
                     fn, static_cast<unsigned long long>(mandatory), c.token_budget);
     const uint64_t left = c.token_budget == 0 ? UINT64_MAX : over ? 0 : c.token_budget - mandatory;
     select_attend(segs, c.attend_threshold, left);
-    if (over)
+    if (over)  // a block read on its score keeps IKV_REASON_SCORE and its table format (the header's rule)
         for (Segment &s : segs)
-            if (s.mand < s.end) s.reason = IKV_REASON_OVER_BUDGET_KEPT;
+            if (s.mand < s.end && s.reason != IKV_REASON_SCORE) s.reason = IKV_REASON_OVER_BUDGET_KEPT;
     for (Segment &s : segs)
         s.format = block_format(c.precision, c.memory_pressure, role_of(s), s.score, s.hint);
 
