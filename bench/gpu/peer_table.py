@@ -246,8 +246,8 @@ def main():
                 (B, c, "INT4 vs F16 dense", ratio(dense, o(B, c, "dense-int4")), 2.50),
             ]
     md += ["", "Selection extras (issue 17), ms per call: top-k 25% on the Quest bound, on the hybrid score, "
-           "the hybrid with a query memory of 4 turns; dense with attention feedback (the call waits for the "
-           "shares).", "", "| B, ctx | topk25 Quest | hybrid | hybrid + memory | dense | dense + feedback |",
+           "the hybrid with a query memory of 4 turns; dense with attention feedback (the decode sums each page's share as it reads "
+           "it; their copy is not waited for).", "", "| B, ctx | topk25 Quest | hybrid | hybrid + memory | dense | dense + feedback |",
            "|---|---|---|---|---|---|"]
     for B, c in SHAPES:
         md.append(f"| {B}, {c // 1024}K | " + " | ".join(fmt(o(B, c, x)) for x in (
