@@ -184,9 +184,10 @@ IKV_API ikv_status ikv_runtime_info_get(ikv_runtime_info *info);
 typedef enum ikv_format {
     IKV_FMT_F16 = 0,      /**< IEEE half; lossless for |x| <= 65504 up to half rounding */
     IKV_FMT_BF16 = 1,     /**< bfloat16, round to nearest even; finite values beyond the largest bf16 saturate to it */
-    IKV_FMT_FP8_E4M3 = 2, /**< FP8 E4M3 with one float scale per page, layer and kv-head (K and V each) */
-    IKV_FMT_INT8 = 3,     /**< symmetric int8; K scaled per channel over the page, V per token (KIVI); INT8 and FP8
-                               saturate beyond about 3.376e38 so that every stored value is finite (docs/FORMATS.md) */
+    IKV_FMT_FP8_E4M3 = 2, /**< FP8 E4M3 with one float scale per page, layer and kv-head (K and V each); saturates
+                               beyond about 3.376e38 so that every stored value is finite (docs/FORMATS.md) */
+    IKV_FMT_INT8 = 3,     /**< symmetric int8; K scaled per channel over the page, V per token (KIVI); saturates
+                               beyond about 3.376e38, as FP8 */
     IKV_FMT_INT4 = 4,     /**< asymmetric 4-bit, packed; K per channel over the page, V per token in groups of 32 channels;
                                minimums and scales are halves, so values beyond +-65504 saturate (docs/FORMATS.md) */
     IKV_FMT_COUNT = 5,
@@ -1301,7 +1302,7 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * Device memory (the decoder's scratch, CUDA pools): 8 bytes per query row
  * (n_query_tokens x n_q_heads / n_kv_heads) per 16 rows of every list entry,
  * per kv-head and sequence of the call, plus 12 bytes per list entry.
- * Host memory: 4 bytes per page, layer and kv-head of each sequence fed back;
+ * Host memory: 5 bytes per page, layer and kv-head of each sequence fed back;
  * CUDA pools also up to 8 pinned buffers, each of 8 bytes per list entry and
  * 4 per list (sequences x kv-heads lists of the longest list's entries) of
  * the largest decode it served, kept until the feedback is destroyed.

@@ -28,7 +28,7 @@ __device__ __forceinline__ int64_t input_offset(const AppendRows &in, uint32_t l
 __device__ __forceinline__ float widen16(uint32_t b, bool f16) {
     return f16 ? f16_to_f32(uint16_t(b)) : bf16_to_f32(uint16_t(b));
 }
-// fp32 as F16 or BF16 bits (round to nearest even; F16 saturates): what a 16-bit page stores.
+// fp32 as F16 or BF16 bits (round to nearest even; finite values saturate): what a 16-bit page stores.
 __device__ __forceinline__ uint16_t narrow16(float x, bool f16) { return f16 ? f32_to_f16(x) : f32_to_bf16(x); }
 
 // Element `off` of the input as fp32.

@@ -263,10 +263,11 @@ static void test_huge_finite_values_stay_finite(void **state) {
             k[0][i] = v[0][i] = huge[i % 4];
             k[1][i] = v[1][i] = 0.5f + 0.01f * (float)(i % 7);
         }
-        for (int t = 0; t < 2; ++t) {
+        for (int t = 0; t < 2; ++t) { /* f odd: the ordinary token first, so the huge one widens the scales */
+            const int src = f % 2 ? 1 - t : t;
             ikv_append a = ikv_append_default(pool, 1);
-            a.k = k[t];
-            a.v = v[t];
+            a.k = k[src];
+            a.v = v[src];
             IKVT_OK(ikv_pool_append(pool, s, &a));
         }
         for (int pass = 0; pass < 2; ++pass) {
@@ -280,7 +281,8 @@ static void test_huge_finite_values_stay_finite(void **state) {
                     fail();
                 }
             const ikv_format now = pass == 0 ? (ikv_format)f : (ikv_format)((f + 1) % IKV_FMT_COUNT);
-            if (pass == 0 && now == IKV_FMT_BF16) assert_true(rk[0] == 0x1.fep127f && rk[1] == -0x1.fep127f);
+            const float *hk = rk + (f % 2 ? H * D : 0); /* the huge token's row */
+            if (pass == 0 && now == IKV_FMT_BF16) assert_true(hk[0] == 0x1.fep127f && hk[1] == -0x1.fep127f);
             for (uint32_t h = 0; h < H; ++h) {
                 IKVT_OK(ikv_seq_page_summary(pool, s, 0, h, 0, mn, mx, mean, NULL));
                 for (uint32_t d = 0; d < D; ++d) {
@@ -295,6 +297,26 @@ static void test_huge_finite_values_stay_finite(void **state) {
                 }
             }
         }
+        ikv_pool_destroy(pool);
+    }
+}
+
+/* A group whose largest magnitude is a tiny subnormal (absmax / 448 and
+ * absmax / 127 underflow to 0) is stored with s = 1: every value reads back
+ * finite and within the bound (here 0), never 0 / 0 = NaN. */
+static void test_tiny_groups_stay_finite(void **state) {
+    (void)state;
+    for (int f = 0; f < IKV_FMT_COUNT; ++f) {
+        ikv_pool *pool = make_pool((ikv_format)f);
+        float k[H * D], v[H * D], rk[H * D], rv[H * D];
+        for (int i = 0; i < H * D; ++i) k[i] = v[i] = i % 9 == 4 ? 1e-44f : 0.0f;
+        append_one_and_read(pool, k, v, rk, rv);
+        for (int i = 0; i < H * D; ++i)
+            if (!(isfinite(rk[i]) && isfinite(rv[i]) && fabsf(rk[i]) <= 1e-44f && fabsf(rv[i]) <= 1e-44f)) {
+                print_error("%s: element %d read back as k %g, v %g (input %g)\n", ikv_format_name((ikv_format)f), i,
+                            (double)rk[i], (double)rv[i], (double)k[i]);
+                fail();
+            }
         ikv_pool_destroy(pool);
     }
 }
@@ -476,6 +498,7 @@ int main(void) {
         cmocka_unit_test(test_int4_saturates),
         cmocka_unit_test(test_f16_saturates),
         cmocka_unit_test(test_huge_finite_values_stay_finite),
+        cmocka_unit_test(test_tiny_groups_stay_finite),
         cmocka_unit_test(test_promote_after_demote),
         cmocka_unit_test(test_summaries),
         cmocka_unit_test(test_slabs_within_capacity),

@@ -23,11 +23,12 @@
 //   INT4       K[P][D/2] (packed)   V[P][D/2]      k_scale[D], k_min[D] (f16)     v_scale[P][G], v_min[P][G] (f16)
 //
 // Numerics (docs/FORMATS.md gives the error bounds):
-//   F16/BF16   round to nearest even; F16 saturates to +-65504.
-//   FP8_E4M3   OCP E4M3 ("fn": max 448, no infinities). scale = absmax/448 over
-//              the sub-page's K (resp. V), 1 if absmax is 0; code = e4m3(x/scale)
+//   F16/BF16   round to nearest even; F16 saturates to +-65504, BF16 (finite inputs) to
+//              its largest value 0x1.fep127.
+//   FP8_E4M3   OCP E4M3 ("fn": max 448, no infinities). scale = min(absmax, 0x1.fcp127)/448
+//              over the sub-page's K (resp. V), 1 if that is 0; code = e4m3(x/scale)
 //              rounded to nearest even with saturation; x' = decode(code)*scale.
-//   INT8       symmetric. s = absmax/127 over the group (1 if 0);
+//   INT8       symmetric. s = min(absmax, 0x1.fcp127)/127 over the group (1 if that is 0);
 //              q = clamp(rint(x/s), -127, 127); x' = q*s.
 //              K groups: one channel over the page's tokens. V groups: one token.
 //   INT4       asymmetric, 16-bit group parameters (176 B per token and

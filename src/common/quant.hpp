@@ -169,12 +169,15 @@ IKV_HD float e4m3_to_f32(uint8_t c) {
 // stays below the largest bf16, so every stored value is finite and its key
 // summary (bf16, rounded outward) too; larger values saturate there.
 constexpr float kScaleAbsMax = 0x1.fcp127f;
-IKV_HD float int8_scale(float absmax) {
-    return absmax > 0.0f ? (absmax < kScaleAbsMax ? absmax : kScaleAbsMax) / 127.0f : 1.0f;
+// A scale that would be 0 (no magnitude, or one so small that the quotient
+// underflows: below ~3e-43 for FP8) is 1: the group's codes are then 0 or
+// its values' own roundings, and x / s is never 0 / 0.
+IKV_HD float group_scale(float absmax, float top_code) {
+    const float s = (absmax < kScaleAbsMax ? absmax : kScaleAbsMax) / top_code;
+    return s > 0.0f ? s : 1.0f;
 }
-IKV_HD float fp8_scale(float absmax) {
-    return absmax > 0.0f ? (absmax < kScaleAbsMax ? absmax : kScaleAbsMax) / kFp8Max : 1.0f;
-}
+IKV_HD float int8_scale(float absmax) { return group_scale(absmax, 127.0f); }
+IKV_HD float fp8_scale(float absmax) { return group_scale(absmax, kFp8Max); }
 
 // INT4 group parameters, stored as halves: the minimum rounded down and the
 // scale rounded up, so [m, m + 15 s] covers the group and every value is

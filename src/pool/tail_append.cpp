@@ -54,7 +54,9 @@ void summary_encode(uint16_t *rec, uint32_t D, uint32_t n, const float *mn, cons
     // encode_summary per channel, written without branches so the loops
     // vectorize: bf16_down / bf16_up move one ulp away from zero when low
     // bits are cut and the direction is outward; the mean rounds to nearest
-    // even (means of finite keys are finite: no NaN case).
+    // even (means of finite keys are finite: no NaN case; and a mean is at most
+    // the largest stored key, within the largest bf16, so f32_to_bf16's
+    // saturation never applies here).
     uint16_t *lo = rec, *hi = rec + D, *mean = rec + 2 * D;
     for (uint32_t d = 0; d < D; ++d) {
         const uint32_t x = f32_bits(mn[d]);
