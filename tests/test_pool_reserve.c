@@ -201,6 +201,56 @@ static void test_fork_and_shared_tail(void **state) {
 /* A CPU pool keeps no record of a room beyond its pages: a truncate releases
  * the pages past the new length, the room's too, and appends after it
  * allocate again (the header's rule). */
+/* A fork and its parent sharing a partial tail page, named together in one
+ * ikv_pool_append_batch or one ikv_pool_reserve: the shared page is copied
+ * once, not twice (the last of them keeps it, as two single calls would), so
+ * at a capacity of exactly the pages two single calls end with, the one call
+ * fits too; the batch stores what the two single appends store. */
+static void test_fork_and_parent_in_one_call(void **state) {
+    (void)state;
+    ikv_pool *probe = make_pool(IKV_FMT_F16, 1u << 20);
+    const uint64_t page = ikv_pool_page_bytes(probe, IKV_FMT_F16);
+    ikv_pool_destroy(probe);
+    ikv_pool *pools[3];
+    ikv_seq_id seqs[3][2];
+    ikvt_rng rng = {91};
+    const size_t count = (size_t)L * 2 * H * D; /* one token of every layer for each of two sequences */
+    float *k = malloc(4 * count), *v = malloc(4 * count);
+    ikvt_fill_normal(&rng, k, count, 1.0f);
+    ikvt_fill_normal(&rng, v, count, 1.0f);
+    for (int way = 0; way < 3; ++way) { /* two single appends, one batch append, one reserve then a batch */
+        pools[way] = make_pool(IKV_FMT_F16, 2 * page);
+        ikvt_rng same = {5};
+        IKVT_OK(ikv_seq_create(pools[way], &seqs[way][0]));
+        append_tokens(pools[way], seqs[way][0], 3, &same);
+        IKVT_OK(ikv_seq_fork(pools[way], seqs[way][0], &seqs[way][1]));
+        ikv_append a = ikv_append_default(pools[way], 1);
+        a.layer = IKV_ALL_LAYERS;
+        a.layer_stride = (int64_t)2 * H * D; /* layer l of sequence i at l * 2HD + i * HD */
+        a.seq_stride = (int64_t)H * D;
+        a.k = k;
+        a.v = v;
+        if (way == 0) {
+            for (int i = 0; i < 2; ++i) {
+                a.k = k + (size_t)i * H * D;
+                a.v = v + (size_t)i * H * D;
+                IKVT_OK(ikv_pool_append(pools[way], seqs[way][i], &a));
+            }
+        } else {
+            if (way == 2) IKVT_OK(ikv_pool_reserve(pools[way], seqs[way], 2, 1));
+            IKVT_OK(ikv_pool_append_batch(pools[way], seqs[way], 2, &a));
+        }
+        ikv_pool_stats st;
+        st.struct_size = sizeof st;
+        IKVT_OK(ikv_pool_get_stats(pools[way], &st));
+        assert_int_equal(st.pages_used, 2);
+    }
+    for (int way = 1; way < 3; ++way)
+        for (int i = 0; i < 2; ++i) assert_same_tokens(pools[0], seqs[0][i], pools[way], seqs[way][i]);
+    for (int way = 0; way < 3; ++way) ikv_pool_destroy(pools[way]);
+    free(k), free(v);
+}
+
 static void test_truncate_releases_the_room(void **state) {
     (void)state;
     ikv_pool *pool = make_pool(IKV_FMT_F16, 16u << 20);
@@ -254,6 +304,7 @@ int main(void) {
         cmocka_unit_test(test_room_ends_and_shrinks),
         cmocka_unit_test(test_room_that_does_not_fit_changes_nothing),
         cmocka_unit_test(test_fork_and_shared_tail),
+        cmocka_unit_test(test_fork_and_parent_in_one_call),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_truncate_releases_the_room),
     };

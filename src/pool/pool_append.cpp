@@ -166,6 +166,9 @@ ikv_status allocate_pages_locked(ikv_pool *pool, std::vector<Part> &parts, const
         const ikv_status st = find_new_pages_locked(pool, pt, plan, plan_pages, fn, &extra);
         if (st != IKV_OK) return st;
     }
+    keep_last_shared_copy_locked(parts, [&](const std::pair<uint32_t, PageRec *> &, const PageRec *old) {
+        extra -= pool->page_bytes[old->format];
+    });
     ikv_status st = check_capacity_locked(pool, extra, 0, fn);
     if (st != IKV_OK) return st;
     for (Part &pt : parts) {

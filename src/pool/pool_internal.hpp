@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -38,6 +39,30 @@ ikv_status alloc_page_locked(ikv_pool *pool, ikv_format f, PageRec *rec);
 void unref_page_locked(ikv_pool *pool, PageRec *rec);
 // Release a page's bytes and uncharge them (rec itself stays).
 void free_page_bytes_locked(ikv_pool *pool, PageRec *rec);
+// Parts of one call (Part: a `seq` and `copies` of (page index, record)) that
+// each plan to copy the same shared page: where every holder of the page is
+// among them (a fork and its parent in one batch), the last of them keeps the
+// page instead, as that many single calls would (the earlier ones copy it, the
+// last finds it no longer shared and writes it in place). Its copy entry is
+// removed after drop(entry, original page) (a record to free, a charge to take
+// back). The callers make every copy before any write. Allocates nothing.
+template <class Part, class Drop>
+void keep_last_shared_copy_locked(std::vector<Part> &parts, Drop drop) {
+    for (Part &pt : parts)
+        for (auto &e : pt.copies) ++pt.seq->pages[e.first]->call_copies;
+    for (size_t i = parts.size(); i-- > 0;) {
+        auto &copies = parts[i].copies;
+        for (size_t j = copies.size(); j-- > 0;) {
+            PageRec *old = parts[i].seq->pages[copies[j].first];
+            if (old->call_copies != old->refs) continue;
+            old->call_copies = 0;  // the earlier parts copy it
+            drop(copies[j], old);
+            copies.erase(copies.begin() + std::ptrdiff_t(j));
+        }
+    }
+    for (Part &pt : parts)
+        for (auto &e : pt.copies) pt.seq->pages[e.first]->call_copies = 0;
+}
 // Undo of a call's staging allocations: the staging of seq's `layers` freed
 // and their pointers cleared; `layers` emptied (append, truncate, reserve).
 // seq is read only when `layers` is not empty (a part that never found its

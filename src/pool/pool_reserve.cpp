@@ -91,6 +91,8 @@ ikv_status size_part(ikv_pool *pool, RoomPart &rp) {
 // Under state_mu: capacity for every part's new pages (less what released
 // pages free), then their allocation; all or nothing.
 ikv_status allocate_locked(ikv_pool *pool, std::vector<RoomPart> &parts) {
+    // A fork and its parent in one call: the last keeps their shared page (plan_part planned two copies).
+    keep_last_shared_copy_locked(parts, [](std::pair<uint32_t, PageRec *> &e, const PageRec *) { delete e.second; });
     uint64_t extra = 0;
     for (const RoomPart &rp : parts) {
         const Seq &seq = *rp.seq;
