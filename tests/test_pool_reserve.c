@@ -3,8 +3,9 @@
  * store exactly what appends to a pool without room store (values, summaries,
  * decode); a room that does not fit changes nothing; n_tokens = 0 gives the
  * unused pages back; a fork shares the tokens, not the parent's room; a shared
- * tail is copied when the room is reserved; bad arguments are refused with a
- * sentence. The CUDA side (lengths on the device, captured steps) is
+ * tail is copied when the room is reserved (once, where a fork and its parent
+ * reserve in one call; on a CUDA pool too where there is a GPU); bad
+ * arguments are refused with a sentence. The CUDA side (lengths on the device, captured steps) is
  * test_gpu_graph_step.c. */
 #include <stdlib.h>
 #include <string.h>
@@ -206,8 +207,7 @@ static void test_fork_and_shared_tail(void **state) {
  * once, not twice (the last of them keeps it, as two single calls would), so
  * at a capacity of exactly the pages two single calls end with, the one call
  * fits too; the batch stores what the two single appends store. */
-static void test_fork_and_parent_in_one_call(void **state) {
-    (void)state;
+static void fork_and_parent_in_one_call(ikv_backend backend) {
     ikv_pool *probe = make_pool(IKV_FMT_F16, 1u << 20);
     const uint64_t page = ikv_pool_page_bytes(probe, IKV_FMT_F16);
     ikv_pool_destroy(probe);
@@ -219,7 +219,9 @@ static void test_fork_and_parent_in_one_call(void **state) {
     ikvt_fill_normal(&rng, k, count, 1.0f);
     ikvt_fill_normal(&rng, v, count, 1.0f);
     for (int way = 0; way < 3; ++way) { /* two single appends, one batch append, one reserve then a batch */
-        pools[way] = make_pool(IKV_FMT_F16, 2 * page);
+        pools[way] = ikvt_make_pool((ikvt_pool_spec){.backend = backend, .n_layers = L, .n_kv_heads = H, .head_dim = D,
+                                                     .page_size = P, .capacity_bytes = 2 * page,
+                                                     .default_format = IKV_FMT_F16, .kv_dtype = IKV_DTYPE_F32});
         ikvt_rng same = {5};
         IKVT_OK(ikv_seq_create(pools[way], &seqs[way][0]));
         append_tokens(pools[way], seqs[way][0], 3, &same);
@@ -249,6 +251,14 @@ static void test_fork_and_parent_in_one_call(void **state) {
         for (int i = 0; i < 2; ++i) assert_same_tokens(pools[0], seqs[0][i], pools[way], seqs[way][i]);
     for (int way = 0; way < 3; ++way) ikv_pool_destroy(pools[way]);
     free(k), free(v);
+}
+static void test_fork_and_parent_in_one_call(void **state) {
+    (void)state;
+    fork_and_parent_in_one_call(IKV_BACKEND_CPU);
+    ikv_runtime_info info;
+    info.struct_size = sizeof info;
+    IKVT_OK(ikv_runtime_info_get(&info));
+    if (info.cuda_built && info.cuda_device_count > 0) fork_and_parent_in_one_call(IKV_BACKEND_CUDA); /* host input */
 }
 
 static void test_truncate_releases_the_room(void **state) {
