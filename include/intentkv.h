@@ -797,9 +797,10 @@ IKV_API ikv_status ikv_pool_append(ikv_pool *pool, ikv_seq_id seq, const ikv_app
  * n_seqs*seq_stride: the default suits one sequence). args->formats, when
  * set, applies to every sequence's new pages.
  * The bytes stored equal n_seqs calls of ikv_pool_append, and so do the pages
- * used: a page shared only by sequences of the batch (a fork and its parent)
- * is copied for all but the last of them, which writes it in place, as the
- * single calls would (the same holds for ikv_pool_reserve). On a CUDA pool the
+ * used: a shared page whose holders are all in the batch and all write into
+ * it (a fork and its parent) is copied for all but the last of them, which
+ * writes it in place, as the single calls would (the same holds for
+ * ikv_pool_reserve). On a CUDA pool the
  * whole batch is checked for finiteness by one kernel with one 8-byte
  * read-back and written by one launch per round (a one-token batch is one
  * round), so the call costs about what a one-sequence append does.

@@ -199,17 +199,14 @@ static void test_fork_and_shared_tail(void **state) {
     ikv_pool_destroy(pool);
 }
 
-/* A CPU pool keeps no record of a room beyond its pages: a truncate releases
- * the pages past the new length, the room's too, and appends after it
- * allocate again (the header's rule). */
 /* A fork and its parent sharing a partial tail page, named together in one
  * ikv_pool_append_batch or one ikv_pool_reserve: the shared page is copied
  * once, not twice (the last of them keeps it, as two single calls would), so
  * at a capacity of exactly the pages two single calls end with, the one call
  * fits too; the batch stores what the two single appends store. */
-static void fork_and_parent_in_one_call(ikv_backend backend) {
-    ikv_pool *probe = make_pool(IKV_FMT_F16, 1u << 20);
-    const uint64_t page = ikv_pool_page_bytes(probe, IKV_FMT_F16);
+static void fork_and_parent_in_one_call(ikv_backend backend, ikv_format fmt) {
+    ikv_pool *probe = make_pool(fmt, 1u << 20);
+    const uint64_t page = ikv_pool_page_bytes(probe, fmt);
     ikv_pool_destroy(probe);
     ikv_pool *pools[3];
     ikv_seq_id seqs[3][2];
@@ -221,7 +218,7 @@ static void fork_and_parent_in_one_call(ikv_backend backend) {
     for (int way = 0; way < 3; ++way) { /* two single appends, one batch append, one reserve then a batch */
         pools[way] = ikvt_make_pool((ikvt_pool_spec){.backend = backend, .n_layers = L, .n_kv_heads = H, .head_dim = D,
                                                      .page_size = P, .capacity_bytes = 2 * page,
-                                                     .default_format = IKV_FMT_F16, .kv_dtype = IKV_DTYPE_F32});
+                                                     .default_format = fmt, .kv_dtype = IKV_DTYPE_F32});
         ikvt_rng same = {5};
         IKVT_OK(ikv_seq_create(pools[way], &seqs[way][0]));
         append_tokens(pools[way], seqs[way][0], 3, &same);
@@ -255,13 +252,52 @@ static void fork_and_parent_in_one_call(ikv_backend backend) {
 }
 static void test_fork_and_parent_in_one_call(void **state) {
     (void)state;
-    fork_and_parent_in_one_call(IKV_BACKEND_CPU);
     ikv_runtime_info info;
     info.struct_size = sizeof info;
     IKVT_OK(ikv_runtime_info_get(&info));
-    if (info.cuda_built && info.cuda_device_count > 0) fork_and_parent_in_one_call(IKV_BACKEND_CUDA); /* host input */
+    const int gpu = info.cuda_built && info.cuda_device_count > 0;
+    for (int f = 0; f < 2; ++f) { /* INT8: the kept page's rows are re-encoded where a scale widens */
+        const ikv_format fmt = f ? IKV_FMT_INT8 : IKV_FMT_F16;
+        fork_and_parent_in_one_call(IKV_BACKEND_CPU, fmt);
+        if (gpu) fork_and_parent_in_one_call(IKV_BACKEND_CUDA, fmt); /* host input */
+    }
 }
 
+/* A page held by three sequences, two of them in one batch: both copy it
+ * (the third still holds it), and the third's tokens are unchanged. */
+static void test_shared_page_with_a_holder_outside_the_call(void **state) {
+    (void)state;
+    ikv_pool *pool = make_pool(IKV_FMT_INT8, 1u << 20);
+    ikvt_rng rng = {17};
+    ikv_seq_id s[3];
+    IKVT_OK(ikv_seq_create(pool, &s[0]));
+    append_tokens(pool, s[0], 5, &rng);
+    IKVT_OK(ikv_seq_fork(pool, s[0], &s[1]));
+    IKVT_OK(ikv_seq_fork(pool, s[0], &s[2]));
+    float before_k[(size_t)5 * H * D], before_v[(size_t)5 * H * D], k2[(size_t)5 * H * D], v2[(size_t)5 * H * D];
+    IKVT_OK(ikv_seq_read(pool, s[2], 1, 0, 5, before_k, before_v));
+    const size_t count = (size_t)L * 2 * H * D;
+    float *k = malloc(4 * count), *v = malloc(4 * count);
+    ikvt_fill_normal(&rng, k, count, 30.0f); /* larger than the stored rows: the scales widen */
+    ikvt_fill_normal(&rng, v, count, 30.0f);
+    ikv_append a = ikv_append_default(pool, 1);
+    a.layer = IKV_ALL_LAYERS;
+    a.layer_stride = (int64_t)2 * H * D;
+    a.seq_stride = (int64_t)H * D;
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append_batch(pool, s, 2, &a));
+    assert_int_equal(ikvt_pool_stats(pool).pages_used, 3);
+    IKVT_OK(ikv_seq_read(pool, s[2], 1, 0, 5, k2, v2));
+    assert_memory_equal(before_k, k2, sizeof k2);
+    assert_memory_equal(before_v, v2, sizeof v2);
+    ikv_pool_destroy(pool);
+    free(k), free(v);
+}
+
+/* A CPU pool keeps no record of a room beyond its pages: a truncate releases
+ * the pages past the new length, the room's too, and appends after it
+ * allocate again (the header's rule). */
 static void test_truncate_releases_the_room(void **state) {
     (void)state;
     ikv_pool *pool = make_pool(IKV_FMT_F16, 16u << 20);
@@ -316,6 +352,7 @@ int main(void) {
         cmocka_unit_test(test_room_that_does_not_fit_changes_nothing),
         cmocka_unit_test(test_fork_and_shared_tail),
         cmocka_unit_test(test_fork_and_parent_in_one_call),
+        cmocka_unit_test(test_shared_page_with_a_holder_outside_the_call),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_truncate_releases_the_room),
     };
