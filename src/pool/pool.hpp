@@ -35,7 +35,7 @@ struct PageRec {
     uint32_t refs = 1;     // sequences whose block table holds this page (under state_mu)
     bool on_host = false;  // CUDA pools with a host tier: bytes are pinned host memory (pool_tier.cpp)
     uint64_t last_used = 0;  // the tier policy's step that last named this page (tier_policy.cpp)
-    uint32_t call_copies = 0;  // scratch of keep_last_shared_copy (pool_internal.hpp): 0 between calls
+    uint32_t call_copies = 0;  // scratch of keep_last_shared_copy_locked (pool_internal.hpp): 0 between calls
 };
 
 // The automatic tier policy (ikv_pool_set_tier_policy), defaults filled in.
