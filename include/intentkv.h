@@ -236,7 +236,8 @@ typedef enum ikv_block_kind {
 
 typedef enum ikv_policy {
     IKV_POLICY_ALWAYS = 0, /**< always read, at the router's always-format (full precision by default) */
-    IKV_POLICY_ATTEND = 1, /**< read if its score clears the threshold and it wins budget */
+    IKV_POLICY_ATTEND = 1, /**< read if its score clears the threshold and it wins budget (its part inside the
+                                recent window is read regardless: ikv_router_route) */
     IKV_POLICY_SKIP = 2,   /**< never read: zero bytes */
     IKV_POLICY_RECENT = 3, /**< read the part of it inside the router's recent window */
     IKV_POLICY_GLOBAL = 4, /**< always read, may be compressed (memory summaries) */
@@ -296,7 +297,8 @@ IKV_API ikv_status ikv_layout_clone(const ikv_layout *layout, ikv_layout **out);
  */
 IKV_API ikv_status ikv_layout_add(ikv_layout *layout, const ikv_block_desc *block, uint32_t *id_out);
 /** Replace block id's description with *block, under add's rules (overlap ignores the block itself).
- * Errors: as ikv_layout_add, and IKV_E_NOT_FOUND. */
+ * Errors: as ikv_layout_add, and IKV_E_NOT_FOUND; the description is checked first, so a bad
+ * description for an unknown id gives the description's error. */
 IKV_API ikv_status ikv_layout_update(ikv_layout *layout, uint32_t id, const ikv_block_desc *block);
 /** Re-score one block (the common multi-turn update). Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_INVALID. */
 IKV_API ikv_status ikv_layout_set_score(ikv_layout *layout, uint32_t id, float score);
@@ -368,7 +370,14 @@ typedef enum ikv_over_budget {
  * -> attend_mid, else attend_low. Memory pressure p then demotes every block
  * that is not ALWAYS by one step along F16/BF16 -> FP8 -> INT8 -> INT4 when
  * p >= demote1_pressure and by two when p >= demote2_pressure. A block's
- * precision_hint, when not AUTO, wins over the table and pressure. Every
+ * precision_hint, when not AUTO, wins over the table and pressure. ALWAYS
+ * blocks take always_format (never demoted), GLOBAL blocks global_format,
+ * RECENT blocks and blocks read only through the recent window
+ * recent_format, SKIP blocks attend_low (the format their skipped pages
+ * report). A page's format (ikv_plan_page.format, ikv_plan_page_format):
+ * with selected tokens, the highest precision (the enum's order, F16 first)
+ * among the blocks and unlabeled gaps that have a selected token in it;
+ * without, the lowest among every block and gap that touches it. Every
  * format field is a storage format (F16 ... INT4), not IKV_FMT_AUTO
  * (IKV_E_INVALID). Fixed layout: new precision settings are appended to
  * ikv_router_config.
@@ -392,7 +401,8 @@ typedef struct ikv_router_config {
     uint32_t token_budget;      /**< tokens a step may read; 0 = unlimited; default 0 */
     uint32_t recent_window;     /**< newest tokens always read (unless SKIP); default 512 */
     float memory_pressure;      /**< in [0, 1]; default 0 */
-    float attend_threshold;     /**< ATTEND blocks below it are skipped; in [0, 1]; default 0.3 */
+    float attend_threshold;     /**< ATTEND blocks below it are not read on their score (their part in the recent
+                                     window still is); in [0, 1]; default 0.3 */
     uint32_t prefetch_depth;    /**< prefetch hints to emit, in pages; default 4 */
     float unlabeled_score;      /**< tokens in no block are routed as ATTEND with this score; in [0, 1]; default 0 */
     ikv_over_budget over_budget;
@@ -428,7 +438,11 @@ IKV_API ikv_status ikv_router_set_pressure(ikv_router *router, float memory_pres
  * recent_format and the reason IKV_REASON_RECENT_WINDOW; an ATTEND block (or
  * gap) at or above the threshold is read on its score (IKV_REASON_SCORE) and
  * keeps the precision table's format, also when it lies wholly inside the
- * window (its tokens there cost no budget).
+ * window (its tokens there cost no budget). When mandatory tokens exceed the
+ * budget (IKV_OVER_BUDGET_KEEP), every block with a mandatory token reports
+ * IKV_REASON_OVER_BUDGET_KEPT instead of ALWAYS, GLOBAL or RECENT_WINDOW,
+ * except an ATTEND block (or gap) read on its score, which keeps
+ * IKV_REASON_SCORE.
  * The caller owns *plan_out (ikv_plan_destroy). The router is not changed and
  * may route from several threads at once.
  * Errors: IKV_E_NULL, IKV_E_INVALID (seq_len 0), IKV_E_RANGE (a block beyond
@@ -525,8 +539,9 @@ IKV_API ikv_status ikv_plan_skipped_pages(const ikv_plan *plan, const uint32_t *
  * Pages likely needed by the next step (not selected now), most likely first:
  * the page the next token lands in (pages_total when seq_len is a multiple of
  * page_size: a page not allocated yet, outside ikv_plan_page_format's range),
- * then the unread pages of ATTEND blocks not read whole (read in part, or
- * not at all), best score first. Plans from ikv_plan_from_ranges have none.
+ * then the unread pages of ATTEND blocks and unlabeled gaps not read whole
+ * (read in part, or not at all), best score first (equal scores: the newer
+ * block first). Plans from ikv_plan_from_ranges have none.
  * Points into the plan.
  */
 IKV_API ikv_status ikv_plan_prefetch(const ikv_plan *plan, const uint32_t **pages, size_t *count);
@@ -561,7 +576,8 @@ typedef struct ikv_plan_cost {
  * Cost of a plan for a model shape, in the bytes a decode of the plan reads
  * from a pool's pages (the count ikv_decoder_last_bytes_read makes: K and V
  * rows and their scales; the key summaries a page also stores are not read).
- * Errors: IKV_E_NULL, IKV_E_INVALID (a zero field, head_dim not a multiple
+ * Errors: IKV_E_NULL, IKV_E_INVALID (shape->struct_size smaller than the
+ * first version of ikv_model_shape, a zero field, head_dim not a multiple
  * of 16, n_q_heads not a multiple of n_kv_heads, or a shape so large that a
  * figure would pass 64 bits; *out is then unchanged).
  */
@@ -616,9 +632,12 @@ IKV_API ikv_pool_config ikv_pool_default_config_v2(void);
  * (device) in slabs as pages are needed, up to capacity_bytes: live pages
  * never pass it. The slab memory held (ikv_pool_stats.reserved_bytes) also
  * counts the free pages of part-used slabs, which only their own format can
- * use, so with pages of several formats it can pass capacity_bytes by those
- * free pages and one slab (a slab holds at most a 16th of capacity_bytes,
- * at least one page, and at most 1 MiB on the host or 64 MiB on a device).
+ * use, and on the host the padding that aligns each page to 64 bytes, so it
+ * can pass capacity_bytes by that padding (up to 63 bytes per page, where a
+ * page's bytes are not a multiple of 64) and, with pages of several
+ * formats, by those free pages and one slab (a slab holds at most a 16th of
+ * capacity_bytes, at least one page, and at most 1 MiB on the host or
+ * 64 MiB on a device).
  * Each format keeps at most one empty slab (a CUDA pool with a host tier
  * keeps all), and a CPU pool also gives back other formats' empty slabs
  * before a new slab would pass capacity_bytes (a CUDA pool does not free
@@ -923,8 +942,9 @@ IKV_API ikv_status ikv_seq_fork(ikv_pool *pool, ikv_seq_id parent, ikv_seq_id *c
  * values, so a later append re-quantizes them once more: the bound then
  * applies twice, and FORMATS.md says so. Waits for the pool's asynchronous
  * appends first (IKV_APPEND_ASYNC). Errors: IKV_E_NULL, IKV_E_NOT_FOUND,
- * IKV_E_RANGE (n_tokens > length), IKV_E_EVICTED (rolling back into an
- * evicted page), IKV_E_STATE (layers of unequal length, or room reserved on
+ * IKV_E_RANGE (n_tokens > length), IKV_E_EVICTED (the new tail page would
+ * be partial and is evicted; rolling back to a page boundary among evicted
+ * pages is allowed), IKV_E_STATE (layers of unequal length, or room reserved on
  * a CUDA pool: ikv_pool_reserve), IKV_E_NOMEM (copy of a shared tail page,
  * when the pages the rollback releases do not free room for it),
  * IKV_E_DEVICE (CUDA pools: from the wait for asynchronous appends nothing
@@ -935,7 +955,8 @@ IKV_API ikv_status ikv_seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_t
 
 /**
  * Evict whole pages [begin, end): begin and end are multiples of page_size
- * and end <= the start of the tail page (the page still being written). The
+ * and end <= the length rounded down to a page (a partial tail page, the
+ * one still being written, is never evicted; a full last page may be). The
  * pages are released (shared ones when their last user goes) and their block
  * table entries point at a dead sentinel; positions of the surviving tokens do
  * not move and decode treats evicted tokens as absent. Evicting an already
@@ -944,7 +965,8 @@ IKV_API ikv_status ikv_seq_truncate(ikv_pool *pool, ikv_seq_id seq, uint32_t n_t
  */
 IKV_API ikv_status ikv_seq_evict(ikv_pool *pool, ikv_seq_id seq, uint32_t begin, uint32_t end);
 
-/** 1 if token's page was evicted, 0 if live. Errors: IKV_E_NOT_FOUND, IKV_E_RANGE. */
+/** 1 if token's page was evicted, 0 if live. token below the longest layer's stored length (which
+ *  ikv_seq_length gives when the layers are equal). Errors: IKV_E_NOT_FOUND, IKV_E_RANGE. */
 IKV_API ikv_status ikv_seq_is_evicted(const ikv_pool *pool, ikv_seq_id seq, uint32_t token, int *evicted_out);
 
 /**
@@ -1092,7 +1114,9 @@ IKV_API ikv_status ikv_seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uin
  * Re-store page `page` of a sequence in another format: dequantize to fp32,
  * quantize to the new format. Demotion (e.g. F16 -> INT4) loses bits;
  * promotion (INT4 -> F16) restores the precision of storage, not the lost
- * bits. Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_INVALID
+ * bits. An unshared page already in that format is left as it is (nothing
+ * re-stored; a shared one is refused as any).
+ * Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_INVALID
  * (format), IKV_E_EVICTED, IKV_E_SHARED (page shared with a fork),
  * IKV_E_NOMEM, IKV_E_STATE (room reserved on a CUDA pool:
  * ikv_pool_reserve), IKV_E_DEVICE (CUDA pools).
@@ -1124,8 +1148,10 @@ IKV_API ikv_status ikv_seq_read(const ikv_pool *pool, ikv_seq_id seq, uint32_t l
  * of K over the page's live tokens (as stored, i.e. dequantized), head_dim
  * floats each, host memory. The page keeps them as bfloat16: k_min rounded
  * down and k_max rounded up (so they still bound every stored key; each is
- * less than 2^-7 relative away from the exact value), k_mean rounded to
- * nearest; these calls return those values. Any pointer may be NULL.
+ * less than 2^-7 relative away from the exact value, or at most 2^-133 away
+ * where that value is below 2^-126 and bf16 is subnormal), k_mean the bf16
+ * nearest the mean (summed in double in token order; ties to even, one
+ * rounding); these calls return those values. Any pointer may be NULL.
  * n_tokens_out: tokens summarized. Errors: IKV_E_NULL (pool),
  * IKV_E_NOT_FOUND, IKV_E_RANGE (layer or kv_head out of range, or a page
  * that holds no token of the layer yet), IKV_E_EVICTED, IKV_E_NOMEM,
@@ -1399,7 +1425,8 @@ IKV_API void ikv_decoder_destroy(ikv_decoder *decoder);
  * candidate entry i (the non-mandatory ones) gets the estimated attention
  * weight w_i = n_i * exp(bound_i - max_j bound_j), n_i its token span and
  * bound_i its Quest bound (the scaled logit upper bound that fixed top-k
- * ranks by, before softcap). Candidates are taken in bound order (ties:
+ * ranks by, before softcap), or the score topk_score ranks by instead, with
+ * the feedback prior where topk_feedback_weight is on. Candidates are taken in bound order (ties:
  * earlier entry first) until the weight taken reaches topk_mass * sum_i w_i;
  * the budget is then the mandatory tokens plus the tokens taken, raised to
  * topk_min_tokens and lowered to topk_token_budget (0: no upper limit), and
@@ -1485,7 +1512,10 @@ typedef enum ikv_topk_score {
  * out_dtype; lse (optional, fp32, same index without d) receives the natural
  * log of the softmax denominator in the scaled-logit domain, so partial
  * attentions merge exactly. A query with no key to read (empty selection)
- * gets out = 0 and lse = -INFINITY.
+ * gets out = 0 and lse = -INFINITY. A query row of q holding a NaN or an inf
+ * that reads at least one key gets NaN in every channel of out and in lse,
+ * and adds nothing to attention feedback shares (the other rows are computed
+ * as usual).
  * CUDA pools: q, out, lse are device pointers; the call enqueues on stream and
  * returns without synchronizing (a feedback may wait for earlier decodes'
  * copies: see ikv_page_feedback). CPU pools: host pointers, done on return.
@@ -1538,11 +1568,12 @@ typedef struct ikv_decode_args {
     uint32_t struct_size;
     uint32_t layer;
     uint32_t n_seqs;              /**< >= 1 */
-    const ikv_seq_id *seqs;       /**< n_seqs ids (host memory) */
+    const ikv_seq_id *seqs;       /**< n_seqs ids (host memory); an id may repeat (each listing is decoded on its own,
+                                       and with feedback each is one update of the sequence's averages), not with append */
     const ikv_plan *const *plans; /**< n_seqs plans or NULL entries; NULL array = all dense */
     uint32_t n_query_tokens;      /**< 1..IKV_MAX_QUERY_TOKENS */
     uint32_t n_q_heads;           /**< multiple of the pool's n_kv_heads */
-    const void *q;                /**< not checked for finiteness: a NaN or inf makes its rows' outputs non-finite */
+    const void *q;                /**< not checked for finiteness: a row holding a NaN or inf gets NaN outputs (above) */
     ikv_dtype q_dtype;
     void *out;
     ikv_dtype out_dtype;
@@ -1581,7 +1612,10 @@ typedef struct ikv_decode_args {
      * a candidate's score becomes max(score - the best candidate's score,
      * log(topk_feedback_weight * ema)), so a page that recently held a share
      * m of the attention ranks at least as a page whose score is log(weight * m)
-     * below the best (pages without feedback: unchanged). In [0, 1]; default 0 (off).
+     * below the best (a page without feedback keeps score - best: the pages'
+     * order among themselves is unchanged). Every rule that reads the score
+     * (ties, NaN last, IKV_TOPK_MASS's weights w_i) reads it with the prior.
+     * In [0, 1]; default 0 (off).
      */
     float topk_feedback_weight;
     /**

@@ -22,7 +22,7 @@ __device__ __forceinline__ void store_fold(const StageFold &fold, uint16_t *rec,
                                            float mn, float mx, double sum, uint32_t rows) {
     const uint32_t fi = h * D + d;
     fold.mn[fi] = mn, fold.mx[fi] = mx, fold.sum[fi] = sum;
-    encode_summary(rec, D, d, mn, mx, float(sum / double(rows)));
+    encode_summary(rec, D, d, mn, mx, sum / double(rows));
 }
 
 // Rows [row0, row0 + rows) of job j's F16/BF16 sub-page h, from its staging.

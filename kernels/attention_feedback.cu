@@ -66,7 +66,8 @@ __device__ float entry_share(const DecodeParams &p, const float *qs, uint32_t r0
     for_each_key_dot<D, F, NR>(sub, p.shape.page_size, pg.begin, pg.end, qs, lane, [&](uint32_t row, const float *dot) {
 #pragma unroll
         for (uint32_t i = 0; i < W::kOut; ++i) {
-            if (lse[i] == -INFINITY || pg.pos0 + row > last[i]) continue;  // read nothing, or the row's future
+            // read nothing (lse -inf), a query holding a NaN or inf (lse NaN: it adds nothing), or the row's future
+            if (!(fabsf(lse[i]) < INFINITY) || pg.pos0 + row > last[i]) continue;
             const float logit = p.softcap > 0.0f ? p.softcap * tanhf(dot[i] / p.softcap) : dot[i];
             acc += expf(logit - lse[i]);
         }
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(256) feedback_from_chunks_kernel(const DecodeP
                 const float l = row[2 * r + 1];
                 if (!(l > 0.0f)) continue;  // the chunk gave the row nothing
                 const float lse = p.lse[(uint64_t(b) * T + r / G) * p.n_q_heads + h * G + r % G];
-                if (lse == -INFINITY) continue;  // the row read nothing
+                if (!(fabsf(lse) < INFINITY)) continue;  // the row read nothing, or its query is not finite
                 share += l * exp2f(row[2 * r] - lse * kLog2e);
             }
         }

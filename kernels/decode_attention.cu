@@ -743,6 +743,31 @@ __device__ void commit_room(const DecodeParams &p, const RoomArgs &ra, uint32_t 
     if (len > t.list_end) r.stale_read = 1;  // a graph captured before the room grew
 }
 
+// For merge_kernel's rare path (a row whose weights summed to 0): whether
+// query row `row` (t * G + g) of (seq, head) holds a NaN or inf and its list
+// holds a token at or before the row's position (it read a key). Every
+// thread of the block takes part and gets the answer. After a decode that
+// appended (kCommit), the length the decode read is the room's, advanced
+// beside this grid: there a listed entry counts (a one-token step reads the
+// token it appended). Not inlined: merge_kernel's common path keeps its code.
+template <bool kCommit>
+__device__ __noinline__ bool non_finite_row_read_a_key(const DecodeParams &p, uint32_t seq, uint32_t head,
+                                                       uint32_t row) {
+    const uint32_t D = p.shape.head_dim, G = p.n_q_heads / p.shape.n_kv_heads, t = row / G;
+    const uint64_t qi = (uint64_t(seq) * p.n_query_tokens + t) * p.n_q_heads + head * G + row % G;
+    bool bad = false;
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) bad |= !isfinite(load_elem(p.q, p.q_dtype, qi * D + d));
+    if (!__syncthreads_or(bad)) return false;
+    const uint32_t li = p.lists.list_heads > 1 ? seq * p.lists.list_heads + head : seq;
+    const uint32_t n = p.lists.counts[li];
+    if (kCommit) return n > 0;
+    const uint32_t qpos = p.seq_len[seq] - p.n_query_tokens + t;
+    const DevPage *list = p.lists.pages + uint64_t(li) * p.lists.stride;
+    bool any = false;
+    for (uint32_t e = threadIdx.x; e < n && !any; e += blockDim.x) any = list[e].pos0 + list[e].begin <= qpos;
+    return __syncthreads_or(any);
+}
+
 constexpr int kMergeThreads = 128;
 // Every head dim's float4 columns (D/4 = 8 at D = 32 ... 64 at D = 256) tile the block.
 static_assert(kMergeThreads % (256 / 4) == 0 && kMergeThreads % (32 / 4) == 0, "whole column groups");
@@ -807,6 +832,13 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams
         l += v.y * w;
     }
     l = block_reduce(l, false, tmp);  // its barriers also publish wgt
+    // A query row holding a NaN or inf gets NaN outputs where it read a key
+    // (the header). Its logits are NaN or +-inf. The decode's maxima skip
+    // NaN, so NaN and -inf logits (an inf in q against keys of one sign in
+    // that channel) read as masked and their weights sum to 0, as for a row
+    // that read nothing; a +inf one makes the sums NaN. Told apart here, off
+    // the common path (l > 0), so the decode kernel carries no check.
+    const bool nan_row = l != l || (l == 0.0f && non_finite_row_read_a_key<kCommit>(p, seq, head, row));
 
     float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     auto add = [&](uint32_t s, const float4 &v) {
@@ -827,7 +859,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams
         const float4 v = red[k * cols + col];
         a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
     }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float inv = l > 0.0f ? 1.0f / l : nan_row ? NAN : 0.0f;
     const float o[4] = {a.x * inv, a.y * inv, a.z * inv, a.w * inv};
     const uint64_t oi = (uint64_t(seq) * p.n_query_tokens + t) * p.n_q_heads + head * G + g;
 #pragma unroll
@@ -840,7 +872,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams
         else
             static_cast<uint16_t *>(p.out)[d] = f32_to_bf16(o[j]);
     }
-    if (p.lse && threadIdx.x == 0) p.lse[oi] = l > 0.0f ? m + logf(l) : -INFINITY;
+    if (p.lse && threadIdx.x == 0) p.lse[oi] = l > 0.0f ? m + logf(l) : nan_row ? NAN : -INFINITY;
 }
 
 int decode_mode(const DecodeParams &p) {

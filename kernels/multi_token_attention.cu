@@ -89,10 +89,18 @@ __global__ void stage_kernel(const DecodeParams p, bool bf16, uint16_t *qs, floa
     if (!q.valid) return;
     const uint32_t D = q.D, lane = q.lane;
     const uint64_t w = q.w, src = q.qi * D;
+    bool finite = true;
     for (uint32_t d = lane; d < D; d += 32) {
-        qs[w * D + d] = to_operand(load_elem(p.q, p.q_dtype, src + d), bf16);
+        const float x = load_elem(p.q, p.q_dtype, src + d);
+        finite &= isfinite(x);
+        qs[w * D + d] = to_operand(x, bf16);
         O[w * D + d] = 0.0f;
     }
+    // A row holding a NaN or inf becomes all NaN, so that every logit it
+    // makes is NaN (an inf alone can make only -inf logits, which read as
+    // masked): softmax_kernel then marks it, and its outputs are NaN.
+    if (!__all_sync(0xFFFFFFFFu, finite))
+        for (uint32_t d = lane; d < D; d += 32) qs[w * D + d] = to_operand(NAN, bf16);
     if (lane == 0) {
         m[w] = -INFINITY;
         l[w] = 0.0f;
@@ -228,7 +236,12 @@ __global__ void softmax_kernel(const DecodeParams p, bool bf16, uint32_t bh0, ui
                                                         uint32_t(o[2]) | uint32_t(o[3]) << 16);
     }
     sum = warp_sum(sum);
-    if (m_new == -INFINITY) return;  // nothing visible yet: P = 0, state unchanged
+    if (m_new == -INFINITY) {  // nothing visible yet: P = 0, state unchanged;
+        // or NaN logits only (a query holding a NaN or inf, stage_kernel): l
+        // becomes NaN and stays so, and finalize writes NaN
+        if (lane == 0 && sum != sum) l[row] = sum;
+        return;
+    }
     const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
     if (alpha != 1.0f)
         for (uint32_t d = lane; d < D; d += 32) O[row * D + d] *= alpha;
@@ -245,9 +258,10 @@ __global__ void finalize_kernel(const DecodeParams p, const float *O, const floa
     const uint32_t D = q.D, lane = q.lane;
     const uint64_t w = q.w, oi = q.qi;
     const float L = l[w];
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    // L NaN: a query holding a NaN or inf read keys (out and lse NaN); 0: it read none
+    const float inv = L > 0.0f ? 1.0f / L : L != L ? NAN : 0.0f;
     for (uint32_t d = lane; d < D; d += 32) store_elem(p.out, p.out_dtype, oi * D + d, O[w * D + d] * inv);
-    if (p.lse && lane == 0) p.lse[oi] = L > 0.0f ? m[w] + logf(L) : -INFINITY;
+    if (p.lse && lane == 0) p.lse[oi] = L > 0.0f ? m[w] + logf(L) : L != L ? NAN : -INFINITY;
 }
 
 uint32_t warp_blocks(uint64_t warps) { return uint32_t((warps * 32 + kThreads - 1) / kThreads); }

@@ -201,7 +201,7 @@ __device__ void quantize_subpage(const PageShape &shape, ikv_format f_any, uint8
             }
         }
         if (n_valid == 0) mn = mx = 0.0f;
-        encode_summary(rec, D, d, mn, mx, n_valid == 0 ? 0.0f : float(sum / double(n_valid)));
+        encode_summary(rec, D, d, mn, mx, n_valid == 0 ? 0.0 : sum / double(n_valid));
         if (fold_stage != nullptr && n_valid > 0) {  // keep the staging's folds for the next append
             const StageFold fold = stage_fold(shape, fold_stage);
             fold.mn[h * D + d] = mn, fold.mx[h * D + d] = mx, fold.sum[h * D + d] = sum;

@@ -1151,6 +1151,9 @@ static void reference_feedback(const stored_kv *s, const uint8_t *sel, uint32_t 
         for (uint32_t t = 0; t < nqt; ++t)
             for (uint32_t g = 0; g < group; ++g) {
                 const uint32_t qpos = length - nqt + t;
+                int finite = 1; /* a query row holding a NaN or inf adds nothing (the header) */
+                for (uint32_t d = 0; d < D; ++d) finite &= isfinite(q[((size_t)t * nq + h * group + g) * D + d]);
+                if (!finite) continue;
                 double mx = -INFINITY, sum = 0;
                 for (uint32_t i = 0; i <= qpos; ++i) {
                     logit[i] = -INFINITY;
@@ -1372,6 +1375,81 @@ static void test_attention_feedback(void **state) {
     free(avg);
     free_stored(&s);
     fix_free(&other);
+    fix_free(&f);
+}
+
+/* A query row holding a NaN or an inf gets NaN in every channel of out and in
+ * lse when it reads at least one key, and adds nothing to attention feedback;
+ * a row that reads no key keeps out = 0 and lse = -inf; every other row is
+ * the float64 reference's. Dense (T = 3) and a plan of the last two tokens
+ * (the first query token reads nothing), on the CPU ISA CTest selects. */
+static void test_non_finite_query_rows(void **state) {
+    (void)state;
+    enum { H = 2, G = 2, D = 64, P = 16, LEN = 100, NQ = H * G, T = 3, NP = (LEN + P - 1) / P };
+    ikvt_rng rng = {0xBAD9};
+    pool_fix f;
+    fix_init(&f, 1, H, D, P, IKV_FMT_F16, LEN, &rng, 0);
+    stored_kv s = read_stored(f.pool, f.seq, 0, H, D, P, LEN);
+    ikv_page_feedback_config fc = ikv_page_feedback_default_config();
+    fc.rate = 0.5f;
+    ikv_page_feedback *fb = NULL;
+    IKVT_OK(ikv_page_feedback_create(f.pool, &fc, &fb));
+    double *avg = calloc((size_t)H * NP, sizeof *avg);
+    static const ikv_token_range last_two[] = {{98, 100}};
+    ikv_plan *plan = NULL;
+    IKVT_OK(ikv_plan_from_ranges(last_two, 1, LEN, P, IKV_FMT_F16, &plan));
+    const double scale = 1.0 / sqrt((double)D);
+    for (int step = 0; step < 2; ++step) {
+        float q[T * NQ * D], out[T * NQ * D], lse[T * NQ];
+        double ref[T * NQ * D], ref_lse[T * NQ];
+        ikvt_fill_normal(&rng, q, T * NQ * D, 1.0f);
+        /* rows t * NQ + hq: dense: (1, 1) NaN, (2, 2) +inf, (0, 3) -inf; plan: (0, 0) NaN reads nothing, (2, 1) NaN */
+        const int bad[2][3] = {{1 * NQ + 1, 2 * NQ + 2, 0 * NQ + 3}, {0 * NQ + 0, 2 * NQ + 1, -1}};
+        const float val[3] = {NAN, INFINITY, -INFINITY};
+        for (int i = 0; i < 3; ++i)
+            if (bad[step][i] >= 0) q[(size_t)bad[step][i] * D + 5 + i] = step ? NAN : val[i];
+        ikv_decode_args a = ikv_decode_args_default();
+        const ikv_plan *plans[1] = {plan};
+        a.seqs = &f.seq;
+        a.plans = step ? plans : NULL;
+        a.n_query_tokens = T;
+        a.n_q_heads = NQ;
+        a.q = q;
+        a.out = out;
+        a.lse = lse;
+        a.feedback = fb;
+        IKVT_OK(ikv_decode(g_dec3, f.pool, &a));
+        uint8_t *sel = plan_selection(step ? plan : NULL, LEN, H);
+        reference_step(&s, sel, LEN, H, D, NQ, T, q, IKV_DTYPE_F32, scale, 0.0, ref, ref_lse);
+        reference_feedback(&s, sel, LEN, H, D, P, NQ, T, q, scale, 0.5, avg);
+        free(sel);
+        for (int row = 0; row < T * NQ; ++row) {
+            int is_bad = 0;
+            for (int i = 0; i < 3; ++i) is_bad |= bad[step][i] == row;
+            const int reads_nothing = step == 1 && row / NQ == 0; /* position 97, the plan starts at 98 */
+            for (int d = 0; d < D; ++d) {
+                const float o = out[row * D + d];
+                if (is_bad && !reads_nothing)
+                    assert_true(isnan(o));
+                else if (reads_nothing)
+                    assert_true(o == 0.0f);
+                else if (!(fabs(o - ref[row * D + d]) <= 1e-5 * (1 + fabs(ref[row * D + d]))))
+                    fail_msg("step %d row %d channel %d: %.9g, the reference %.9g", step, row, d, (double)o,
+                             ref[row * D + d]);
+            }
+            if (is_bad && !reads_nothing)
+                assert_true(isnan(lse[row]));
+            else if (reads_nothing)
+                assert_true(isinf(lse[row]) && lse[row] < 0);
+            else
+                assert_true(fabs(lse[row] - ref_lse[row]) <= 1e-5 * (1 + fabs(ref_lse[row])));
+        }
+        expect_feedback(fb, f.seq, 0, H, NP, avg); /* finite: the bad rows left out */
+    }
+    ikv_page_feedback_destroy(fb);
+    ikv_plan_destroy(plan);
+    free(avg);
+    free_stored(&s);
     fix_free(&f);
 }
 
@@ -2036,6 +2114,7 @@ int main(void) {
         cmocka_unit_test(test_lse_merges_disjoint_plans),
         cmocka_unit_test(test_selected_equals_dense_on_those_tokens),
         cmocka_unit_test(test_empty_selection),
+        cmocka_unit_test(test_non_finite_query_rows),
         cmocka_unit_test(test_batch),
         cmocka_unit_test(test_long_context_128k),
         cmocka_unit_test(test_bytes_read_dense_f16),

@@ -351,6 +351,57 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
     ikv_decoder_destroy(dec);
 }
 
+/* Pages of mixed formats in one step: the fused decode switches format per
+ * chunk inside one warp's ring, and its default compute follows the formats
+ * a step's lists hold (DecodeParams::formats: tensor cores once INT8/FP8/INT4
+ * pages are listed and long enough). Each phase decodes two sequences whose
+ * pages cycle through its formats (INT4 only; INT8, FP8 and INT4; INT4, F16
+ * and INT8), dense at T = 1 and T = 3, F32 and F16 queries (CTest's _simt and
+ * _tensor_cores runs force each compute path), against the CPU pool and
+ * float64; at head_dim 128 and 64 (the format matrix above runs 128 and 32). */
+static void test_mixed_page_formats(void **state) {
+    (void)state;
+    static const ikv_format phases[3][3] = {{IKV_FMT_INT4, IKV_FMT_INT4, IKV_FMT_INT4},
+                                            {IKV_FMT_INT8, IKV_FMT_FP8_E4M3, IKV_FMT_INT4},
+                                            {IKV_FMT_INT4, IKV_FMT_F16, IKV_FMT_INT8}};
+    ikvt_rng rng = {0x717E5};
+    ikv_decoder *dec = two_thread_decoder();
+    ikv_pool *cpu = make_pool(IKV_BACKEND_CPU, IKV_FMT_INT8), *gpu = make_pool(IKV_BACKEND_CUDA, IKV_FMT_INT8);
+    enum { B = 2 };
+    const uint32_t lens[B] = {211, 90};
+    ikv_seq_id sc[B], sg[B];
+    for (int b = 0; b < B; ++b) fill_both(cpu, gpu, &sc[b], &sg[b], lens[b], &rng);
+    for (int ph = 0; ph < 3; ++ph) {
+        for (int b = 0; b < B; ++b)
+            for (uint32_t pg = 0; pg * P < lens[b]; ++pg) {
+                const ikv_format f = phases[ph][(pg + (uint32_t)b) % 3];
+                IKVT_OK(ikv_seq_set_page_format(cpu, sc[b], pg, f));
+                IKVT_OK(ikv_seq_set_page_format(gpu, sg[b], pg, f));
+            }
+        for (int variant = 0; variant < 4; ++variant) {
+            step_cfg cfg = {variant % 2 ? 3u : 1u, NULL, 0, variant < 2 ? IKV_DTYPE_F32 : IKV_DTYPE_F16,
+                            0, 0, NULL, NULL, NULL, NULL, 0.0f};
+            const size_t n_out = (size_t)B * cfg.T * HQ * D;
+            float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * cfg.T * HQ);
+            ikvt_fill_normal(&rng, q, n_out, 1.0f);
+            if (cfg.q_dtype == IKV_DTYPE_F16) /* the reference sees the values the decoders read */
+                for (size_t i = 0; i < n_out; ++i) {
+                    uint16_t h;
+                    ikvt_to_f16(q + i, &h, 1);
+                    q[i] = ikvt_f16_to_f32(h);
+                }
+            const double e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
+            if (!(e <= step_tol(cfg.T, cfg.q_dtype)))
+                fail_msg("head_dim %u phase %d variant %d vs CPU: rel L2 %.3g", D, ph, variant, e);
+            expect_reference(gpu, sg, lens, B, NULL, 0, cfg.T, q, out, lse, step_tol(cfg.T, cfg.q_dtype));
+            free(q), free(out), free(lse);
+        }
+    }
+    ikv_pool_destroy(cpu);
+    ikv_pool_destroy(gpu);
+    ikv_decoder_destroy(dec);
+}
+
 /* FNV-1a over every (sequence, kv-head)'s runs of the decoder's last selection. */
 static uint64_t selection_digest(ikv_decoder *dec, uint32_t B) {
     uint64_t h = 1469598103934665603ull;
@@ -804,11 +855,6 @@ static void test_long_multi_token_step(void **state) {
     ikv_decoder_destroy(dec);
 }
 
-/* The same two tests at head_dim 32 (D set by the use_head_dim_32 setup): every
- * format, dense / causal T = 3 / plan / Quest, hybrid and mass top-k, F32 and
- * F16 queries (CTest's _simt and _tensor_cores runs force each compute path),
- * and the T = 130 step on the fused kernel and the GEMM path
- * (IKV_CUDA_MULTI_TOKEN), each against the CPU pool and float64. */
 /* Steps of 5 query tokens: 20 query rows per kv-head, which the fused
  * decode's feedback variants take in several row chunks (SIMT 8 rows, tensor
  * cores 16: three and two CTAs per kv-head, each writing its rows' chunk
@@ -853,6 +899,122 @@ static void test_feedback_many_rows(void **state) {
     ikv_decoder_destroy(dec);
 }
 
+
+/* A query row holding a NaN or an inf: on the CUDA pool, as on the CPU pool,
+ * every channel of its out and its lse are NaN, it adds nothing to the
+ * feedback averages, and every other row matches the CPU's. Dense steps of
+ * 1 and 3 tokens, F32 and F16 queries, on whatever paths CTest's runs force
+ * (SIMT, tensor cores; T = 3 on the GEMM path under IKV_CUDA_MULTI_TOKEN=gemm);
+ * then a row whose only logit is -inf (the merge kernel's rare path). */
+static void test_non_finite_query_rows(void **state) {
+    (void)state;
+    const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
+    ikvt_rng rng = {0x7A7A};
+    ikv_decoder *dec = two_thread_decoder();
+    enum { B = FB_SEQS, TM = 3 };
+    const size_t n_max = (size_t)B * TM * HQ * D, rows_max = (size_t)B * TM * HQ;
+    float *q = malloc(4 * n_max), *out_c = malloc(4 * n_max), *out_g = malloc(4 * n_max);
+    float *lse_c = malloc(4 * rows_max), *lse_g = malloc(4 * rows_max);
+    uint16_t *qh = malloc(2 * n_max);
+    void *dq = ikvt_dev_upload(NULL, 4 * n_max), *dout = ikvt_dev_upload(NULL, 4 * n_max);
+    void *dlse = ikvt_dev_upload(NULL, 4 * rows_max);
+    for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; ++fi) {
+        feedback_pools f = feedback_pools_make(fmts[fi], &rng);
+        for (int step = 0; step < 4; ++step) {
+            const uint32_t T = step % 2 ? TM : 1;
+            const ikv_dtype qd = step < 2 ? IKV_DTYPE_F32 : IKV_DTYPE_F16;
+            const size_t n = (size_t)B * T * HQ * D, rows = (size_t)B * T * HQ;
+            ikvt_fill_normal(&rng, q, n, 1.0f);
+            /* rows (b * T + t) * HQ + hq: NaN in (0, 0, 1), +inf in (1, T-1, HQ-1), -inf in (0, T-1, 2) */
+            const size_t bad[3] = {1, ((size_t)T + T - 1) * HQ + HQ - 1, (size_t)(T - 1) * HQ + 2};
+            q[bad[0] * D + 3] = NAN, q[bad[1] * D + 100 % D] = INFINITY, q[bad[2] * D] = -INFINITY;
+            ikvt_to_f16(q, qh, n); /* (which saturates infinities: the f16 ones are set by their bits) */
+            qh[bad[0] * D + 3] = 0x7E00, qh[bad[1] * D + 100 % D] = 0x7C00, qh[bad[2] * D] = 0xFC00;
+            const void *qin = qd == IKV_DTYPE_F16 ? (const void *)qh : (const void *)q;
+            const size_t q_bytes = (qd == IKV_DTYPE_F16 ? 2 : 4) * n;
+            if (qd == IKV_DTYPE_F16) /* the CPU reads the values the device reads */
+                for (size_t i = 0; i < n; ++i) q[i] = ikvt_f16_to_f32(qh[i]);
+            ikv_decode_args a = ikv_decode_args_default();
+            a.layer = 1;
+            a.n_seqs = B;
+            a.n_query_tokens = T;
+            a.n_q_heads = HQ;
+            a.q_dtype = qd;
+            a.seqs = f.sc, a.q = qin, a.out = out_c, a.lse = lse_c, a.feedback = f.fb_cpu;
+            IKVT_OK(ikv_decode(dec, f.cpu, &a));
+            assert_int_equal(ikvt_rt.memcpy_(dq, qin, q_bytes, IKVT_H2D), 0);
+            a.seqs = f.sg, a.q = dq, a.out = dout, a.lse = dlse, a.feedback = f.fb_gpu;
+            IKVT_OK(ikv_decode(dec, f.gpu, &a));
+            assert_int_equal(ikvt_rt.sync_(), 0);
+            assert_int_equal(ikvt_rt.memcpy_(out_g, dout, 4 * n, IKVT_D2H), 0);
+            assert_int_equal(ikvt_rt.memcpy_(lse_g, dlse, 4 * rows, IKVT_D2H), 0);
+            double num = 0, den = 0;
+            for (size_t r = 0; r < rows; ++r) {
+                const int is_bad = r == bad[0] || r == bad[1] || r == bad[2];
+                if (is_bad != (isnan(lse_c[r]) != 0) || is_bad != (isnan(lse_g[r]) != 0))
+                    fail_msg("format %d step %d row %zu: lse %g on the CPU, %g on CUDA", (int)fmts[fi], step, r,
+                             (double)lse_c[r], (double)lse_g[r]);
+                for (size_t d = 0; d < D; ++d) {
+                    const float c = out_c[r * D + d], g = out_g[r * D + d];
+                    if (is_bad) {
+                        if (!isnan(c) || !isnan(g))
+                            fail_msg("format %d step %d row %zu channel %zu: %g on the CPU, %g on CUDA, not NaN",
+                                     (int)fmts[fi], step, r, d, (double)c, (double)g);
+                        continue;
+                    }
+                    num += ((double)g - c) * ((double)g - c), den += (double)c * c;
+                }
+            }
+            if (!(sqrt(num / den) <= step_tol(T, qd)))
+                fail_msg("format %d step %d: the finite rows' rel L2 %.3g vs CPU", (int)fmts[fi], step, sqrt(num / den));
+        }
+        /* Only -inf logits: each sequence reads its last token alone (a plan), and row 1 (kv-head 0)
+         * holds -inf in a channel where that token's key is positive: its one logit is -inf, which
+         * the kernels read as masked; the row still gets NaN outputs (it read a key). */
+        {
+            static const uint32_t lens[B] = {301, 97};
+            ikv_plan *plans[B];
+            float k[HKV * D_MAX], v[HKV * D_MAX];
+            ikvt_fill_normal(&rng, q, (size_t)B * HQ * D, 1.0f);
+            for (int b = 0; b < B; ++b) {
+                const ikv_token_range last = {lens[b] - 1, lens[b]};
+                IKVT_OK(ikv_plan_from_ranges(&last, 1, lens[b], P, fmts[fi], &plans[b]));
+                IKVT_OK(ikv_seq_read(f.cpu, f.sc[b], 1, lens[b] - 1, lens[b], k, v));
+                uint32_t d = 0;
+                while (d + 1 < D && !(k[d] > 0.0f)) ++d;
+                assert_true(k[d] > 0.0f);
+                q[((size_t)b * HQ + 1) * D + d] = -INFINITY;
+            }
+            ikv_decode_args a = ikv_decode_args_default();
+            a.layer = 1;
+            a.n_seqs = B;
+            a.n_q_heads = HQ;
+            a.plans = (const ikv_plan *const *)plans;
+            a.seqs = f.sc, a.q = q, a.out = out_c, a.lse = lse_c;
+            IKVT_OK(ikv_decode(dec, f.cpu, &a));
+            assert_int_equal(ikvt_rt.memcpy_(dq, q, 4 * (size_t)B * HQ * D, IKVT_H2D), 0);
+            a.seqs = f.sg, a.q = dq, a.out = dout, a.lse = dlse;
+            IKVT_OK(ikv_decode(dec, f.gpu, &a));
+            assert_int_equal(ikvt_rt.sync_(), 0);
+            assert_int_equal(ikvt_rt.memcpy_(out_g, dout, 4 * (size_t)B * HQ * D, IKVT_D2H), 0);
+            assert_int_equal(ikvt_rt.memcpy_(lse_g, dlse, 4 * (size_t)B * HQ, IKVT_D2H), 0);
+            for (size_t r = 0; r < (size_t)B * HQ; ++r) {
+                const int is_bad = r % HQ == 1;
+                if (is_bad != (isnan(lse_c[r]) != 0) || is_bad != (isnan(lse_g[r]) != 0) ||
+                    is_bad != (isnan(out_c[r * D]) != 0) || is_bad != (isnan(out_g[r * D]) != 0))
+                    fail_msg("format %d, -inf logits only, row %zu: lse %g / %g, out %g / %g (CPU / CUDA)",
+                             (int)fmts[fi], r, (double)lse_c[r], (double)lse_g[r], (double)out_c[r * D],
+                             (double)out_g[r * D]);
+            }
+            for (int b = 0; b < B; ++b) ikv_plan_destroy(plans[b]);
+        }
+        expect_same_feedback(f.fb_cpu, f.sc, f.fb_gpu, f.sg, B, step_tol(TM, IKV_DTYPE_F16), fmts[fi]);
+        feedback_pools_free(&f);
+    }
+    ikvt_rt.free_(dq), ikvt_rt.free_(dout), ikvt_rt.free_(dlse);
+    free(q), free(out_c), free(out_g), free(lse_c), free(lse_g), free(qh);
+    ikv_decoder_destroy(dec);
+}
 
 /* A CUDA decode with feedback returns with its shares still on their way to
  * the host (cuda/cuda_feedback.cpp); they are added before the feedback is
@@ -907,7 +1069,11 @@ static void test_feedback_in_flight(void **state) {
 }
 
 /* <test>_head_dim_<n>: the test again at head_dim n (run between
- * use_head_dim_<n> and use_head_dim_128). At head_dim 32 a key row spans 4
+ * use_head_dim_<n> and use_head_dim_128). The format matrix at head_dim 32:
+ * every format, dense / causal T = 3 / plan / Quest, hybrid and mass top-k,
+ * F32 and F16 queries (CTest's _simt and _tensor_cores runs force each
+ * compute path), and the T = 130 step on the fused kernel and the GEMM path
+ * (IKV_CUDA_MULTI_TOKEN), each against the CPU pool and float64. At head_dim 32 a key row spans 4
  * lanes of kernels/warp_key_dots.cuh (the GEMM path's feedback kernel), and
  * each lane holds the sums of 4 of the 16 query rows it reads keys for at
  * once; at 256, 32 lanes, 8 of which hold each of 4 rows' sums. */
@@ -921,6 +1087,7 @@ AT_HEAD_DIM(test_long_multi_token_step, 32)
 AT_HEAD_DIM(test_feedback_many_rows, 32)
 AT_HEAD_DIM(test_feedback_many_rows, 64)
 AT_HEAD_DIM(test_feedback_many_rows, 256)
+AT_HEAD_DIM(test_mixed_page_formats, 64)
 
 /* CUDA-graph capture through the public API: an ikv_decode call on a CUDA
  * pool (plan upload, query-aware scoring + top-k, decode, merge) captured on
@@ -1329,6 +1496,8 @@ int main(void) {
     if (getenv("IKVT_TEST_FILTER")) cmocka_set_test_filter(getenv("IKVT_TEST_FILTER"));
     const struct CMUnitTest gpu[] = {
         cmocka_unit_test(test_cuda_pool_and_decode_match_cpu),
+        cmocka_unit_test(test_mixed_page_formats),
+        cmocka_unit_test_setup_teardown(test_mixed_page_formats_head_dim_64, use_head_dim_64, use_head_dim_128),
         cmocka_unit_test(test_keys_score_limits),
         cmocka_unit_test(test_long_multi_token_step),
         cmocka_unit_test_setup_teardown(test_cuda_pool_and_decode_match_cpu_head_dim_32, use_head_dim_32,
@@ -1340,6 +1509,7 @@ int main(void) {
         cmocka_unit_test(test_query_memory_matches_cpu),
         cmocka_unit_test(test_query_memory_in_graph),
         cmocka_unit_test(test_feedback_matches_cpu),
+        cmocka_unit_test(test_non_finite_query_rows),
         cmocka_unit_test(test_feedback_in_flight),
         cmocka_unit_test(test_feedback_many_rows),
         cmocka_unit_test_setup_teardown(test_feedback_many_rows_head_dim_32, use_head_dim_32, use_head_dim_128),

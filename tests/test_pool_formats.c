@@ -432,10 +432,24 @@ static float bf16_next(float x, int up) {
     return ikvt_bits_f32(away ? u + 0x10000u : u - 0x10000u);
 }
 
+/* The bfloat16 nearest m (ties to the even significand), from the definition:
+ * 8 significant bits, steps of 2^(e-8) for m in [2^(e-1), 2^e), 2^-133 below
+ * 2^-126 (subnormal). */
+static double bf16_nearest(double m) {
+    const double a = fabs(m);
+    if (a == 0) return m;
+    int e;
+    frexp(a, &e);
+    const double step = e - 8 < -133 ? 0x1p-133 : ldexp(1.0, e - 8);
+    const double lo = floor(a / step) * step, hi = lo + step;
+    const double r = a - lo < hi - a ? lo : a - lo > hi - a ? hi : fmod(lo / step, 2.0) == 0 ? lo : hi;
+    return m < 0 ? -r : r;
+}
+
 /* Each page's key summary against a plain recomputation from the values read
  * back: k_min is the largest bf16 <= the minimum, k_max the smallest bf16 >=
- * the maximum (so they bound every stored key), k_mean the fp32 mean rounded
- * to a bf16 within half a bf16 step. */
+ * the maximum (so they bound every stored key), k_mean the bf16 nearest the
+ * mean (summed in double in token order, as the header's one rounding says). */
 static void check_summaries(ikv_pool *pool, ikv_seq_id s) {
     uint32_t len;
     IKVT_OK(ikv_seq_length(pool, s, &len));
@@ -458,8 +472,9 @@ static void check_summaries(ikv_pool *pool, ikv_seq_id s) {
                 assert_true(is_bf16(mn[d]) && is_bf16(mx[d]) && is_bf16(mean[d]));
                 assert_true(mn[d] <= lo && bf16_next(mn[d], 1) > lo);
                 assert_true(mx[d] >= hi && bf16_next(mx[d], 0) < hi);
-                const double m = (float)(sum / nt);
-                assert_true(fabs(mean[d] - m) <= fabs(m) * 0x1p-8 + 0x1p-133);
+                if (mean[d] != bf16_nearest(sum / nt))
+                    fail_msg("page %u head %u channel %u: k_mean %.9g, the nearest bf16 to the mean %.17g is %.9g", p, h,
+                             d, (double)mean[d], sum / nt, bf16_nearest(sum / nt));
             }
         }
     free(rk);
@@ -492,6 +507,31 @@ static void test_summaries(void **state) {
     }
 }
 
+/* k_mean is the bf16 nearest the mean in one rounding: channel 0 of an F16
+ * page holds 2 + 2^-7 and 2^-24 (both exact in F16), whose mean 1 + 2^-8 +
+ * 2^-25 lies just above the midpoint of the bf16 values 1 and 1 + 2^-7. Its
+ * nearest fp32 is that midpoint, which ties-to-even would have taken to 1. */
+static void test_summary_mean_one_rounding(void **state) {
+    (void)state;
+    ikv_pool *pool = make_pool(IKV_FMT_F16);
+    float k[2 * H * D], v[2 * H * D];
+    memset(k, 0, sizeof k);
+    memset(v, 0, sizeof v);
+    k[0] = 2.0f + 0x1p-7f;
+    k[H * D] = 0x1p-24f;
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    ikv_append a = ikv_append_default(pool, 2);
+    a.k = k;
+    a.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &a));
+    float mn[D], mx[D], mean[D];
+    IKVT_OK(ikv_seq_page_summary(pool, s, 0, 0, 0, mn, mx, mean, NULL));
+    assert_true(mean[0] == 1.0f + 0x1p-7f);
+    assert_true(mn[0] == 0x1p-24f && mx[0] == 2.0f + 0x1p-6f); /* 2 + 2^-7 is not a bf16: k_max rounds up */
+    ikv_pool_destroy(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_bounds),
@@ -501,6 +541,7 @@ int main(void) {
         cmocka_unit_test(test_tiny_groups_stay_finite),
         cmocka_unit_test(test_promote_after_demote),
         cmocka_unit_test(test_summaries),
+        cmocka_unit_test(test_summary_mean_one_rounding),
         cmocka_unit_test(test_slabs_within_capacity),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,7 +12,7 @@
 //   ├─ ...                              sub-page (l, h) at (l*H + h) * subpage_bytes
 //   └─ summaries                        L*H records of 3*D bfloat16: k_min[D], k_max[D], k_mean[D]
 //                                       (k_min rounded down, k_max up: they bound every stored key;
-//                                       k_mean to nearest; quant.hpp encode_summary)
+//                                       k_mean to nearest, one rounding; quant.hpp encode_summary)
 //
 // A sub-page is a sequence of sections, each starting on a 16-byte boundary
 // (so kernels can use 16-byte vector loads; D is a multiple of 16):

@@ -121,11 +121,27 @@ IKV_HD uint16_t f32_to_bf16_toward(float f, bool up) {
 IKV_HD uint16_t bf16_down(float f) { return f32_to_bf16_toward(f, false); }
 IKV_HD uint16_t bf16_up(float f) { return f32_to_bf16_toward(f, true); }
 
+// k_mean: the bf16 nearest the mean computed in double (ties to even), in
+// one rounding. Rounding the double to the nearest fp32 first could make a
+// tie of a mean that is not one (0x1.01p0 + 2^-25 became 0x1.01p0, a tie,
+// then 1.0 by ties-to-even instead of 0x1.02p0). So the fp32 step rounds to
+// odd instead (truncated, lowest bit set when inexact), which keeps enough
+// of the lost bits for the bf16 rounding. Branch-free, so callers' loops
+// vectorize. A mean lies within its keys, so within the largest bf16.
+IKV_HD uint16_t mean_to_bf16(double mean) {
+    const float f = float(mean);  // to nearest
+    const double back = double(f);
+    uint32_t b = f32_bits(f);
+    b -= uint32_t((back < 0.0 ? -back : back) > (mean < 0.0 ? -mean : mean));  // rounded outward: truncate
+    b |= uint32_t(back != mean);                                            // inexact: odd
+    return f32_to_bf16(bits_f32(b));
+}
+
 // Channel d of a summary record from the stored keys' min, max and mean.
-IKV_HD void encode_summary(uint16_t *rec, uint32_t D, uint32_t d, float mn, float mx, float mean) {
+IKV_HD void encode_summary(uint16_t *rec, uint32_t D, uint32_t d, float mn, float mx, double mean) {
     rec[d] = bf16_down(mn);
     rec[D + d] = bf16_up(mx);
-    rec[2 * D + d] = f32_to_bf16(mean);
+    rec[2 * D + d] = mean_to_bf16(mean);
 }
 // The record as 3*D floats: k_min[D], k_max[D], k_mean[D].
 IKV_HD void decode_summary(const uint16_t *rec, uint32_t D, float *out) {

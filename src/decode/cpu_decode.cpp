@@ -51,7 +51,9 @@ void feed_back(ThreadPool &threads, DecodeScratch &S, const ikv_decode_args &a, 
             for (uint32_t t = sp.begin; t < sp.end; ++t) {
                 const float *kt = k + uint64_t(t - sp.begin) * D;
                 for (uint32_t r = 0; r < R; ++r) {
-                    if (sp.pos0 + t > qpos0 + r / group || lse[r] == -INFINITY) continue;  // in this row's future
+                    // in this row's future, or a row that read nothing (lse -inf) or whose query
+                    // is not finite (lse NaN: it adds nothing to the shares)
+                    if (sp.pos0 + t > qpos0 + r / group || !std::isfinite(lse[r])) continue;
                     float logit = 0.0f;
                     for (uint32_t d = 0; d < D; ++d) logit += q[uint64_t(r) * D + d] * kt[d];
                     if (a.softcap > 0.0f) logit = a.softcap * std::tanh(logit / a.softcap);
@@ -77,6 +79,13 @@ void feed_back(ThreadPool &threads, DecodeScratch &S, const ikv_decode_args &a, 
     }
 }
 
+// Whether list bh reads a token at or before position qpos (a row there reads at least one key).
+bool reads_a_key(const DecodeScratch &S, uint64_t bh, uint32_t qpos) {
+    for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i)
+        if (S.spans[i].pos0 + S.spans[i].begin <= qpos) return true;
+    return false;
+}
+
 }  // namespace
 
 ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *pool, const ikv_decode_args &a,
@@ -91,15 +100,24 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
     SubpageLayout layouts[IKV_FMT_COUNT];
     for (int f = 0; f < IKV_FMT_COUNT; ++f) layouts[f] = subpage_layout(ikv_format(f), P, D);
 
-    // ---- queries: fp32, scaled, rows of each kv-head's group together ----
+    // ---- queries: fp32, scaled, rows of each kv-head's group together; rows
+    // holding a NaN or inf are marked (the kernels' maxima skip NaN logits,
+    // which would read as a masked row: the merge writes NaN for them) ----
     S.q.resize(uint64_t(BH) * RD);
+    S.q_bad.assign(uint64_t(BH) * R, 0);
     for (uint32_t b = 0; b < B; ++b)
         for (uint32_t t = 0; t < nqt; ++t)
             for (uint32_t hq = 0; hq < nq; ++hq) {
                 const uint32_t h = hq / group, r = t * group + hq % group;
                 float *dst = S.q.data() + (uint64_t(b) * H + h) * RD + uint64_t(r) * D;
                 const uint64_t src = ((uint64_t(b) * nqt + t) * nq + hq) * D;
-                for (uint32_t d = 0; d < D; ++d) dst[d] = load_dtype_elem(a.q, a.q_dtype, src + d) * scale;
+                float finite = 0.0f;  // stays 0 (not NaN) iff every element is finite
+                for (uint32_t d = 0; d < D; ++d) {
+                    const float x = load_dtype_elem(a.q, a.q_dtype, src + d);
+                    dst[d] = x * scale;
+                    finite *= x;
+                }
+                S.q_bad[(uint64_t(b) * H + h) * R + r] = finite != 0.0f;
             }
 
     // ---- the entries of every sequence (kept from the last call when still exact) ----
@@ -399,6 +417,14 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             for (uint32_t i = i0; i < i1; ++i) M = std::max(M, S.partial[i * stride + r]);
             const uint32_t t = r / group, hq = h * group + r % group;
             const uint64_t row = (uint64_t(b) * nqt + t) * nq + hq;
+            if (S.q_bad[uint64_t(bh) * R + r] && reads_a_key(S, bh, snaps[b].length - nqt + t)) {
+                // a NaN or inf in the row's query: its outputs are NaN (documented), and
+                // attention feedback leaves the row out (feed_back skips a NaN lse)
+                for (uint32_t d = 0; d < D; ++d) store_elem(a.out, a.out_dtype, row * D + d, NAN);
+                if (a.lse) a.lse[row] = NAN;
+                if (a.feedback) S.row_lse[uint64_t(bh) * R + r] = NAN;
+                continue;
+            }
             if (M == -INFINITY) {  // empty selection: out 0, lse -inf (documented)
                 for (uint32_t d = 0; d < D; ++d) store_elem(a.out, a.out_dtype, row * D + d, 0.0f);
                 if (a.lse) a.lse[row] = -INFINITY;

@@ -19,6 +19,7 @@ namespace ikv {
 // not allocate.
 struct DecodeScratch {
     dvec<float> q;          // [B*H][R][D] scaled fp32 queries, grouped by kv-head
+    dvec<uint8_t> q_bad;    // [B*H][R]: the row's query holds a NaN or inf (its outputs are NaN)
     dvec<Entry> entries, picked;  // entries: every sequence's, at entry_lo[b]
     dvec<uint32_t> entry_lo;      // [B + 1]
     dvec<float> bounds;           // top-k: [H][entries] Quest bounds (or hybrid scores)

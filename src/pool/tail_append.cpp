@@ -54,9 +54,7 @@ void summary_encode(uint16_t *rec, uint32_t D, uint32_t n, const float *mn, cons
     // encode_summary per channel, written without branches so the loops
     // vectorize: bf16_down / bf16_up move one ulp away from zero when low
     // bits are cut and the direction is outward; the mean rounds to nearest
-    // even (means of finite keys are finite: no NaN case; and a mean is at most
-    // the largest stored key, within the largest bf16, so f32_to_bf16's
-    // saturation never applies here).
+    // even in one rounding (mean_to_bf16).
     uint16_t *lo = rec, *hi = rec + D, *mean = rec + 2 * D;
     for (uint32_t d = 0; d < D; ++d) {
         const uint32_t x = f32_bits(mn[d]);
@@ -66,10 +64,7 @@ void summary_encode(uint16_t *rec, uint32_t D, uint32_t n, const float *mn, cons
         const uint32_t x = f32_bits(mx[d]);
         hi[d] = uint16_t((x >> 16) + uint32_t((x & 0xFFFFu) != 0 && (x >> 31) == 0));
     }
-    for (uint32_t d = 0; d < D; ++d) {
-        const uint32_t x = f32_bits(float(sum[d] / n));
-        mean[d] = uint16_t((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
-    }
+    for (uint32_t d = 0; d < D; ++d) mean[d] = mean_to_bf16(sum[d] / n);
 }
 
 // Scratch rows for the dequantized keys, per thread (a store may be written
