@@ -293,6 +293,18 @@ static double decode_both(ikv_decoder *dec, ikv_pool *cpu, const ikv_seq_id *sc,
     return err;
 }
 
+/* n queries from N(0, 1); for F16 queries rounded to f16 values, so the
+ * float64 reference sees the values the decoders read. */
+static void fill_queries(ikvt_rng *rng, float *q, size_t n, ikv_dtype dt) {
+    ikvt_fill_normal(rng, q, n, 1.0f);
+    if (dt == IKV_DTYPE_F16)
+        for (size_t i = 0; i < n; ++i) {
+            uint16_t h;
+            ikvt_to_f16(q + i, &h, 1);
+            q[i] = ikvt_f16_to_f32(h);
+        }
+}
+
 static void test_cuda_pool_and_decode_match_cpu(void **state) {
     (void)state;
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_BF16, IKV_FMT_FP8_E4M3, IKV_FMT_INT8, IKV_FMT_INT4};
@@ -329,13 +341,7 @@ static void test_cuda_pool_and_decode_match_cpu(void **state) {
             if (v % 4 == 3 || (v >= 8 && v != 11 && v != 13)) cfg.topk = v == 9 ? 40 : 64;
             const size_t n_out = (size_t)B * cfg.T * HQ * D;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * cfg.T * HQ);
-            ikvt_fill_normal(&rng, q, n_out, 1.0f);
-            if (cfg.q_dtype == IKV_DTYPE_F16) /* the reference sees the values the decoders read */
-                for (size_t i = 0; i < n_out; ++i) {
-                    uint16_t h;
-                    ikvt_to_f16(q + i, &h, 1);
-                    q[i] = ikvt_f16_to_f32(h);
-                }
+            fill_queries(&rng, q, n_out, cfg.q_dtype);
             const double vs_cpu = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
             if (!(vs_cpu <= step_tol(cfg.T, cfg.q_dtype)))
                 fail_msg("head_dim %u format %d variant %d vs CPU: rel L2 %.3g", D, (int)fmts[fi], variant, vs_cpu);
@@ -383,13 +389,7 @@ static void test_mixed_page_formats(void **state) {
                             0, 0, NULL, NULL, NULL, NULL, 0.0f};
             const size_t n_out = (size_t)B * cfg.T * HQ * D;
             float *q = malloc(4 * n_out), *out = malloc(4 * n_out), *lse = malloc(4 * (size_t)B * cfg.T * HQ);
-            ikvt_fill_normal(&rng, q, n_out, 1.0f);
-            if (cfg.q_dtype == IKV_DTYPE_F16) /* the reference sees the values the decoders read */
-                for (size_t i = 0; i < n_out; ++i) {
-                    uint16_t h;
-                    ikvt_to_f16(q + i, &h, 1);
-                    q[i] = ikvt_f16_to_f32(h);
-                }
+            fill_queries(&rng, q, n_out, cfg.q_dtype);
             const double e = decode_both(dec, cpu, sc, gpu, sg, B, 1, q, cfg, out, lse);
             if (!(e <= step_tol(cfg.T, cfg.q_dtype)))
                 fail_msg("head_dim %u phase %d variant %d vs CPU: rel L2 %.3g", D, ph, variant, e);
@@ -882,13 +882,7 @@ static void test_feedback_many_rows(void **state) {
             const ikv_dtype qd = step >= 3 ? IKV_DTYPE_F16 : IKV_DTYPE_F32;
             step_cfg cfg = {t,  step == 1 || step == 3 ? f.plan : NULL, step == 2 || step == 4 ? 64u : 0u, qd,
                             step == 2 ? 2 : 0, 0, NULL, NULL, f.fb_cpu, f.fb_gpu, 0.0f};
-            ikvt_fill_normal(&rng, q, (size_t)B * t * HQ * D, 1.0f);
-            if (qd == IKV_DTYPE_F16) /* values the decoders read exactly */
-                for (size_t i = 0; i < (size_t)B * t * HQ * D; ++i) {
-                    uint16_t h;
-                    ikvt_to_f16(q + i, &h, 1);
-                    q[i] = ikvt_f16_to_f32(h);
-                }
+            fill_queries(&rng, q, (size_t)B * t * HQ * D, qd);
             const double e = decode_both(dec, f.cpu, f.sc, f.gpu, f.sg, B, 1, q, cfg, out, lse);
             if (!(e <= step_tol(t, qd))) fail_msg("format %d step %d: rel L2 %.3g vs CPU", (int)fmts[fi], step, e);
         }
