@@ -297,8 +297,8 @@ IKV_API ikv_status ikv_layout_clone(const ikv_layout *layout, ikv_layout **out);
  */
 IKV_API ikv_status ikv_layout_add(ikv_layout *layout, const ikv_block_desc *block, uint32_t *id_out);
 /** Replace block id's description with *block, under add's rules (overlap ignores the block itself).
- * Errors: as ikv_layout_add, and IKV_E_NOT_FOUND; the description is checked first, so a bad
- * description for an unknown id gives the description's error. */
+ * Errors: as ikv_layout_add, and IKV_E_NOT_FOUND; the description's own fields are checked first
+ * (a bad field for an unknown id gives the field's error), then the id, then overlap. */
 IKV_API ikv_status ikv_layout_update(ikv_layout *layout, uint32_t id, const ikv_block_desc *block);
 /** Re-score one block (the common multi-turn update). Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_INVALID. */
 IKV_API ikv_status ikv_layout_set_score(ikv_layout *layout, uint32_t id, float score);
@@ -1514,8 +1514,10 @@ typedef enum ikv_topk_score {
  * attentions merge exactly. A query with no key to read (empty selection)
  * gets out = 0 and lse = -INFINITY. A query row of q holding a NaN or an inf
  * that reads at least one key gets NaN in every channel of out and in lse,
- * and adds nothing to attention feedback shares (the other rows are computed
- * as usual).
+ * and adds nothing to attention feedback shares. The other rows are
+ * computed as usual, from what their kv-head reads: with query-aware
+ * selection the row still enters its kv-head's scores, where an inf can
+ * change the pages the group's other rows read.
  * CUDA pools: q, out, lse are device pointers; the call enqueues on stream and
  * returns without synchronizing (a feedback may wait for earlier decodes'
  * copies: see ikv_page_feedback). CPU pools: host pointers, done on return.
@@ -1573,7 +1575,8 @@ typedef struct ikv_decode_args {
     const ikv_plan *const *plans; /**< n_seqs plans or NULL entries; NULL array = all dense */
     uint32_t n_query_tokens;      /**< 1..IKV_MAX_QUERY_TOKENS */
     uint32_t n_q_heads;           /**< multiple of the pool's n_kv_heads */
-    const void *q;                /**< not checked for finiteness: a row holding a NaN or inf gets NaN outputs (above) */
+    const void *q;                /**< not checked for finiteness: a row holding a NaN or inf that reads a key gets NaN
+                                       outputs (above) */
     ikv_dtype q_dtype;
     void *out;
     ikv_dtype out_dtype;

@@ -261,7 +261,7 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, const ChunkMe
 #pragma unroll
             for (int v = 0; v < kV; ++v) {
                 float x = sv[k][v];
-                if (cap2 > 0.0f) x = cap2 * tanhf(x * inv_cap2);
+                if (cap2 > 0.0f) x = (x - x) + cap2 * tanhf(x * inv_cap2);  // x - x: NaN for an infinite logit (a non-finite q)
                 x = valid && pos <= (kT ? my_qpos : w.qpos[v]) ? x : -INFINITY;
                 sv[k][v] = x;
                 mv[v] = fmaxf(mv[v], x);
@@ -748,8 +748,10 @@ __device__ void commit_room(const DecodeParams &p, const RoomArgs &ra, uint32_t 
 // holds a token at or before the row's position (it read a key). Every
 // thread of the block takes part and gets the answer. After a decode that
 // appended (kCommit), the length the decode read is the room's, advanced
-// beside this grid: there a listed entry counts (a one-token step reads the
-// token it appended). Not inlined: merge_kernel's common path keeps its code.
+// beside this grid: there a listed entry counts (every row of a one-token
+// step reads the token it appended; with 2+ query tokens a row before that
+// token counts as reading a key when the list holds any). Not inlined:
+// merge_kernel's common path keeps its code.
 template <bool kCommit>
 __device__ __noinline__ bool non_finite_row_read_a_key(const DecodeParams &p, uint32_t seq, uint32_t head,
                                                        uint32_t row) {

@@ -427,7 +427,7 @@ __device__ __forceinline__ void compute_chunk(const uint8_t *slot, int r0, int r
             for (int e = 0; e < 2; ++e) {
                 const int row = 4 * c + 2 * nt + e;
                 float x = s[nt][2 * h + e] * sc;
-                if (cap2 > 0.0f) x = cap2 * tanhf(x * inv_cap2);
+                if (cap2 > 0.0f) x = (x - x) + cap2 * tanhf(x * inv_cap2);  // x - x: NaN for an infinite logit (a non-finite q)
                 const bool ok = row >= r0 && row < r1 && int(pos) + row <= w.qpos[h];
                 x = ok ? x : -INFINITY;
                 s[nt][2 * h + e] = x;

@@ -1381,8 +1381,9 @@ static void test_attention_feedback(void **state) {
 /* A query row holding a NaN or an inf gets NaN in every channel of out and in
  * lse when it reads at least one key, and adds nothing to attention feedback;
  * a row that reads no key keeps out = 0 and lse = -inf; every other row is
- * the float64 reference's. Dense (T = 3) and a plan of the last two tokens
- * (the first query token reads nothing), on the CPU ISA CTest selects. */
+ * the float64 reference's. Dense (T = 3), a plan of the last two tokens
+ * (the first query token reads nothing), and dense with a softcap (which
+ * would cap an infinite logit), on the CPU ISA CTest selects. */
 static void test_non_finite_query_rows(void **state) {
     (void)state;
     enum { H = 2, G = 2, D = 64, P = 16, LEN = 100, NQ = H * G, T = 3, NP = (LEN + P - 1) / P };
@@ -1399,29 +1400,33 @@ static void test_non_finite_query_rows(void **state) {
     ikv_plan *plan = NULL;
     IKVT_OK(ikv_plan_from_ranges(last_two, 1, LEN, P, IKV_FMT_F16, &plan));
     const double scale = 1.0 / sqrt((double)D);
-    for (int step = 0; step < 2; ++step) {
+    for (int step = 0; step < 3; ++step) {
         float q[T * NQ * D], out[T * NQ * D], lse[T * NQ];
         double ref[T * NQ * D], ref_lse[T * NQ];
         ikvt_fill_normal(&rng, q, T * NQ * D, 1.0f);
-        /* rows t * NQ + hq: dense: (1, 1) NaN, (2, 2) +inf, (0, 3) -inf; plan: (0, 0) NaN reads nothing, (2, 1) NaN */
-        const int bad[2][3] = {{1 * NQ + 1, 2 * NQ + 2, 0 * NQ + 3}, {0 * NQ + 0, 2 * NQ + 1, -1}};
-        const float val[3] = {NAN, INFINITY, -INFINITY};
+        /* rows t * NQ + hq: dense: (1, 1) NaN, (2, 2) +inf, (0, 3) -inf; plan: (0, 0) NaN reads nothing,
+         * (2, 1) NaN; dense with a softcap (which would cap an infinite logit): (1, 2) +inf, (2, 0) -inf */
+        const int bad[3][3] = {{1 * NQ + 1, 2 * NQ + 2, 0 * NQ + 3}, {0 * NQ + 0, 2 * NQ + 1, -1},
+                               {1 * NQ + 2, 2 * NQ + 0, -1}};
+        const float val[3][3] = {{NAN, INFINITY, -INFINITY}, {NAN, NAN, 0}, {INFINITY, -INFINITY, 0}};
+        const double softcap = step == 2 ? 30.0 : 0.0;
         for (int i = 0; i < 3; ++i)
-            if (bad[step][i] >= 0) q[(size_t)bad[step][i] * D + 5 + i] = step ? NAN : val[i];
+            if (bad[step][i] >= 0) q[(size_t)bad[step][i] * D + 5 + i] = val[step][i];
         ikv_decode_args a = ikv_decode_args_default();
         const ikv_plan *plans[1] = {plan};
         a.seqs = &f.seq;
-        a.plans = step ? plans : NULL;
+        a.plans = step == 1 ? plans : NULL;
         a.n_query_tokens = T;
         a.n_q_heads = NQ;
         a.q = q;
         a.out = out;
         a.lse = lse;
-        a.feedback = fb;
+        a.softcap = (float)softcap;
+        a.feedback = softcap > 0 ? NULL : fb; /* (reference_feedback takes no softcap) */
         IKVT_OK(ikv_decode(g_dec3, f.pool, &a));
-        uint8_t *sel = plan_selection(step ? plan : NULL, LEN, H);
-        reference_step(&s, sel, LEN, H, D, NQ, T, q, IKV_DTYPE_F32, scale, 0.0, ref, ref_lse);
-        reference_feedback(&s, sel, LEN, H, D, P, NQ, T, q, scale, 0.5, avg);
+        uint8_t *sel = plan_selection(step == 1 ? plan : NULL, LEN, H);
+        reference_step(&s, sel, LEN, H, D, NQ, T, q, IKV_DTYPE_F32, scale, softcap, ref, ref_lse);
+        if (a.feedback) reference_feedback(&s, sel, LEN, H, D, P, NQ, T, q, scale, 0.5, avg);
         free(sel);
         for (int row = 0; row < T * NQ; ++row) {
             int is_bad = 0;
@@ -1444,7 +1449,7 @@ static void test_non_finite_query_rows(void **state) {
             else
                 assert_true(fabs(lse[row] - ref_lse[row]) <= 1e-5 * (1 + fabs(ref_lse[row])));
         }
-        expect_feedback(fb, f.seq, 0, H, NP, avg); /* finite: the bad rows left out */
+        expect_feedback(fb, f.seq, 0, H, NP, avg); /* finite: the bad rows left out (step 2 feeds nothing back) */
     }
     ikv_page_feedback_destroy(fb);
     ikv_plan_destroy(plan);

@@ -898,8 +898,9 @@ static void test_feedback_many_rows(void **state) {
  * every channel of its out and its lse are NaN, it adds nothing to the
  * feedback averages, and every other row matches the CPU's. Dense steps of
  * 1 and 3 tokens, F32 and F16 queries, on whatever paths CTest's runs force
- * (SIMT, tensor cores; T = 3 on the GEMM path under IKV_CUDA_MULTI_TOKEN=gemm);
- * then a row whose only logit is -inf (the merge kernel's rare path). */
+ * (SIMT, tensor cores; T = 3 on the GEMM path under IKV_CUDA_MULTI_TOKEN=gemm),
+ * with a softcap, and a NaN row that reads nothing (0 and -inf); then a row
+ * whose only logit is -inf (the merge kernel's rare path). */
 static void test_non_finite_query_rows(void **state) {
     (void)state;
     const ikv_format fmts[] = {IKV_FMT_F16, IKV_FMT_INT8};
@@ -914,9 +915,18 @@ static void test_non_finite_query_rows(void **state) {
     void *dlse = ikvt_dev_upload(NULL, 4 * rows_max);
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; ++fi) {
         feedback_pools f = feedback_pools_make(fmts[fi], &rng);
-        for (int step = 0; step < 4; ++step) {
-            const uint32_t T = step % 2 ? TM : 1;
-            const ikv_dtype qd = step < 2 ? IKV_DTYPE_F32 : IKV_DTYPE_F16;
+        /* steps 0-3: dense, T = 1 and 3, F32 and F16 queries; 4: dense with a softcap (which would cap an
+         * infinite logit); 5: T = 3 over each sequence's last two tokens (a plan), where query token 0 reads
+         * nothing: its NaN row (0, 0, 1) keeps out 0 and lse -inf */
+        static const uint32_t last_lens[B] = {301, 97};
+        ikv_plan *last_two[B];
+        for (int b = 0; b < B; ++b) {
+            const ikv_token_range r = {last_lens[b] - 2, last_lens[b]};
+            IKVT_OK(ikv_plan_from_ranges(&r, 1, last_lens[b], P, fmts[fi], &last_two[b]));
+        }
+        for (int step = 0; step < 6; ++step) {
+            const uint32_t T = step == 4 ? 1 : step == 5 ? TM : step % 2 ? TM : 1;
+            const ikv_dtype qd = step < 2 || step == 4 ? IKV_DTYPE_F32 : IKV_DTYPE_F16;
             const size_t n = (size_t)B * T * HQ * D, rows = (size_t)B * T * HQ;
             ikvt_fill_normal(&rng, q, n, 1.0f);
             /* rows (b * T + t) * HQ + hq: NaN in (0, 0, 1), +inf in (1, T-1, HQ-1), -inf in (0, T-1, 2) */
@@ -934,6 +944,8 @@ static void test_non_finite_query_rows(void **state) {
             a.n_query_tokens = T;
             a.n_q_heads = HQ;
             a.q_dtype = qd;
+            a.softcap = step == 4 ? 30.0f : 0.0f;
+            a.plans = step == 5 ? (const ikv_plan *const *)last_two : NULL;
             a.seqs = f.sc, a.q = qin, a.out = out_c, a.lse = lse_c, a.feedback = f.fb_cpu;
             IKVT_OK(ikv_decode(dec, f.cpu, &a));
             assert_int_equal(ikvt_rt.memcpy_(dq, qin, q_bytes, IKVT_H2D), 0);
@@ -944,12 +956,19 @@ static void test_non_finite_query_rows(void **state) {
             assert_int_equal(ikvt_rt.memcpy_(lse_g, dlse, 4 * rows, IKVT_D2H), 0);
             double num = 0, den = 0;
             for (size_t r = 0; r < rows; ++r) {
-                const int is_bad = r == bad[0] || r == bad[1] || r == bad[2];
+                const int reads_nothing = step == 5 && r / HQ % T == 0; /* query token 0 */
+                const int is_bad = (r == bad[0] || r == bad[1] || r == bad[2]) && !reads_nothing;
                 if (is_bad != (isnan(lse_c[r]) != 0) || is_bad != (isnan(lse_g[r]) != 0))
                     fail_msg("format %d step %d row %zu: lse %g on the CPU, %g on CUDA", (int)fmts[fi], step, r,
                              (double)lse_c[r], (double)lse_g[r]);
+                if (reads_nothing && !(lse_c[r] == -INFINITY && lse_g[r] == -INFINITY))
+                    fail_msg("format %d row %zu reads nothing: lse %g on the CPU, %g on CUDA", (int)fmts[fi], r,
+                             (double)lse_c[r], (double)lse_g[r]);
                 for (size_t d = 0; d < D; ++d) {
                     const float c = out_c[r * D + d], g = out_g[r * D + d];
+                    if (reads_nothing && (c != 0.0f || g != 0.0f))
+                        fail_msg("format %d row %zu reads nothing: out %g on the CPU, %g on CUDA", (int)fmts[fi], r,
+                                 (double)c, (double)g);
                     if (is_bad) {
                         if (!isnan(c) || !isnan(g))
                             fail_msg("format %d step %d row %zu channel %zu: %g on the CPU, %g on CUDA, not NaN",
@@ -962,6 +981,7 @@ static void test_non_finite_query_rows(void **state) {
             if (!(sqrt(num / den) <= step_tol(T, qd)))
                 fail_msg("format %d step %d: the finite rows' rel L2 %.3g vs CPU", (int)fmts[fi], step, sqrt(num / den));
         }
+        for (int b = 0; b < B; ++b) ikv_plan_destroy(last_two[b]);
         /* Only -inf logits: each sequence reads its last token alone (a plan), and row 1 (kv-head 0)
          * holds -inf in a channel where that token's key is positive: its one logit is -inf, which
          * the kernels read as masked; the row still gets NaN outputs (it read a key). */

@@ -49,7 +49,7 @@ inline void host_summaries(const PageShape &s, ikv_format f, uint8_t *page, uint
         }
         for (uint32_t d = 0; d < D; ++d) {
             if (n_valid == 0) mn[d] = mx[d] = 0.0f;
-            ikv::encode_summary(rec, D, d, mn[d], mx[d], n_valid == 0 ? 0.0f : float(sum[d] / n_valid));
+            ikv::encode_summary(rec, D, d, mn[d], mx[d], n_valid == 0 ? 0.0 : sum[d] / n_valid);
         }
     }
 }

@@ -129,6 +129,7 @@ IKV_HD uint16_t bf16_up(float f) { return f32_to_bf16_toward(f, true); }
 // of the lost bits for the bf16 rounding. Branch-free, so callers' loops
 // vectorize. A mean lies within its keys, so within the largest bf16.
 IKV_HD uint16_t mean_to_bf16(double mean) {
+    mean += 0.0;                  // -0 (a sum begun from a -0 key) is +0, as for sums begun from 0
     const float f = float(mean);  // to nearest
     const double back = double(f);
     uint32_t b = f32_bits(f);

@@ -111,13 +111,13 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                 const uint32_t h = hq / group, r = t * group + hq % group;
                 float *dst = S.q.data() + (uint64_t(b) * H + h) * RD + uint64_t(r) * D;
                 const uint64_t src = ((uint64_t(b) * nqt + t) * nq + hq) * D;
-                float finite = 0.0f;  // stays 0 (not NaN) iff every element is finite
+                uint32_t bad = 0;  // an all-ones exponent: NaN or inf
                 for (uint32_t d = 0; d < D; ++d) {
                     const float x = load_dtype_elem(a.q, a.q_dtype, src + d);
                     dst[d] = x * scale;
-                    finite *= x;
+                    bad |= uint32_t((f32_bits(x) & 0x7F800000u) == 0x7F800000u);
                 }
-                S.q_bad[(uint64_t(b) * H + h) * R + r] = finite != 0.0f;
+                S.q_bad[(uint64_t(b) * H + h) * R + r] = uint8_t(bad);
             }
 
     // ---- the entries of every sequence (kept from the last call when still exact) ----
