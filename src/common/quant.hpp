@@ -105,6 +105,22 @@ inline float load_dtype_elem(const void *base, int dtype, uint64_t i) {
     }
 }
 
+// True if any of the D elements at base + off of an engine array of dtype dt
+// (F32, F16, BF16) is NaN or inf, testing exponent bits only (all ones) so
+// no conversion is needed: append inputs, decode queries.
+inline bool row_has_nonfinite(const void *base, int dt, int64_t off, uint32_t D) {
+    uint32_t bad = 0;
+    if (dt == IKV_DTYPE_F32) {
+        const uint32_t *p = static_cast<const uint32_t *>(base) + off;
+        for (uint32_t d = 0; d < D; ++d) bad |= uint32_t((p[d] & 0x7F800000u) == 0x7F800000u);
+    } else {
+        const uint16_t mask = dt == IKV_DTYPE_F16 ? 0x7C00u : 0x7F80u;
+        const uint16_t *p = static_cast<const uint16_t *>(base) + off;
+        for (uint32_t d = 0; d < D; ++d) bad |= uint32_t((p[d] & mask) == mask);
+    }
+    return bad != 0;
+}
+
 // ---- key summaries: bfloat16 records (page_format.hpp) ----
 // Directed bf16 rounding keeps k_min/k_max outward: bf16_down(x) <= x <=
 // bf16_up(x), both exact bf16 values next to x. Truncating the low 16 bits

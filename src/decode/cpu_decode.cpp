@@ -111,13 +111,8 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
                 const uint32_t h = hq / group, r = t * group + hq % group;
                 float *dst = S.q.data() + (uint64_t(b) * H + h) * RD + uint64_t(r) * D;
                 const uint64_t src = ((uint64_t(b) * nqt + t) * nq + hq) * D;
-                uint32_t bad = 0;  // an all-ones exponent: NaN or inf
-                for (uint32_t d = 0; d < D; ++d) {
-                    const float x = load_dtype_elem(a.q, a.q_dtype, src + d);
-                    dst[d] = x * scale;
-                    bad |= uint32_t((f32_bits(x) & 0x7F800000u) == 0x7F800000u);
-                }
-                S.q_bad[(uint64_t(b) * H + h) * R + r] = uint8_t(bad);
+                for (uint32_t d = 0; d < D; ++d) dst[d] = load_dtype_elem(a.q, a.q_dtype, src + d) * scale;
+                S.q_bad[(uint64_t(b) * H + h) * R + r] = row_has_nonfinite(a.q, a.q_dtype, int64_t(src), D);
             }
 
     // ---- the entries of every sequence (kept from the last call when still exact) ----

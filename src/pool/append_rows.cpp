@@ -45,21 +45,6 @@ void load_row(const void *base, ikv_dtype dt, int64_t off, uint32_t D, float *ou
     }
 }
 
-// True if any of D elements at src+off is NaN or inf, testing exponent bits
-// only (all ones) so no conversion is needed.
-bool row_has_nonfinite(const void *src, ikv_dtype dt, int64_t off, uint32_t D) {
-    uint32_t bad = 0;
-    if (dt == IKV_DTYPE_F32) {
-        const uint32_t *p = static_cast<const uint32_t *>(src) + off;
-        for (uint32_t d = 0; d < D; ++d) bad |= uint32_t((p[d] & 0x7F800000u) == 0x7F800000u);
-    } else {
-        const uint16_t mask = dt == IKV_DTYPE_F16 ? 0x7C00u : 0x7F80u;
-        const uint16_t *p = static_cast<const uint16_t *>(src) + off;
-        for (uint32_t d = 0; d < D; ++d) bad |= uint32_t((p[d] & mask) == mask);
-    }
-    return bad != 0;
-}
-
 }  // namespace
 
 IKV_AVX2_CLONES void find_nonfinite_host(const AppendSource &s, const PageShape &shape, uint32_t l0, uint32_t l1, NonFinite *out) {
