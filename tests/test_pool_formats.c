@@ -162,26 +162,20 @@ static void test_error_bounds(void **state) {
         }
 }
 
-/* One token (H kv-heads of D channels) appended to a new sequence, read back. */
-/* A new sequence holding the N tokens k, v ([t][h][d]). */
-static ikv_seq_id new_seq_of(ikv_pool *pool, const float *k, const float *v) {
+/* A new sequence holding the n tokens k, v ([t][h][d]). */
+static ikv_seq_id new_seq_of(ikv_pool *pool, const float *k, const float *v, uint32_t n) {
     ikv_seq_id s;
     IKVT_OK(ikv_seq_create(pool, &s));
-    ikv_append a = ikv_append_default(pool, N);
+    ikv_append a = ikv_append_default(pool, n);
     a.k = k;
     a.v = v;
     IKVT_OK(ikv_pool_append(pool, s, &a));
     return s;
 }
 
+/* One token (H kv-heads of D channels) appended to a new sequence, read back. */
 static void append_one_and_read(ikv_pool *pool, const float *k, const float *v, float *rk, float *rv) {
-    ikv_seq_id s;
-    IKVT_OK(ikv_seq_create(pool, &s));
-    ikv_append a = ikv_append_default(pool, 1);
-    a.k = k;
-    a.v = v;
-    IKVT_OK(ikv_pool_append(pool, s, &a));
-    IKVT_OK(ikv_seq_read(pool, s, 0, 0, 1, rk, rv));
+    IKVT_OK(ikv_seq_read(pool, new_seq_of(pool, k, v, 1), 0, 0, 1, rk, rv));
 }
 
 static void test_f16_saturates(void **state) {
@@ -333,7 +327,7 @@ static void test_promote_after_demote(void **state) {
     float *pk = malloc(n * sizeof(float)), *pv = malloc(n * sizeof(float));
     make_data(NORMAL, 77, k);
     make_data(NORMAL, 78, v);
-    const ikv_seq_id s = new_seq_of(pool, k, v);
+    const ikv_seq_id s = new_seq_of(pool, k, v, N);
     for (uint32_t p = 0; p < 3; ++p) IKVT_OK(ikv_seq_set_page_format(pool, s, p, IKV_FMT_INT4));
     ikv_format f;
     IKVT_OK(ikv_seq_page_format(pool, s, 2, &f));
@@ -394,7 +388,7 @@ static void test_slabs_within_capacity(void **state) {
     float *k = malloc((size_t)N * H * D * sizeof(float)), *v = malloc((size_t)N * H * D * sizeof(float));
     make_data(NORMAL, 91, k);
     make_data(NORMAL, 92, v);
-    const ikv_seq_id s = new_seq_of(pool, k, v);
+    const ikv_seq_id s = new_seq_of(pool, k, v, N);
     static const ikv_format order[] = {IKV_FMT_INT4, IKV_FMT_INT8, IKV_FMT_FP8_E4M3, IKV_FMT_BF16, IKV_FMT_F16,
                                        IKV_FMT_INT8, IKV_FMT_INT4};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; ++i) {
@@ -489,7 +483,7 @@ static void test_summaries(void **state) {
         float *k = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
         make_data(OUTLIERS, 300 + f, k);
         make_data(NORMAL, 400 + f, v);
-        const ikv_seq_id s = new_seq_of(pool, k, v);
+        const ikv_seq_id s = new_seq_of(pool, k, v, N);
         check_summaries(pool, s);
         IKVT_OK(ikv_seq_truncate(pool, s, 9)); /* tail page 1 keeps 12 tokens */
         check_summaries(pool, s);
@@ -519,12 +513,7 @@ static void test_summary_mean_one_rounding(void **state) {
     memset(v, 0, sizeof v);
     k[0] = 2.0f + 0x1p-7f;
     k[H * D] = 0x1p-24f;
-    ikv_seq_id s;
-    IKVT_OK(ikv_seq_create(pool, &s));
-    ikv_append a = ikv_append_default(pool, 2);
-    a.k = k;
-    a.v = v;
-    IKVT_OK(ikv_pool_append(pool, s, &a));
+    const ikv_seq_id s = new_seq_of(pool, k, v, 2);
     float mn[D], mx[D], mean[D];
     IKVT_OK(ikv_seq_page_summary(pool, s, 0, 0, 0, mn, mx, mean, NULL));
     assert_true(mean[0] == 1.0f + 0x1p-7f);
