@@ -1514,7 +1514,13 @@ typedef enum ikv_topk_score {
  * attentions merge exactly. A query with no key to read (empty selection)
  * gets out = 0 and lse = -INFINITY. A query row of q holding a NaN or an inf
  * that reads at least one key gets NaN in every channel of out and in lse,
- * and adds nothing to attention feedback shares. The other rows are
+ * and adds nothing to attention feedback shares. Logits are fp32: a row
+ * that reads a key but none of whose scaled logits scale * (q . k) comes out
+ * finite (they overflow fp32's ~3.4e38, e.g. under a scale near FLT_MAX;
+ * CUDA computes them as (scale * log2(e)) * (q . k), which overflows from
+ * scale ~2.4e38) gets the same NaN outputs, never the empty result, softcap
+ * or not (a softcap does not cap an overflowed logit); where only some of a
+ * row's logits overflow, its outputs are unspecified. The other rows are
  * computed as usual, from what their kv-head reads: with query-aware
  * selection the row still enters its kv-head's scores, where an inf can
  * change the pages the group's other rows read.
@@ -1581,7 +1587,7 @@ typedef struct ikv_decode_args {
     void *out;
     ikv_dtype out_dtype;
     float *lse;                   /**< optional */
-    float scale;                  /**< 0 = 1/sqrt(head_dim); finite, >= 0 */
+    float scale;                  /**< 0 = 1/sqrt(head_dim); finite, >= 0 (logits that overflow fp32: above) */
     float softcap;                /**< 0 = off; else logits become softcap*tanh(logit/softcap); finite, >= 0 */
     /**
      * Query-aware selection: when > 0, for each sequence and kv-head the

@@ -743,25 +743,20 @@ __device__ void commit_room(const DecodeParams &p, const RoomArgs &ra, uint32_t 
     if (len > t.list_end) r.stale_read = 1;  // a graph captured before the room grew
 }
 
-// For merge_kernel's rare path (a row whose weights summed to 0): whether
-// query row `row` (t * G + g) of (seq, head) holds a NaN or inf and its list
-// holds a token at or before the row's position (it read a key). Every
-// thread of the block takes part and gets the answer. After a decode that
-// appended (kCommit), the length the decode read is the room's, advanced
-// beside this grid: there a listed entry counts (every row of a one-token
-// step reads the token it appended; with 2+ query tokens a row before that
-// token counts as reading a key when the list holds any). Inlined and called
-// once the row's partials are summed: as a call (__noinline__) it cost the
-// merge 16 registers, a 144-byte stack frame and B = 1 steps 1.5-3.4%
-// (bench/RESULTS.md 0c, 0d).
+// For merge_kernel's rare path (a row whose weights summed to 0: none of its
+// logits was finite): whether query row `row` (t * G + g) of (seq, head)
+// read a key, i.e. its list holds a token at or before the row's position.
+// Every thread of the block takes part and gets the answer. After a decode
+// that appended (kCommit), the length the decode read is the room's,
+// advanced beside this grid: there a listed entry counts (every row of a
+// one-token step reads the token it appended; with 2+ query tokens a row
+// before that token counts as reading a key when the list holds any).
+// Inlined and called once the row's partials are summed: as a call
+// (__noinline__) it cost the merge 16 registers, a 144-byte stack frame and
+// B = 1 steps 1.5-3.4% (bench/RESULTS.md 0c, 0d).
 template <bool kCommit>
-__device__ __forceinline__ bool non_finite_row_read_a_key(const DecodeParams &p, uint32_t seq, uint32_t head,
-                                                       uint32_t row) {
-    const uint32_t D = p.shape.head_dim, G = p.n_q_heads / p.shape.n_kv_heads, t = row / G;
-    const uint64_t qi = (uint64_t(seq) * p.n_query_tokens + t) * p.n_q_heads + head * G + row % G;
-    bool bad = false;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) bad |= !isfinite(load_elem(p.q, p.q_dtype, qi * D + d));
-    if (!__syncthreads_or(bad)) return false;
+__device__ __forceinline__ bool row_read_a_key(const DecodeParams &p, uint32_t seq, uint32_t head, uint32_t row) {
+    const uint32_t G = p.n_q_heads / p.shape.n_kv_heads, t = row / G;
     const uint32_t li = p.lists.list_heads > 1 ? seq * p.lists.list_heads + head : seq;
     const uint32_t n = p.lists.counts[li];
     if (kCommit) return n > 0;
@@ -849,15 +844,15 @@ __global__ void __launch_bounds__(kMergeThreads) merge_kernel(const DecodeParams
 #pragma unroll 8
         for (uint32_t s = grp + kPrefetch * groups; s < n_splits; s += groups) add(s, acc[uint64_t(s) * stride * cols]);
     }
-    // A query row holding a NaN or inf gets NaN outputs where it read a key
-    // (the header). Its logits are NaN or +-inf. The decode's maxima skip
-    // NaN, so NaN and -inf logits (an inf in q against keys of one sign in
-    // that channel) read as masked and their weights sum to 0, as for a row
-    // that read nothing; a +inf one makes the sums NaN. Told apart here, off
-    // the common path (l > 0), so the decode kernel carries no check; after
-    // the sums, so the prefetched partials are not live across it. l is the
-    // same in every thread (block_reduce), so the whole block takes the branch.
-    const bool nan_row = l != l || (l == 0.0f && non_finite_row_read_a_key<kCommit>(p, seq, head, row));
+    // A query row holding a NaN or inf, or one none of whose logits is finite
+    // (they overflow fp32), gets NaN outputs where it read a key (the
+    // header). The decode's maxima skip NaN, so NaN and -inf logits read as
+    // masked and the row's weights sum to 0, as for a row that read nothing;
+    // a +inf one makes the sums NaN. Told apart here, off the common path
+    // (l > 0), so the decode kernel carries no check; after the sums, so the
+    // prefetched partials are not live across it. l is the same in every
+    // thread (block_reduce), so the whole block takes the branch.
+    const bool nan_row = l != l || (l == 0.0f && row_read_a_key<kCommit>(p, seq, head, row));
     red[threadIdx.x] = a;
     __syncthreads();
     if (grp != 0) return;

@@ -208,7 +208,7 @@ __global__ void softmax_kernel(const DecodeParams p, bool bf16, uint32_t bh0, ui
     const uint32_t *ps = pos + uint64_t(lb) * nk;
     const float cap = p.softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     auto logit = [&](float x, uint32_t position) {
-        if (cap > 0.0f) x = cap * tanhf(x * inv_cap);
+        if (cap > 0.0f) x = (x - x) + cap * tanhf(x * inv_cap);  // x - x: an infinite logit stays NaN (the header)
         return position <= qpos ? x : -INFINITY;  // kNoPosition is never <= qpos
     };
     float mx = -INFINITY;
@@ -257,8 +257,21 @@ __global__ void finalize_kernel(const DecodeParams p, const float *O, const floa
     if (!q.valid) return;
     const uint32_t D = q.D, lane = q.lane;
     const uint64_t w = q.w, oi = q.qi;
-    const float L = l[w];
-    // L NaN: a query holding a NaN or inf read keys (out and lse NaN); 0: it read none
+    float L = l[w];
+    // L NaN: a query holding a NaN or inf read keys (out and lse NaN). L 0:
+    // the row read no key, or none of its logits was finite (they overflowed
+    // fp32 and read as masked): NaN too where its list holds a token at or
+    // before its position (the header). Warp-uniform: L is the row's.
+    if (L == 0.0f) {
+        const uint32_t Hkv = p.shape.n_kv_heads, G = p.n_q_heads / Hkv, M = p.n_query_tokens * G;
+        const uint32_t r = uint32_t(w % M), bh = uint32_t(w / M), b = bh / Hkv, h = bh % Hkv;
+        const uint32_t qpos = p.seq_len[b] - p.n_query_tokens + r / G;
+        const uint32_t list = list_index(p.lists, b, h), n = p.lists.counts[list];
+        const DevPage *pages = p.lists.pages + uint64_t(list) * p.lists.stride;
+        bool any = false;
+        for (uint32_t e = lane; e < n && !any; e += 32) any = pages[e].pos0 + pages[e].begin <= qpos;
+        if (__any_sync(0xFFFFFFFFu, any)) L = NAN;
+    }
     const float inv = L > 0.0f ? 1.0f / L : L != L ? NAN : 0.0f;
     for (uint32_t d = lane; d < D; d += 32) store_elem(p.out, p.out_dtype, oi * D + d, O[w * D + d] * inv);
     if (p.lse && lane == 0) p.lse[oi] = L > 0.0f ? m[w] + logf(L) : L != L ? NAN : -INFINITY;

@@ -1458,6 +1458,58 @@ static void test_non_finite_query_rows(void **state) {
     fix_free(&f);
 }
 
+/* Logits beyond fp32's range (finite q and keys, a scale near FLT_MAX):
+ * a row none of whose logits is finite gets NaN outputs, never the empty
+ * result (0, -inf) that a row reading no key gets, softcap or not (the
+ * header). Keys all -1 and q all 0.5 make every logit -inf; keys of +1
+ * every logit +inf. */
+static void test_overflowing_logits(void **state) {
+    (void)state;
+    enum { H = 1, G = 2, D = 64, P = 16, LEN = 40, NQ = H * G };
+    for (int sign = -1; sign <= 1; sign += 2)
+        for (int fmt = 0; fmt < 2; ++fmt) {
+            ikv_pool *pool = make_pool(1, H, D, P, fmt ? IKV_FMT_INT8 : IKV_FMT_F16, 8ull << 20);
+            ikv_seq_id seq;
+            IKVT_OK(ikv_seq_create(pool, &seq));
+            static float k[LEN * H * D], v[LEN * H * D];
+            for (int i = 0; i < LEN * H * D; ++i) k[i] = (float)sign, v[i] = (float)(i % 7) - 3.0f;
+            ikv_append ap = ikv_append_default(pool, LEN);
+            ap.k = k;
+            ap.v = v;
+            IKVT_OK(ikv_pool_append(pool, seq, &ap));
+            static const ikv_token_range none[] = {{0, 1}};
+            ikv_plan *plan = NULL; /* reads token 0 only */
+            IKVT_OK(ikv_plan_from_ranges(none, 1, LEN, P, IKV_FMT_F16, &plan));
+            for (int c = 0; c < 3; ++c) { /* dense; a one-token plan; dense with a softcap */
+                float q[NQ * D], out[NQ * D], lse[NQ];
+                for (int i = 0; i < NQ * D; ++i) q[i] = 0.5f;
+                ikv_decode_args a = ikv_decode_args_default();
+                const ikv_plan *plans[1] = {plan};
+                a.seqs = &seq;
+                a.plans = c == 1 ? plans : NULL;
+                a.n_q_heads = NQ;
+                a.q = q;
+                a.out = out;
+                a.lse = lse;
+                a.scale = 3.4e38f;
+                a.softcap = c == 2 ? 10.0f : 0.0f;
+                ikv_decoder *decs[2] = {g_dec1, g_dec3};
+                for (int di = 0; di < 2; ++di) {
+                    IKVT_OK(ikv_decode(decs[di], pool, &a));
+                    for (int r = 0; r < NQ; ++r) {
+                        for (int d = 0; d < D; ++d)
+                            if (!isnan(out[r * D + d]))
+                                fail_msg("sign %d fmt %d case %d row %d channel %d: %g, expected NaN", sign, fmt, c, r,
+                                         d, (double)out[r * D + d]);
+                        assert_true(isnan(lse[r]));
+                    }
+                }
+            }
+            ikv_plan_destroy(plan);
+            ikv_pool_destroy(pool);
+        }
+}
+
 /* Out of plan A and plan B (disjoint) with their LSEs, the union's output
  * follows exactly: out = (e^lseA outA + e^lseB outB) / (e^lseA + e^lseB). */
 static void test_lse_merges_disjoint_plans(void **state) {
@@ -2120,6 +2172,7 @@ int main(void) {
         cmocka_unit_test(test_selected_equals_dense_on_those_tokens),
         cmocka_unit_test(test_empty_selection),
         cmocka_unit_test(test_non_finite_query_rows),
+        cmocka_unit_test(test_overflowing_logits),
         cmocka_unit_test(test_batch),
         cmocka_unit_test(test_long_context_128k),
         cmocka_unit_test(test_bytes_read_dense_f16),

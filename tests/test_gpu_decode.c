@@ -894,6 +894,88 @@ static void test_feedback_many_rows(void **state) {
 }
 
 
+/* Logits beyond fp32's range (finite q and keys, scale 3.4e38): a row none
+ * of whose logits comes out finite gets NaN outputs on both backends, never
+ * the empty result, with or without a softcap (the header). Keys all -1 (every
+ * logit -inf) or +1 (+inf); dense, a plan, softcap; T = 1 and 3 (the GEMM
+ * path under IKV_CUDA_MULTI_TOKEN=gemm); F32 and F16 queries. */
+static void test_overflowing_logits(void **state) {
+    (void)state;
+    enum { LEN = 40, T_MAX = 3 };
+    ikv_decoder *dec = two_thread_decoder();
+    const size_t n_max = (size_t)T_MAX * HQ * D, rows_max = (size_t)T_MAX * HQ;
+    float *q = malloc(4 * n_max), *out = malloc(4 * n_max), *lse = malloc(4 * rows_max);
+    uint16_t *qh = malloc(2 * n_max);
+    float *k = malloc(4 * (size_t)L * LEN * HKV * D), *v = malloc(4 * (size_t)L * LEN * HKV * D);
+    void *dq = ikvt_dev_upload(NULL, 4 * n_max), *dout = ikvt_dev_upload(NULL, 4 * n_max);
+    void *dlse = ikvt_dev_upload(NULL, 4 * rows_max);
+    static const ikv_token_range first[] = {{0, 3}};
+    for (int sign = -1; sign <= 1; sign += 2)
+        for (int fi = 0; fi < 2; ++fi) {
+            const ikv_format fmt = fi ? IKV_FMT_INT8 : IKV_FMT_F16;
+            ikv_pool *pools[2] = {make_pool(IKV_BACKEND_CPU, fmt), make_pool(IKV_BACKEND_CUDA, fmt)};
+            ikv_seq_id seqs[2];
+            for (size_t i = 0; i < (size_t)L * LEN * HKV * D; ++i) k[i] = (float)sign, v[i] = (float)(i % 5) - 2.0f;
+            ikv_plan *plan = NULL;
+            IKVT_OK(ikv_plan_from_ranges(first, 1, LEN, P, fmt, &plan));
+            for (int pi = 0; pi < 2; ++pi) {
+                IKVT_OK(ikv_seq_create(pools[pi], &seqs[pi]));
+                ikv_append ap = ikv_append_default(pools[pi], LEN);
+                ap.layer = IKV_ALL_LAYERS;
+                ap.k = k;
+                ap.v = v;
+                ap.layer_stride = (int64_t)LEN * HKV * D;
+                IKVT_OK(ikv_pool_append(pools[pi], seqs[pi], &ap));
+            }
+            for (int c = 0; c < 8; ++c) { /* bit 0: T = 3; bit 1: F16 q; c 4-5: a plan; 6-7: a softcap */
+                const uint32_t T = c & 1 ? T_MAX : 1;
+                const ikv_dtype qd = c & 2 ? IKV_DTYPE_F16 : IKV_DTYPE_F32;
+                const size_t n = (size_t)T * HQ * D, rows = (size_t)T * HQ, qb = (qd == IKV_DTYPE_F16 ? 2 : 4) * n;
+                for (size_t i = 0; i < n; ++i) q[i] = 0.5f;
+                ikvt_to_f16(q, qh, n);
+                const ikv_plan *plans[1] = {plan};
+                ikv_decode_args a = ikv_decode_args_default();
+                a.layer = 1;
+                a.n_query_tokens = T;
+                a.n_q_heads = HQ;
+                a.q_dtype = qd;
+                a.scale = 3.4e38f;
+                a.softcap = c >= 6 ? 10.0f : 0.0f;
+                a.plans = c == 4 || c == 5 ? plans : NULL;
+                for (int pi = 0; pi < 2; ++pi) {
+                    const void *qin = qd == IKV_DTYPE_F16 ? (const void *)qh : (const void *)q;
+                    a.seqs = &seqs[pi];
+                    if (pi == 0) {
+                        a.q = qin, a.out = out, a.lse = lse;
+                        IKVT_OK(ikv_decode(dec, pools[pi], &a));
+                    } else {
+                        assert_int_equal(ikvt_rt.memcpy_(dq, qin, qb, IKVT_H2D), 0);
+                        a.q = dq, a.out = dout, a.lse = dlse;
+                        IKVT_OK(ikv_decode(dec, pools[pi], &a));
+                        assert_int_equal(ikvt_rt.sync_(), 0);
+                        assert_int_equal(ikvt_rt.memcpy_(out, dout, 4 * n, IKVT_D2H), 0);
+                        assert_int_equal(ikvt_rt.memcpy_(lse, dlse, 4 * rows, IKVT_D2H), 0);
+                    }
+                    for (size_t r = 0; r < rows; ++r) {
+                        if (!isnan(lse[r]))
+                            fail_msg("%s sign %d format %d case %d row %zu: lse %g, not NaN", pi ? "CUDA" : "CPU", sign,
+                                     (int)fmt, c, r, (double)lse[r]);
+                        for (size_t d = 0; d < D; ++d)
+                            if (!isnan(out[r * D + d]))
+                                fail_msg("%s sign %d format %d case %d row %zu channel %zu: %g, not NaN",
+                                         pi ? "CUDA" : "CPU", sign, (int)fmt, c, r, d, (double)out[r * D + d]);
+                    }
+                }
+            }
+            ikv_plan_destroy(plan);
+            ikv_pool_destroy(pools[0]);
+            ikv_pool_destroy(pools[1]);
+        }
+    ikvt_rt.free_(dq), ikvt_rt.free_(dout), ikvt_rt.free_(dlse);
+    free(q), free(out), free(lse), free(qh), free(k), free(v);
+    ikv_decoder_destroy(dec);
+}
+
 /* A query row holding a NaN or an inf: on the CUDA pool, as on the CPU pool,
  * every channel of its out and its lse are NaN, it adds nothing to the
  * feedback averages, and every other row matches the CPU's. Dense steps of
@@ -1524,6 +1606,7 @@ int main(void) {
         cmocka_unit_test(test_query_memory_in_graph),
         cmocka_unit_test(test_feedback_matches_cpu),
         cmocka_unit_test(test_non_finite_query_rows),
+        cmocka_unit_test(test_overflowing_logits),
         cmocka_unit_test(test_feedback_in_flight),
         cmocka_unit_test(test_feedback_many_rows),
         cmocka_unit_test_setup_teardown(test_feedback_many_rows_head_dim_32, use_head_dim_32, use_head_dim_128),

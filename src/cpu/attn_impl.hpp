@@ -436,7 +436,8 @@ void attend_span(const ChunkTask &T, const SpanRef &s, SpanPrefetch &pf) {
     for (uint32_t r = 0; r < R; ++r) {
         float *Sr = S + r * SP;
         if (cap > 0.0f)
-            for (uint32_t i = 0; i < n; ++i) Sr[i] = cap * tanhf(Sr[i] / cap);
+            for (uint32_t i = 0; i < n; ++i)  // x - x: an overflowed (infinite) logit stays NaN, as on CUDA (the header)
+                Sr[i] = (Sr[i] - Sr[i]) + cap * tanhf(Sr[i] / cap);
         if (!all_past) {  // causal: query token t = r / group sees positions <= q_pos0 + t
             const uint32_t qpos = T.q_pos0 + r / T.group;
             for (uint32_t i = 0; i < n; ++i)

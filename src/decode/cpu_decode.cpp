@@ -412,9 +412,12 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
             for (uint32_t i = i0; i < i1; ++i) M = std::max(M, S.partial[i * stride + r]);
             const uint32_t t = r / group, hq = h * group + r % group;
             const uint64_t row = (uint64_t(b) * nqt + t) * nq + hq;
-            if (S.q_bad[uint64_t(bh) * R + r] && reads_a_key(S, bh, snaps[b].length - nqt + t)) {
-                // a NaN or inf in the row's query: its outputs are NaN (documented), and
-                // attention feedback leaves the row out (feed_back skips a NaN lse)
+            // A NaN or inf in the row's query, or no finite logit (M = -inf: every
+            // logit overflowed fp32 or was NaN, which the maxima skip) in a row
+            // that reads a key: its outputs are NaN (documented), not the empty
+            // result, and attention feedback leaves the row out (feed_back skips
+            // a NaN lse).
+            if ((S.q_bad[uint64_t(bh) * R + r] || M == -INFINITY) && reads_a_key(S, bh, snaps[b].length - nqt + t)) {
                 for (uint32_t d = 0; d < D; ++d) store_elem(a.out, a.out_dtype, row * D + d, NAN);
                 if (a.lse) a.lse[row] = NAN;
                 if (a.feedback) S.row_lse[uint64_t(bh) * R + r] = NAN;
