@@ -634,12 +634,15 @@ IKV_API ikv_pool_config ikv_pool_default_config_v2(void);
  * counts the free pages of part-used slabs, which only their own format can
  * use, and on the host the padding that aligns each page to 64 bytes, so it
  * can pass capacity_bytes by that padding (up to 63 bytes per page, where a
- * page's bytes are not a multiple of 64) and, with pages of several
- * formats, by those free pages and one slab (a slab holds at most a 16th of
- * capacity_bytes, at least one page, and at most 1 MiB on the host or
- * 64 MiB on a device).
- * Each format keeps at most one empty slab (a CUDA pool with a host tier
- * keeps all), and a CPU pool also gives back other formats' empty slabs
+ * page's bytes are not a multiple of 64), by those free pages, and by the
+ * empty slabs kept: each format keeps at most one (a CUDA pool with a host
+ * tier keeps all), so with several formats, or a call that allocates a page
+ * before it frees one (a truncate copying a shared tail), up to one slab per
+ * format (a slab holds at most a 16th of capacity_bytes, at least one page,
+ * and at most 1 MiB on the host or 64 MiB on a device). A call that fails
+ * may leave a slab it allocated held (empty, in reserved_bytes, reused by
+ * later calls); nothing else it changed stays. A CPU pool also gives back
+ * other formats' empty slabs
  * before a new slab would pass capacity_bytes (a CUDA pool does not free
  * device slabs to make room: a free waits for the device).
  * Errors: IKV_E_NULL, IKV_E_INVALID (names the field), IKV_E_NO_DEVICE (CUDA

@@ -194,11 +194,14 @@ ikv_status seq_evict(ikv_pool *pool, ikv_seq_id id, uint32_t begin, uint32_t end
                     "%s: [%u, %u) must satisfy begin <= end <= %u, the start of the tail page of sequence %u", fn,
                     begin, end, tail_start, (unsigned)id);
     std::lock_guard<std::mutex> lock(pool->state_mu);
+    bool changed = false;  // evicting evicted pages does nothing (decoders keep their lists)
     for (uint32_t p = begin / P; p < end / P; ++p) {
+        if (seq.pages[p] == nullptr) continue;
         unref_page_locked(pool, seq.pages[p]);
         seq.pages[p] = nullptr;
+        changed = true;
     }
-    if (begin != end) table_changed(seq);
+    if (changed) table_changed(seq);
     return IKV_OK;
 }
 

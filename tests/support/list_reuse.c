@@ -161,6 +161,8 @@ void ikvt_list_reuse_scenario(ikv_backend backend) {
     IKVT_OK(ikv_seq_evict(c.pool, s[1], 16, 32));
     step(&c, pair, plans, 2, 1, 0, 0, "eviction");
     step(&c, pair, plans, 2, 0, 0, 1, "after the eviction");
+    IKVT_OK(ikv_seq_evict(c.pool, s[1], 16, 32)); /* already evicted: "does nothing" (the header) */
+    step(&c, pair, plans, 2, 1, 0, 1, "after evicting evicted pages again");
     IKVT_OK(ikv_seq_set_page_format(c.pool, s[0], 1, IKV_FMT_INT4));
     step(&c, pair, plans, 2, 0, 0, 0, "page format change");
     IKVT_OK(ikv_seq_apply_plan_formats(c.pool, s[0], plan)); /* the plan's F16 for every full page */
