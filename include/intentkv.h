@@ -640,8 +640,8 @@ IKV_API ikv_pool_config ikv_pool_default_config_v2(void);
  * before it frees one (a truncate copying a shared tail), up to one slab per
  * format (a slab holds at most a 16th of capacity_bytes, at least one page,
  * and at most 1 MiB on the host or 64 MiB on a device). A call that fails
- * may leave a slab it allocated held (empty, in reserved_bytes, reused by
- * later calls); nothing else it changed stays. A CPU pool also gives back
+ * for lack of memory may leave a slab it allocated held (empty, in
+ * reserved_bytes, reused by later calls). A CPU pool also gives back
  * other formats' empty slabs
  * before a new slab would pass capacity_bytes (a CUDA pool does not free
  * device slabs to make room: a free waits for the device).
@@ -920,7 +920,7 @@ IKV_API ikv_status ikv_pool_sync(ikv_pool *pool);
  * such a capture): call them between steps, for example every few hundred
  * steps. Errors: IKV_E_NULL (pool, seqs), IKV_E_NOT_FOUND, IKV_E_INVALID
  * (n_seqs 0, a sequence listed twice), IKV_E_RANGE (a length beyond
- * 2^32-1), IKV_E_NOMEM (capacity), IKV_E_EVICTED (a page the room's tokens
+ * 2^32-1), IKV_E_NOMEM (capacity, or host memory), IKV_E_EVICTED (a page the room's tokens
  * land in was evicted), IKV_E_DEVICE.
  */
 IKV_API ikv_status ikv_pool_reserve(ikv_pool *pool, const ikv_seq_id *seqs, uint32_t n_seqs, uint32_t n_tokens);
@@ -1520,10 +1520,13 @@ typedef enum ikv_topk_score {
  * and adds nothing to attention feedback shares. Logits are fp32: a row
  * that reads a key but none of whose scaled logits scale * (q . k) comes out
  * finite (they overflow fp32's ~3.4e38, e.g. under a scale near FLT_MAX;
- * CUDA computes them as (scale * log2(e)) * (q . k), which overflows from
- * scale ~2.4e38) gets the same NaN outputs, never the empty result, softcap
- * or not (a softcap does not cap an overflowed logit); where only some of a
- * row's logits overflow, its outputs are unspecified. The other rows are
+ * CUDA's fused kernel computes them as (scale * log2(e)) * (q . k), which
+ * overflows from scale ~2.4e38) gets the same NaN outputs instead of the
+ * empty result, softcap or not (a softcap does not cap an overflowed
+ * logit); where only some of a row's logits overflow, its outputs are
+ * unspecified. (One exception: in a CUDA decode whose kernels write
+ * args->append's token, below, a row whose logits all overflow while its q
+ * is finite gets the empty result.) The other rows are
  * computed as usual, from what their kv-head reads: with query-aware
  * selection the row still enters its kv-head's scores, where an inf can
  * change the pages the group's other rows read.

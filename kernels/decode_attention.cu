@@ -747,19 +747,26 @@ __device__ void commit_room(const DecodeParams &p, const RoomArgs &ra, uint32_t 
 // logits was finite): whether query row `row` (t * G + g) of (seq, head)
 // read a key, i.e. its list holds a token at or before the row's position.
 // Every thread of the block takes part and gets the answer. After a decode
-// that appended (kCommit), the length the decode read is the room's,
-// advanced beside this grid: there a listed entry counts (every row of a
-// one-token step reads the token it appended; with 2+ query tokens a row
-// before that token counts as reading a key when the list holds any).
-// Inlined and called once the row's partials are summed: as a call
-// (__noinline__) it cost the merge 16 registers, a 144-byte stack frame and
-// B = 1 steps 1.5-3.4% (bench/RESULTS.md 0c, 0d).
+// that appended (kCommit) the length the decode read is the room's,
+// advanced beside this grid (and the lists of a stale room are cleared
+// there), so the row's position is not known here: such a row counts only
+// when its q holds a NaN or inf and its list holds an entry (every row of a
+// one-token step reads the token it appended); a row whose logits all
+// overflowed reads as empty there (the header). Inlined and called once the
+// row's partials are summed: as a call (__noinline__) it cost the merge 16
+// registers, a 144-byte stack frame and B = 1 steps 1.5-3.4%
+// (bench/RESULTS.md 0c, 0d).
 template <bool kCommit>
 __device__ __forceinline__ bool row_read_a_key(const DecodeParams &p, uint32_t seq, uint32_t head, uint32_t row) {
-    const uint32_t G = p.n_q_heads / p.shape.n_kv_heads, t = row / G;
+    const uint32_t D = p.shape.head_dim, G = p.n_q_heads / p.shape.n_kv_heads, t = row / G;
     const uint32_t li = p.lists.list_heads > 1 ? seq * p.lists.list_heads + head : seq;
+    if constexpr (kCommit) {
+        const uint64_t qi = (uint64_t(seq) * p.n_query_tokens + t) * p.n_q_heads + head * G + row % G;
+        bool bad = false;
+        for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) bad |= !isfinite(load_elem(p.q, p.q_dtype, qi * D + d));
+        return __syncthreads_or(bad) && p.lists.counts[li] > 0;
+    }
     const uint32_t n = p.lists.counts[li];
-    if (kCommit) return n > 0;
     const uint32_t qpos = p.seq_len[seq] - p.n_query_tokens + t;
     const DevPage *list = p.lists.pages + uint64_t(li) * p.lists.stride;
     bool any = false;

@@ -3,8 +3,9 @@
  * 0, 1, ... until the call succeeds): each failed call returns IKV_E_NOMEM
  * and changes nothing (pages in use, used bytes, every sequence's length
  * and stored values), and once every sequence is destroyed no page stays
- * charged (under AddressSanitizer, LeakSanitizer also sees every record
- * freed). A reserve used to commit its new pages after a block table could
+ * charged (under AddressSanitizer, LeakSanitizer also checks that the
+ * bookkeeping from operator new, such as page records, is freed; mimalloc's
+ * own segments are not tracked). A reserve used to commit its new pages after a block table could
  * still need memory: pages charged, half a room taken (the fourth audit). */
 #include <stdio.h>
 #include <stdlib.h>

@@ -127,7 +127,7 @@ ikv_status allocate_locked(ikv_pool *pool, std::vector<RoomPart> &parts) {
 // Under state_mu: the block table takes the new pages (fresh ones follow the
 // last page: a room that grows has no pages past its old end to drop).
 // Nothing here fails (capacity reserved by plan_part, the block table's
-// room by seqs_reserve before any part commits).
+// room by seqs_reserve right after the pages were allocated).
 void commit_locked(ikv_pool *pool, RoomPart &rp) {
     Seq &seq = *rp.seq;
     for (auto &e : rp.copies) {
@@ -428,6 +428,18 @@ ikv_status seqs_reserve(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, 
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
         st = allocate_locked(pool, parts);
+        // The block tables' room for their new pages, before any record is
+        // prepared or part committed: commit_locked's push_back must not
+        // allocate (a bad_alloc there left pages charged and half a room taken).
+        if (st == IKV_OK) try {
+                for (RoomPart &rp : parts) rp.seq->pages.reserve(rp.seq->pages.size() + rp.fresh.size());
+            } catch (const std::bad_alloc &) {
+                for (RoomPart &rp : parts) {
+                    for (auto &e : rp.fresh) free_page_bytes_locked(pool, e.second);
+                    for (auto &e : rp.copies) free_page_bytes_locked(pool, e.second);
+                }
+                st = fail(IKV_E_NOMEM, "%s: out of host memory", kFn);
+            }
     }
     if (st != IKV_OK) {
         unwind(pool, parts);
@@ -452,14 +464,6 @@ ikv_status seqs_reserve(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, 
     if (st == IKV_OK && device_lengths) st = prepare_records(pool, parts);  // the last step that allocates
     {
         std::lock_guard<std::mutex> lock(pool->state_mu);
-        // The block tables' room for their new pages, before anything is
-        // committed: commit_locked's push_back must not allocate (a bad_alloc
-        // there would leave pages charged and half a room taken).
-        if (st == IKV_OK) try {
-                for (RoomPart &rp : parts) rp.seq->pages.reserve(rp.seq->pages.size() + rp.fresh.size());
-            } catch (const std::bad_alloc &) {
-                st = fail(IKV_E_NOMEM, "%s: out of host memory", kFn);
-            }
         if (st != IKV_OK) {
             for (RoomPart &rp : parts) {
                 for (auto &e : rp.fresh) free_page_bytes_locked(pool, e.second);
