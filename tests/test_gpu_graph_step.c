@@ -699,6 +699,61 @@ static void fused_vs_separate(uint32_t nh, uint32_t hd, uint32_t g, uint32_t nb)
     ikv_pool_destroy(pa), ikv_pool_destroy(pb);
 }
 
+/* A two-token step whose decode writes the appended token (the fused path)
+ * and whose plans read only the rooms: query token 0 sits before the room and
+ * reads nothing, so its rows get out 0 and lse -inf, the header's empty
+ * result (the fused merge cannot know the length read, so it keeps the rule
+ * for finite queries), as with a separate append call; token 1 reads the
+ * token it appended. Outputs and lse equal the separate calls byte for byte. */
+static void test_fused_append_row_reads_nothing(void **state) {
+    (void)state;
+    enum { T = 2, QN = B * T * HQ * D, ROWS = B * T * HQ };
+    fused_pair x;
+    fused_pair_make(&x);
+    ikv_plan *plans[B];
+    for (uint32_t b = 0; b < B; ++b) { /* the room, one entry per page */
+        const ikv_token_range room = {kPrefill[b], kPrefill[b] + ROOM};
+        IKVT_OK(ikv_plan_from_ranges(&room, 1, kPrefill[b] + ROOM, P, IKV_FMT_F16, &plans[b]));
+    }
+    void *dq = ikvt_dev_upload(NULL, 4 * QN), *dout = ikvt_dev_upload(NULL, 4 * QN);
+    void *dlse = ikvt_dev_upload(NULL, 4 * ROWS);
+    float *q = malloc(4 * QN), *out[2] = {malloc(4 * QN), malloc(4 * QN)}, *lse[2] = {malloc(4 * ROWS), malloc(4 * ROWS)};
+    ikvt_rng rng = {0xE3E3};
+    ikvt_fill_normal(&rng, q, QN, 1.0f);
+    assert_int_equal(ikvt_rt.memcpy_(dq, q, 4 * QN, IKVT_H2D), 0);
+    step_input(0, x.k, x.v, x.q);
+    assert_int_equal(ikvt_rt.memcpy_(x.bf.dk, x.k, 2 * KV_STEP, IKVT_H2D), 0);
+    assert_int_equal(ikvt_rt.memcpy_(x.bf.dv, x.v, 2 * KV_STEP, IKVT_H2D), 0);
+    for (int fused = 1; fused >= 0; --fused) {
+        ikv_pool *pool = fused ? x.ga : x.gb;
+        const ikv_seq_id *seqs = fused ? x.sa : x.sb;
+        ikv_append a = layer_append(pool, &x.bf, x.stream, 0);
+        if (!fused) IKVT_OK(ikv_pool_append_batch(pool, seqs, B, &a));
+        ikv_decode_args d = decode_args(seqs, 0, dq, dout, x.stream, (const ikv_plan *const *)plans, PLAN);
+        d.n_query_tokens = T;
+        d.lse = dlse;
+        d.append = fused ? &a : NULL;
+        IKVT_OK(ikv_decode(fused ? x.da : x.db, pool, &d));
+        assert_int_equal(ikvt_rt.stream_sync_(x.stream), 0);
+        assert_int_equal(ikvt_rt.memcpy_(out[fused], dout, 4 * QN, IKVT_D2H), 0);
+        assert_int_equal(ikvt_rt.memcpy_(lse[fused], dlse, 4 * ROWS, IKVT_D2H), 0);
+    }
+    assert_int_equal(appends_fused(x.da), 1); /* the path under test was taken */
+    for (size_t r = 0; r < ROWS; ++r) {
+        const int token0 = r / HQ % T == 0;
+        if (token0 ? lse[1][r] != -INFINITY : !isfinite(lse[1][r]))
+            fail_msg("row %zu (query token %d): lse %g", r, token0 ? 0 : 1, (double)lse[1][r]);
+        for (size_t dd = 0; dd < D && token0; ++dd)
+            if (out[1][r * D + dd] != 0.0f) fail_msg("row %zu reads nothing: out %g", r, (double)out[1][r * D + dd]);
+    }
+    assert_memory_equal(out[1], out[0], 4 * QN);
+    assert_memory_equal(lse[1], lse[0], 4 * ROWS);
+    for (uint32_t b = 0; b < B; ++b) ikv_plan_destroy(plans[b]);
+    ikvt_rt.free_(dq), ikvt_rt.free_(dout), ikvt_rt.free_(dlse);
+    free(q), free(out[0]), free(out[1]), free(lse[0]), free(lse[1]);
+    fused_pair_free(&x);
+}
+
 static void test_fused_append_shapes(void **state) {
     (void)state;
     fused_vs_separate(4, 128, 4, 10); /* the benchmark's group, sequences past the inline tails */
@@ -724,6 +779,7 @@ int main(void) {
         cmocka_unit_test(test_topk_step_fused),
         cmocka_unit_test(test_fused_append_eager),
         cmocka_unit_test(test_fused_append_shapes),
+        cmocka_unit_test(test_fused_append_row_reads_nothing),
         cmocka_unit_test(test_fused_append_layers_apart),
     };
     return cmocka_run_group_tests_name("gpu_graph_step", tests, NULL, NULL);
