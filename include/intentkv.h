@@ -28,7 +28,10 @@
  *   - Every call that returns ikv_status returns IKV_E_NULL for a NULL
  *     required handle or out-pointer, and may return IKV_E_INTERNAL (a
  *     library bug, never expected), whether or not its Errors list names
- *     them. IKV_E_NOMEM covers host and device memory alike.
+ *     them. IKV_E_NOMEM covers host and device memory alike. Where several
+ *     of a call's errors apply at once, it returns one of them (which one
+ *     is unspecified: e.g. a tier call on a CPU pool may report
+ *     IKV_E_UNSUPPORTED before checking its other arguments).
  *   - No call aborts, throws, or prints; install ikv_set_log_callback() to see
  *     warnings.
  *   - Config structs carry struct_size as their first field. Always start from
@@ -866,8 +869,10 @@ IKV_API ikv_status ikv_pool_sync(ikv_pool *pool);
  * Makes the next n_tokens tokens of every layer of each sequence land in
  * pages allocated now: pages for positions up to (the longest layer's
  * length) + n_tokens are allocated in the pool's default format (an
- * append's args->formats does not apply to them), a shared tail page is
- * copied now (copy-on-write), and the memory is charged to the pool at once
+ * append's args->formats does not apply to them), every shared page a
+ * token of the room will land in is copied now (copy-on-write: the tail
+ * page, and with layers of unequal lengths every shared page from the
+ * shortest layer's tail on), and the memory is charged to the pool at once
  * (ikv_pool_stats counts the pages; ikv_seq_page_format reports them).
  * Calling it again replaces the room, measured from the lengths then (pages
  * no token reaches are released once the new room is in place; until then
@@ -1012,7 +1017,8 @@ IKV_API ikv_status ikv_seq_fetch(ikv_pool *pool, ikv_seq_id seq, uint32_t begin,
                                  uint32_t *moved_out);
 
 /** 1 if page `page` of seq is in the host tier, 0 if in device memory (CPU pools: always 0).
- *  Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (page beyond the sequence), IKV_E_EVICTED. */
+ *  Errors: IKV_E_NULL, IKV_E_NOT_FOUND, IKV_E_RANGE (page beyond the sequence's pages: those holding its
+ *  tokens and those of its room, ikv_pool_reserve), IKV_E_EVICTED. */
 IKV_API ikv_status ikv_seq_page_tier(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, int *on_host_out);
 
 /**
@@ -1110,7 +1116,8 @@ typedef struct ikv_tier_step_report {
 IKV_API ikv_status ikv_pool_tier_step(ikv_pool *pool, const ikv_seq_id *seqs, const ikv_plan *const *plans,
                                       uint32_t n_seqs, void *stream, ikv_tier_step_report *report);
 
-/** The storage format of page `page` (tokens [page*page_size, (page+1)*page_size)). Errors: IKV_E_NOT_FOUND, IKV_E_RANGE, IKV_E_EVICTED. */
+/** The storage format of page `page` (tokens [page*page_size, (page+1)*page_size)). Errors: IKV_E_NOT_FOUND,
+ *  IKV_E_RANGE (page beyond the sequence's pages: those holding its tokens and those of its room), IKV_E_EVICTED. */
 IKV_API ikv_status ikv_seq_page_format(const ikv_pool *pool, ikv_seq_id seq, uint32_t page, ikv_format *out);
 
 /**
@@ -1129,7 +1136,8 @@ IKV_API ikv_status ikv_seq_set_page_format(ikv_pool *pool, ikv_seq_id seq, uint3
 /**
  * Re-store every live, unshared, full page of a sequence in the format the
  * plan assigns it (evicted and shared pages, and pages the plan does not
- * cover, are skipped, not refused). Atomic: if any page cannot change, none
+ * cover, are skipped, not refused). Full: every layer holds the page's
+ * page_size tokens (where layers differ in length, the shortest decides). Atomic: if any page cannot change, none
  * does. Errors: IKV_E_NULL (pool, plan), IKV_E_NOT_FOUND, IKV_E_INVALID
  * (plan page_size differs), IKV_E_STATE (room reserved on a CUDA pool),
  * IKV_E_NOMEM, IKV_E_DEVICE (CUDA pools).
