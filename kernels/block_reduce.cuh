@@ -1,5 +1,5 @@
 // Block-wide reduction of one value per thread, the result to every thread:
-// the top-k kernels' (score_topk.cu) and the keys rerank's (keys_rerank.cu).
+// the top-k kernels' (score_pages.cu, mass_budget.cu) and the keys rerank's (keys_rerank.cu).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // Page scores on tensor cores: one warp scores 16 candidate pages at once
 // with mma.sync m16n8k16 (bf16 operands, fp32 accumulation), for the score
-// kernel of kernels/score_topk.cu (score_mma_kernel) on sm_80+.
+// kernel of kernels/score_pages.cu (score_mma_kernel) on sm_80+.
 //
 // Why: the SIMT score kernel spends ~600 instructions per warp on 8 pages'
 // bounds at head_dim 128 (bf16 widening, two FMAs per channel and query head,

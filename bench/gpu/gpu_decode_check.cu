@@ -366,7 +366,7 @@ void check_quantize(bool quick) {
     report(ok_n == all_n, what);
 }
 
-// Host mirror of the selection rule (score_topk.cu) from given bounds.
+// Host mirror of the selection rule (kernels/select_pages.cu) from given bounds.
 std::vector<uint32_t> host_select(const std::vector<DevPage> &cand, const float *scores, uint32_t budget) {
     std::vector<uint32_t> order(cand.size());
     for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -509,7 +509,7 @@ void check_topk_case(bool quick, int n_sms, uint32_t D, uint32_t G, uint32_t Hkv
 
 // {D, G, kv-heads}. Both score kernels walk several page groups per block
 // once there are more groups than their grid target gives each (sequence,
-// kv-head) (kernels/score_topk.cu): the SIMT kernel (IKV_CUDA_SCORE=simt)
+// kv-head) (kernels/score_pages.cu): the SIMT kernel (IKV_CUDA_SCORE=simt)
 // aims at ~1024 blocks of 64 pages at D = 128 (256 at D = 32), so the
 // {64, 2, 32} case (96 lists of up to 40 groups) has blocks walk ~4 groups
 // and {32, 1, 40} (120 lists of up to 20 groups) a few; the tensor-core

@@ -1,6 +1,6 @@
 // The device copies of a CUDA pool's query memory (ikv_query_memory): one
 // block per sequence, in the layout kernels/ikv_kernels.h's MemoryRecall
-// describes, that the recall kernel of a decode reads (kernels/score_topk.cu).
+// describes, that the recall kernel of a decode reads (kernels/score_pages.cu).
 //
 // Why a copy per sequence written at each ended turn, and not an upload per
 // decode: a turn's memory changes only when the turn ends, while a decode
