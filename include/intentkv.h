@@ -1309,7 +1309,13 @@ IKV_API ikv_status ikv_query_memory_reset(ikv_query_memory *memory);
  * (sequence, kv-head) and page it read, the page's share of the softmax: the
  * sum over the page's read tokens of exp(logit - lse), averaged over the
  * kv-group's query heads and the step's query tokens (causal: a token after
- * a query's position adds nothing for that query). For each such page,
+ * a query's position adds nothing for that query; every query row counts in
+ * the average, one that reads nothing or whose query holds a NaN or an inf
+ * adding 0). lse is the row's log-sum-exp over the logits the measurement
+ * itself computes, so a row's shares over the pages it read sum to 1 up to
+ * rounding whatever the logits' magnitude (the CUDA multi-token GEMM path
+ * below takes the GEMM's lse instead: where logits pass ~1e6 in magnitude,
+ * whose fp32 rounding is no longer small, its shares can pass 1). For each such page,
  * ema = (1 - rate) * ema + rate * share (ema starts at 0); pages the step did
  * not read keep their ema. On CPU pools this costs one more pass over the
  * keys the step read; on CUDA pools the decode's kernel sums each page's

@@ -1255,6 +1255,67 @@ static void test_feedback_zero_share_block(void **state) {
     ikv_pool_destroy(pool);
 }
 
+/* Attention feedback of logits around 3e7, whose fp32 rounding (~10) is far
+ * from small: each page's share still matches the float64 softmax of the
+ * stored keys (tokens 13 apart hold the same key, so the largest logit is
+ * tied across pages and its mass splits evenly), and the shares sum to 1.
+ * (The CPU measured shares against the kernel's lse, summed in another
+ * order: they summed to 3.3.) On 1 and 3 threads, dense and with a softcap
+ * that leaves the tie intact. */
+static void test_feedback_shares_of_huge_logits(void **state) {
+    (void)state;
+    enum { HD = 32, HP = 8, HLEN = 32, HPAGES = HLEN / HP };
+    ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.n_layers = 1, .n_kv_heads = 1, .head_dim = HD, .page_size = HP,
+                                                     .capacity_bytes = 1u << 20, .default_format = IKV_FMT_F16});
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    float k[HLEN * HD], v[HLEN * HD], q[HD], out[HD];
+    for (int t = 0; t < HLEN; ++t)
+        for (int c = 0; c < HD; ++c) k[t * HD + c] = 1000.0f + (float)((t * 37 + c * 11) % 13), v[t * HD + c] = 1.0f;
+    for (int c = 0; c < HD; ++c) q[c] = 1000.0f + (float)(c % 5);
+    ikv_append ap = ikv_append_default(pool, HLEN);
+    ap.k = k;
+    ap.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &ap));
+    IKVT_OK(ikv_seq_read(pool, s, 0, 0, HLEN, k, v)); /* the stored keys, for the reference */
+    double logit[HLEN], want[HPAGES] = {0}, mx = -INFINITY, z = 0.0;
+    for (int t = 0; t < HLEN; ++t) {
+        logit[t] = 0.0;
+        for (int c = 0; c < HD; ++c) logit[t] += (double)q[c] * k[t * HD + c];
+        mx = logit[t] > mx ? logit[t] : mx;
+    }
+    for (int t = 0; t < HLEN; ++t) z += exp(logit[t] - mx);
+    for (int t = 0; t < HLEN; ++t) want[t / HP] += exp(logit[t] - mx) / z;
+    assert_true(want[0] > 0.3 && want[2] > 0.3); /* the tie this test is about */
+    for (int c = 0; c < 4; ++c) { /* bit 0: 3 threads; bit 1: a softcap far above the logits' spread */
+        ikv_page_feedback_config fc = ikv_page_feedback_default_config();
+        fc.rate = 1.0f; /* the averages are this step's shares */
+        ikv_page_feedback *fb = NULL;
+        IKVT_OK(ikv_page_feedback_create(pool, &fc, &fb));
+        ikv_decode_args a = ikv_decode_args_default();
+        a.seqs = &s;
+        a.n_q_heads = 1;
+        a.q = q;
+        a.out = out;
+        a.feedback = fb;
+        a.softcap = c & 2 ? 1e12f : 0.0f;
+        IKVT_OK(ikv_decode(c & 1 ? g_dec3 : g_dec1, pool, &a));
+        float got[HPAGES];
+        uint32_t n = 0;
+        IKVT_OK(ikv_page_feedback_get(fb, s, 0, 0, got, HPAGES, &n));
+        assert_int_equal(n, HPAGES);
+        double sum = 0.0;
+        for (int p = 0; p < HPAGES; ++p) {
+            sum += got[p];
+            if (!(fabs(got[p] - want[p]) <= 1e-5))
+                fail_msg("case %d page %d: share %.7g, float64 %.7g", c, p, (double)got[p], want[p]);
+        }
+        if (!(fabs(sum - 1.0) <= 1e-5)) fail_msg("case %d: shares sum to %.7g", c, sum);
+        ikv_page_feedback_destroy(fb);
+    }
+    ikv_pool_destroy(pool);
+}
+
 /* Attention feedback: two steps (a plan with partial pages and 2 causal query
  * tokens on 3 threads, then top-k with the first step's averages as its
  * prior) give the float64 reference's averages; the prior's selection is the

@@ -34,8 +34,14 @@ uint64_t chunk_tokens(uint64_t total_tokens, unsigned n_threads) {
 // Attention feedback (ikv_page_feedback): each read span's share of the
 // softmax, sum over its tokens of exp(logit - lse) averaged over the R query
 // rows (causal), from the keys read once more (dequant_rows) and the step's
-// scaled queries and row LSEs; then per (sequence, kv-head) the shares of
-// each page go to the feedback's averages.
+// scaled queries; then per (sequence, kv-head) the shares of each page go to
+// the feedback's averages. The lse each share is taken against is the row's
+// own over the logits computed here, not the kernel's: the two sum in
+// different orders, and where logits are huge (|logit| ~1e6 and more, whose
+// fp32 rounding passes 0.1) shares against the kernel's lse summed far past 1.
+// Against their own lse a row's shares sum to 1 (to double rounding). The
+// kernel's lse still says which rows count: none that read nothing (-inf) or
+// whose query is not finite (NaN).
 void feed_back(ThreadPool &threads, DecodeScratch &S, const ikv_decode_args &a, const std::vector<SeqSnapshot> &snaps,
                const PageShape &shape, uint32_t R, uint32_t group) {
     const uint32_t D = shape.head_dim, P = shape.page_size, H = shape.n_kv_heads, nqt = a.n_query_tokens;
@@ -44,23 +50,36 @@ void feed_back(ThreadPool &threads, DecodeScratch &S, const ikv_decode_args &a, 
         const float *q = S.q.data() + bh * RD, *lse = S.row_lse.data() + bh * R;
         const uint32_t qpos0 = snaps[bh / H].length - nqt;  // position of query token 0
         float *k = S.worker[w].data();                      // P rows of D (the kernels are done with it)
+        double *m = S.span_row_m.data(), *sum = S.span_row_s.data();  // [span][row]: max logit, sum exp(logit - max)
         for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i) {
             const SpanRef &sp = S.spans[i];
             dequant_rows(ikv_format(sp.fmt), P, D, sp.sub, 0, sp.begin, sp.end - sp.begin, k, D);
-            double share = 0.0;
-            for (uint32_t t = sp.begin; t < sp.end; ++t) {
-                const float *kt = k + uint64_t(t - sp.begin) * D;
-                for (uint32_t r = 0; r < R; ++r) {
-                    // in this row's future, or a row that read nothing (lse -inf) or whose query
-                    // is not finite (lse NaN: it adds nothing to the shares)
-                    if (sp.pos0 + t > qpos0 + r / group || !std::isfinite(lse[r])) continue;
-                    float logit = 0.0f;
-                    for (uint32_t d = 0; d < D; ++d) logit += q[uint64_t(r) * D + d] * kt[d];
-                    if (a.softcap > 0.0f) logit = a.softcap * std::tanh(logit / a.softcap);
-                    share += std::exp(double(logit) - lse[r]);
-                }
+            for (uint32_t r = 0; r < R; ++r) {
+                double mr = -INFINITY, sr = 0.0;
+                if (std::isfinite(lse[r]))
+                    for (uint32_t t = sp.begin; t < sp.end && sp.pos0 + t <= qpos0 + r / group; ++t) {
+                        const float *kt = k + uint64_t(t - sp.begin) * D;
+                        float logit = 0.0f;
+                        for (uint32_t d = 0; d < D; ++d) logit += q[uint64_t(r) * D + d] * kt[d];
+                        if (a.softcap > 0.0f) logit = a.softcap * std::tanh(logit / a.softcap);
+                        const double l = logit;
+                        if (!(l > -INFINITY)) continue;  // exp(-inf - max) = 0
+                        if (l > mr) sr = sr * std::exp(mr - l) + 1.0, mr = l;
+                        else sr += std::exp(l - mr);
+                    }
+                m[i * R + r] = mr, sum[i * R + r] = sr;
             }
-            S.span_share[i] = float(share / R);
+        }
+        for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i) S.span_share[i] = 0.0f;
+        for (uint32_t r = 0; r < R; ++r) {  // each row's own lse over its spans, then its shares
+            double mx = -INFINITY, tot = 0.0;
+            for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i) mx = std::max(mx, m[i * R + r]);
+            for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i)
+                if (sum[i * R + r] > 0.0) tot += sum[i * R + r] * std::exp(m[i * R + r] - mx);
+            const double own = mx + std::log(tot);
+            if (!std::isfinite(own)) continue;  // read nothing here (or an overflowed recomputation): adds nothing
+            for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i)
+                if (sum[i * R + r] > 0.0) S.span_share[i] += float(sum[i * R + r] * std::exp(m[i * R + r] - own) / R);
         }
     };
     threads.parallel_for(uint64_t(a.n_seqs) * H, measure);
@@ -340,6 +359,8 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
         }
         S.row_lse.resize(uint64_t(BH) * R);
         S.span_share.resize(S.spans.size());
+        S.span_row_m.resize(S.spans.size() * R);
+        S.span_row_s.resize(S.spans.size() * R);
         S.fb_pages.reserve(most);
         S.fb_share.reserve(most);
     }

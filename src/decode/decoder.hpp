@@ -61,6 +61,7 @@ struct DecodeScratch {
     dvec<dvec<float>> worker;  // per worker: logits, kspan, vspan, qfold
     // attention feedback: row LSEs [B*H][R], each span's share, one (b, h)'s pages and shares
     dvec<float> row_lse, span_share, fb_share;
+    dvec<double> span_row_m, span_row_s;  // attention feedback: per (span, row) max logit and sum of exp(logit - max)
     dvec<uint32_t> fb_pages;
 };
 
