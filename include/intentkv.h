@@ -1493,7 +1493,8 @@ typedef enum ikv_topk_mode {
  *   s_i = log sum_r w_r * exp(lse_r(i) - Z_r),  Z_r = log sum_j exp(lse_r(j))
  * over the non-mandatory candidates j, w_r = 1 for the query heads and the
  * memory's decay for its rows (0 for a sequence it has nothing for at this
- * layer). The budget then selects among the candidates by s_i, by the same
+ * layer); a row whose Z_r is not finite (a query holding a NaN or an inf)
+ * is left out of the sum, so the other rows rank the candidates. The budget then selects among the candidates by s_i, by the same
  * rules (ties: earlier entry first; NaN last; stop at the first that does not
  * fit). A feedback prior (topk_feedback_weight) applies to the first pass.
  * Why: page summaries rank pages by what their keys could do, and on real
@@ -1791,7 +1792,8 @@ IKV_API ikv_status ikv_decoder_last_selection(const ikv_decoder *decoder, uint32
  * stream); when it builds instead, the graph holds its own upload and the
  * first eager call after it builds again.
  * Set struct_size before the call; fields beyond it are not written.
- * Errors: IKV_E_NULL, IKV_E_INVALID (struct_size).
+ * Errors: IKV_E_NULL, IKV_E_INVALID (struct_size below 16, the first
+ * version's struct_size, reserved and steps).
  */
 typedef struct ikv_decoder_stats {
     uint32_t struct_size;

@@ -2165,7 +2165,12 @@ static void test_decode_with_append(void **state) {
                 a.layer = l;
                 a.token_stride = 1;
                 IKVT_EXPECT_STATUS(ikv_decode(g_dec3, pa, &d), IKV_E_INVALID, "ikv_decode (args->append)");
+                IKVT_EXPECT_STATUS(ikv_decode(g_dec3, pa, &d), IKV_E_INVALID, "args->append->token_stride is 1");
                 a.token_stride = H * D;
+                const void *kk = a.k;
+                a.k = NULL; /* the sentence names the field by the caller's path to it */
+                IKVT_EXPECT_STATUS(ikv_decode(g_dec3, pa, &d), IKV_E_NULL, "args->append->k is NULL");
+                a.k = kk;
                 a.stream = &a; /* not the decode's (NULL) */
                 IKVT_EXPECT_STATUS(ikv_decode(g_dec3, pa, &d), IKV_E_INVALID, "args->append->stream");
                 a.stream = NULL;
@@ -2229,6 +2234,7 @@ int main(void) {
         cmocka_unit_test(test_query_memory_errors),
         cmocka_unit_test(test_attention_feedback),
         cmocka_unit_test(test_feedback_zero_share_block),
+        cmocka_unit_test(test_feedback_shares_of_huge_logits),
         cmocka_unit_test(test_lse_merges_disjoint_plans),
         cmocka_unit_test(test_selected_equals_dense_on_those_tokens),
         cmocka_unit_test(test_empty_selection),

@@ -202,7 +202,10 @@ IKV_API ikv_status ikv_decode(ikv_decoder *decoder, ikv_pool *pool, const ikv_de
             if (st == IKV_OK) st = check_args(pool, a, mem, a.append->n_tokens);
             if (st == IKV_OK && ikv::pool_backend(pool) == IKV_BACKEND_CUDA)
                 st = ikv::cuda_decode_check(&decoder->cuda, pool, &a);  // the CUDA limits, before anything is appended
-            if (st == IKV_OK) st = ikv::append_entry(pool, a.seqs, a.n_seqs, a.append, "ikv_decode (args->append)", &ready);
+            if (st == IKV_OK) {
+                const ikv::CallName names("ikv_decode (args->append)", "args->append");  // the sentences' names
+                st = ikv::append_entry(pool, a.seqs, a.n_seqs, a.append, ikv::current_call(), &ready);
+            }
             if (st == IKV_OK && ready.pending && ikv::pool_backend(pool) != IKV_BACKEND_CUDA)
                 st = ikv::room_append_run(pool, ready);  // only a CUDA decode does it in its own kernels
             if (st != IKV_OK) return st;

@@ -71,25 +71,26 @@ ikv_status check_layer(const ikv_pool *pool, uint32_t layer, const char *fn) {
 // seq_stride is ignored).
 ikv_status check_append(const ikv_pool *pool, const ikv_append &a, uint32_t n_seqs, const char *fn) {
     const ikv::PageShape &s = pool->shape;
+    const char *A = ikv::current_args();  // "args", or "args->append" in a decode that appends
     if (a.layer != IKV_ALL_LAYERS && a.layer >= s.n_layers)
-        return ikv::fail(IKV_E_RANGE, "%s: args->layer is %u; the pool has %u layers (or pass IKV_ALL_LAYERS)", fn,
-                         a.layer, s.n_layers);
-    if (a.n_tokens == 0) return ikv::fail(IKV_E_INVALID, "%s: args->n_tokens is 0; it must be >= 1", fn);
+        return ikv::fail(IKV_E_RANGE, "%s: %s->layer is %u; the pool has %u layers (or pass IKV_ALL_LAYERS)", fn,
+                         A, a.layer, s.n_layers);
+    if (a.n_tokens == 0) return ikv::fail(IKV_E_INVALID, "%s: %s->n_tokens is 0; it must be >= 1", fn, A);
     if (uint64_t(a.n_tokens) * n_seqs > UINT32_MAX)
-        return ikv::fail(IKV_E_RANGE, "%s: n_seqs %u x args->n_tokens %u is more than 2^32-1 tokens in one call", fn,
-                         n_seqs, a.n_tokens);
-    if (a.k == nullptr) return ikv::fail(IKV_E_NULL, "%s: args->k is NULL", fn);
-    if (a.v == nullptr) return ikv::fail(IKV_E_NULL, "%s: args->v is NULL", fn);
+        return ikv::fail(IKV_E_RANGE, "%s: n_seqs %u x %s->n_tokens %u is more than 2^32-1 tokens in one call", fn,
+                         n_seqs, A, a.n_tokens);
+    if (a.k == nullptr) return ikv::fail(IKV_E_NULL, "%s: %s->k is NULL", fn, A);
+    if (a.v == nullptr) return ikv::fail(IKV_E_NULL, "%s: %s->v is NULL", fn, A);
     if (a.src_on_device && pool->config.backend == IKV_BACKEND_CPU)
-        return ikv::fail(IKV_E_INVALID, "%s: args->src_on_device is set but the pool is a CPU pool", fn);
+        return ikv::fail(IKV_E_INVALID, "%s: %s->src_on_device is set but the pool is a CPU pool", fn, A);
     if (a.flags & ~IKV_APPEND_ASYNC)
-        return ikv::fail(IKV_E_INVALID, "%s: args->flags 0x%x has bits no IKV_APPEND_* flag defines", fn,
-                         (unsigned)a.flags);
+        return ikv::fail(IKV_E_INVALID, "%s: %s->flags 0x%x has bits no IKV_APPEND_* flag defines", fn,
+                         A, (unsigned)a.flags);
     if ((a.flags & IKV_APPEND_ASYNC) && pool->config.backend == IKV_BACKEND_CUDA && !a.src_on_device)
         return ikv::fail(IKV_E_INVALID,
-                         "%s: IKV_APPEND_ASYNC needs device input (args->src_on_device); host input is read "
+                         "%s: IKV_APPEND_ASYNC needs device input (%s->src_on_device); host input is read "
                          "before the call returns, so append it without the flag",
-                         fn);
+                         fn, A);
     const bool all = a.layer == IKV_ALL_LAYERS;
     const struct {
         const char *name;
@@ -102,8 +103,8 @@ ikv_status check_append(const ikv_pool *pool, const ikv_append &a, uint32_t n_se
     for (const auto &st : strides)
         if (st.used && st.value < int64_t(s.head_dim))
             return ikv::fail(IKV_E_INVALID,
-                             "%s: args->%s is %lld; it must be >= head_dim %u (strides are in elements)", fn,
-                             st.name, (long long)st.value, s.head_dim);
+                             "%s: %s->%s is %lld; it must be >= head_dim %u (strides are in elements)", fn,
+                             A, st.name, (long long)st.value, s.head_dim);
     // The last element read must be addressable.
     const long double last = (long double)(all ? s.n_layers - 1 : 0) * a.layer_stride +
                              (long double)(n_seqs - 1) * a.seq_stride +

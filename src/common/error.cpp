@@ -32,6 +32,7 @@ LogSink &sink() {
 
 thread_local bool t_in_sink = false;
 thread_local const char *t_call = nullptr;  // CallName's
+thread_local const char *t_args = nullptr;  // CallName's name of the argument struct
 
 void deliver(ikv_log_level level, const char *msg) {
     if (t_in_sink) return;
@@ -88,7 +89,15 @@ void set_log_sink(ikv_log_fn fn, void *user, ikv_log_level min_level) {
 
 const char *current_call() { return t_call ? t_call : "intentkv"; }
 
-CallName::CallName(const char *fn) : prev_(t_call) { t_call = fn; }
-CallName::~CallName() { t_call = prev_; }
+const char *current_args() { return t_args ? t_args : "args"; }
+
+CallName::CallName(const char *fn, const char *args) : prev_(t_call), prev_args_(t_args) {
+    t_call = fn;
+    t_args = args;
+}
+CallName::~CallName() {
+    t_call = prev_;
+    t_args = prev_args_;
+}
 
 }  // namespace ikv

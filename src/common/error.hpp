@@ -37,16 +37,22 @@ void set_log_sink(ikv_log_fn fn, void *user, ikv_log_level min_level);
 // name a CallName set, or "intentkv" outside any.
 const char *current_call();
 
-// Names the public call for its extent (nests: the outer name comes back).
+// What the caller calls the argument struct the sentences below the API
+// layer name fields of: "args" (ikv_append in ikv_pool_append), or the name a
+// CallName gave it ("args->append" where ikv_decode appends).
+const char *current_args();
+
+// Names the public call, and the caller's name of its argument struct (null:
+// "args"), for its extent (nests: the outer names come back).
 class CallName {
 public:
-    explicit CallName(const char *fn);
+    explicit CallName(const char *fn, const char *args = nullptr);
     ~CallName();
     CallName(const CallName &) = delete;
     CallName &operator=(const CallName &) = delete;
 
 private:
-    const char *prev_;
+    const char *prev_, *prev_args_;
 };
 
 }  // namespace ikv

@@ -407,7 +407,7 @@ public:
         if (g.error() != cudaSuccess) return cuda_fail(g.error(), fn, "cudaSetDevice");
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         const cudaError_t err = cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &capture);
-        if (err != cudaSuccess) return cuda_fail(err, fn, "cudaStreamIsCapturing of args->stream");
+        if (err != cudaSuccess) return cuda_fail(err, fn, "cudaStreamIsCapturing of the call's stream");
         *capturing = capture != cudaStreamCaptureStatusNone;
         return IKV_OK;
     }
@@ -419,15 +419,15 @@ public:
         if (st != IKV_OK || !capturing) return st;
         if (!src.room)
             return fail(IKV_E_INVALID,
-                        "%s: args->stream is capturing a CUDA graph; an append changes the pool's host state, which "
+                        "%s: %s->stream is capturing a CUDA graph; an append changes the pool's host state, which "
                         "a replay would not, so append before or after the capture (or reserve room for the "
                         "sequences first: ikv_pool_reserve)",
-                        src.fn);
+                        src.fn, current_args());
         if (!src.async)
             return fail(IKV_E_INVALID,
-                        "%s: args->stream is capturing a CUDA graph; a captured append must not wait for the "
-                        "device: set IKV_APPEND_ASYNC in args->flags",
-                        src.fn);
+                        "%s: %s->stream is capturing a CUDA graph; a captured append must not wait for the "
+                        "device: set IKV_APPEND_ASYNC in %s->flags",
+                        src.fn, current_args(), current_args());
         return IKV_OK;
     }
 

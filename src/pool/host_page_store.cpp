@@ -130,8 +130,8 @@ public:
 
     ikv_status find_nonfinite(const AppendSource &src, uint32_t l0, uint32_t l1, NonFinite *out) override {
         if (src.on_device)
-            return fail(IKV_E_UNSUPPORTED, "%s: args->src_on_device is set but this pool's storage is host memory",
-                        src.fn);
+            return fail(IKV_E_UNSUPPORTED, "%s: %s->src_on_device is set but this pool's storage is host memory",
+                        src.fn, current_args());
         find_nonfinite_host(src, shape_, l0, l1, out);
         return IKV_OK;
     }

@@ -286,8 +286,8 @@ ikv_status seqs_append(ikv_pool *pool, const ikv_seq_id *ids, uint32_t n_seqs, c
         st = ikv_plan_get_summary(a.formats, &sum);
         if (st != IKV_OK) return st;
         if (sum.page_size != P)
-            return fail(IKV_E_INVALID, "%s: args->formats has page_size %u but the pool's page_size is %u", fn,
-                        sum.page_size, P);
+            return fail(IKV_E_INVALID, "%s: %s->formats has page_size %u but the pool's page_size is %u", fn,
+                        current_args(), sum.page_size, P);
         plan_pages = sum.pages_total;
     }
     for (const Part &pt : parts)
