@@ -23,5 +23,8 @@ if(IKV_FUZZ)
 endif()
 if(IKV_SANITIZE_THREAD)
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  # The library's own allocations through malloc, which TSan follows, instead of the
+  # uninstrumented mimalloc (src/common/host_memory.hpp).
+  add_compile_definitions(IKV_HOST_MALLOC_SYSTEM)
   add_link_options(-fsanitize=thread)
 endif()

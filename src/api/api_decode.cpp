@@ -1,8 +1,6 @@
 // extern "C" boundary of the decoder: every argument of ikv_decode is checked
 // here, against the pool's shape, before either backend runs, so a rejected
 // call writes nothing.
-#include <mimalloc.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -17,6 +15,7 @@
 
 #include "common/config.hpp"
 #include "common/error.hpp"
+#include "common/host_memory.hpp"
 #include "common/raw_enum.hpp"
 #include "api/api_append.hpp"
 #include "cuda/cuda_backend.hpp"
@@ -153,12 +152,12 @@ IKV_API ikv_status ikv_decoder_create(const ikv_decoder_config *config, ikv_deco
     unsigned n = c.n_threads;
     if (n == 0) n = std::thread::hardware_concurrency();
     if (n == 0) n = 1;
-    void *mem = mi_malloc(sizeof(ikv_decoder));
+    void *mem = ikv::host_malloc(sizeof(ikv_decoder));
     if (mem == nullptr) return ikv::fail(IKV_E_NOMEM, "%s: out of host memory", fn);
     try {
         *out = new (mem) ikv_decoder(n);
     } catch (const std::exception &e) {  // bad_alloc or a thread that could not start
-        mi_free(mem);
+        ikv::host_free(mem);
         return ikv::fail(IKV_E_NOMEM, "%s: cannot start %u worker threads (%s)", fn, n - 1, e.what());
     }
     return IKV_OK;
@@ -167,7 +166,7 @@ IKV_API ikv_status ikv_decoder_create(const ikv_decoder_config *config, ikv_deco
 IKV_API void ikv_decoder_destroy(ikv_decoder *decoder) {
     if (decoder == nullptr) return;
     decoder->~ikv_decoder();
-    mi_free(decoder);
+    ikv::host_free(decoder);
 }
 
 IKV_API ikv_decode_args ikv_decode_args_default_v3(void) {

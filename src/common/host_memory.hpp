@@ -12,11 +12,51 @@
 #include <mimalloc.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
 #include <new>
 #include <utility>
 #include <vector>
 
 namespace ikv {
+
+// The library's own host allocations. mimalloc's C API, except in
+// ThreadSanitizer builds (IKV_HOST_MALLOC_SYSTEM, cmake/IntentkvOptions.cmake):
+// mimalloc is not instrumented there, so memory it hands from a finished
+// thread to a running one looks to TSan like a race on the library's data;
+// malloc is TSan's own allocator, which it follows.
+inline void *host_malloc(std::size_t n) noexcept {
+#if defined(IKV_HOST_MALLOC_SYSTEM)
+    return std::malloc(n);
+#else
+    return mi_malloc(n);
+#endif
+}
+// n * size bytes; null where that overflows.
+inline void *host_mallocn(std::size_t n, std::size_t size) noexcept {
+#if defined(IKV_HOST_MALLOC_SYSTEM)
+    if (size != 0 && n > SIZE_MAX / size) return nullptr;
+    return std::malloc(n * size);
+#else
+    return mi_mallocn(n, size);
+#endif
+}
+// align a power of two.
+inline void *host_malloc_aligned(std::size_t n, std::size_t align) noexcept {
+#if defined(IKV_HOST_MALLOC_SYSTEM)
+    if (n > SIZE_MAX - align) return nullptr;
+    return std::aligned_alloc(align, (n + align - 1) / align * align);  // a multiple of align, as C11 asks
+#else
+    return mi_malloc_aligned(n, align);
+#endif
+}
+inline void host_free(void *p) noexcept {
+#if defined(IKV_HOST_MALLOC_SYSTEM)
+    std::free(p);
+#else
+    mi_free(p);
+#endif
+}
 
 template <class T>
 struct host_allocator {
@@ -26,11 +66,11 @@ struct host_allocator {
     template <class U>
     host_allocator(const host_allocator<U> &) noexcept {}
     T *allocate(std::size_t n) {
-        void *p = mi_mallocn(n, sizeof(T));  // null on overflow of n * sizeof(T) too
+        void *p = host_mallocn(n, sizeof(T));  // null on overflow of n * sizeof(T) too
         if (p == nullptr) throw std::bad_alloc();
         return static_cast<T *>(p);
     }
-    void deallocate(T *p, std::size_t) noexcept { mi_free(p); }
+    void deallocate(T *p, std::size_t) noexcept { host_free(p); }
     template <class U>
     bool operator==(const host_allocator<U> &) const noexcept {
         return true;
@@ -48,12 +88,12 @@ using host_vector = std::vector<T, host_allocator<T>>;
 // (or when the constructor throws bad_alloc).
 template <class T, class... Args>
 T *new_handle(Args &&...args) noexcept {
-    void *mem = mi_malloc(sizeof(T));
+    void *mem = host_malloc(sizeof(T));
     if (mem == nullptr) return nullptr;
     try {
         return new (mem) T(std::forward<Args>(args)...);
     } catch (...) {
-        mi_free(mem);
+        host_free(mem);
         return nullptr;
     }
 }
@@ -62,7 +102,7 @@ template <class T>
 void delete_handle(T *obj) noexcept {
     if (obj == nullptr) return;
     obj->~T();
-    mi_free(obj);
+    host_free(obj);
 }
 
 }  // namespace ikv

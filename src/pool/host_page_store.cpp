@@ -1,13 +1,12 @@
 // Host page storage: pages come from ~1 MiB slabs (SlabAllocator) allocated
-// with mi_malloc_aligned, 64-byte aligned; the host program's malloc is never
+// with mimalloc (common/host_memory.hpp), 64-byte aligned; the host program's malloc is never
 // touched. Quantize-on-write and reads run on the CPU (host_codec.hpp).
-#include <mimalloc.h>
-
 #include <cstring>
 #include <new>
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/host_memory.hpp"
 #include "common/quant.hpp"
 #include "pool/host_codec.hpp"
 #include "pool/page_store.hpp"
@@ -20,17 +19,17 @@ namespace {
 constexpr std::size_t kSlabAlign = 64;
 constexpr uint64_t kSlabTargetBytes = 1ull << 20;
 
-// Slab memory from mimalloc's own API.
+// Slab memory from the library's host allocator (mimalloc's own API).
 class MimallocMemory final : public SlabMemory {
 public:
     ikv_status allocate(uint64_t bytes, uint8_t **out) override {
-        *out = static_cast<uint8_t *>(mi_malloc_aligned(bytes, kSlabAlign));
+        *out = static_cast<uint8_t *>(host_malloc_aligned(bytes, kSlabAlign));
         if (*out == nullptr)
             return fail(IKV_E_NOMEM, "%s: host allocation of a %llu-byte page slab failed", current_call(),
                         (unsigned long long)bytes);
         return IKV_OK;
     }
-    void deallocate(uint8_t *base) override { mi_free(base); }
+    void deallocate(uint8_t *base) override { host_free(base); }
 };
 
 class HostPageStore final : public PageStore {
@@ -106,14 +105,14 @@ public:
 
     ikv_status stage_alloc(float **stage) override {
         const uint64_t bytes = stage_bytes_ + stats_bytes_;
-        *stage = static_cast<float *>(mi_malloc_aligned(bytes, kSlabAlign));
+        *stage = static_cast<float *>(host_malloc_aligned(bytes, kSlabAlign));
         if (*stage == nullptr)
             return fail(IKV_E_NOMEM, "%s: out of host memory for a %llu-byte staging buffer", current_call(),
                         (unsigned long long)bytes);
         invalidate_stats(*stage);
         return IKV_OK;
     }
-    void stage_free(float *stage) override { mi_free(stage); }
+    void stage_free(float *stage) override { host_free(stage); }
     ikv_status stage_copy(float *dst, const float *src) override {
         std::memcpy(dst, src, stage_bytes_ + stats_bytes_);  // the child's tail page starts as the parent's
         return IKV_OK;

@@ -60,10 +60,14 @@ void unwind(ikv_pool *pool, std::vector<RoomPart> &parts) {
 }
 
 // Records for the pages a part creates and copies (host memory only).
-// Throws std::bad_alloc (the caller unwinds).
+// Throws std::bad_alloc (the caller unwinds). Under state_mu: a page's refs
+// change when another sequence sharing it is forked or destroyed, which may
+// run meanwhile (a page that stops being shared after this is copied all the
+// same, which costs a copy and changes nothing else).
 void plan_part(const ikv_pool *pool, RoomPart &rp) {
     const Seq &seq = *rp.seq;
     if (rp.end == 0) return;
+    std::lock_guard<std::mutex> lock(pool->state_mu);
     for (uint32_t p = complete_pages(pool, seq); p < rp.n_pages; ++p) {
         if (p >= seq.pages.size()) {
             rp.fresh.emplace_back(p, nullptr);
