@@ -120,8 +120,9 @@ IKV_API const char *ikv_status_name(ikv_status status);
 /**
  * The sentence describing the last failure of an ikv_* call on the calling
  * thread, e.g. "ikv_layout_add: block 'doc3' [900, 800) has end at or before start".
- * Empty string if the thread's last failing call has not happened yet.
- * Valid until the next ikv_* call on the same thread. Thread-local.
+ * Empty string if the thread's last failing call has not happened yet; a
+ * successful call leaves it as it was. The pointer is valid until the next
+ * ikv_* call on the same thread (copy the sentence to keep it). Thread-local.
  */
 IKV_API const char *ikv_last_error(void);
 
@@ -844,7 +845,8 @@ IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs,
  * since the previous ikv_pool_sync: IKV_E_INVALID naming its sequence, K or
  * V, layer, token, head and channel (the element was stored as 0). The
  * report is then cleared. Engines call it where they synchronize anyway (end
- * of a step) or when debugging. Thread-safe with the pool's other calls.
+ * of a step) or when debugging. Thread-safe with the pool's other calls (not
+ * ikv_pool_tier_step, which needs the pool to itself).
  * On a CUDA pool it also brings the host's view of the sequences with
  * reserved room (ikv_pool_reserve) up to their device lengths: after graph
  * replays, ikv_seq_length and the other host-side readers count the tokens
@@ -1174,10 +1176,15 @@ IKV_API ikv_status ikv_seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, ui
 
 /*
  * Thread-safety of pools: calls on different sequences may run concurrently
- * from different threads (appends, forks, truncates, evictions, destroys);
- * reads and decodes of a sequence may run while other sequences change. Calls
- * that change one sequence need the caller's ordering against every other
- * call on that sequence (and on its fork parent/children for format changes).
+ * from different threads (appends, reserves, forks, truncates, evictions,
+ * destroys); reads and decodes of a sequence may run while other sequences
+ * change. A fork only reads its parent: forks of one parent may run at once,
+ * and beside reads and decodes of it. Calls that change one sequence need
+ * the caller's ordering against every other call on that sequence (and on
+ * its fork parent/children for format changes). ikv_pool_get_stats and
+ * ikv_pool_sync may run beside any of these (the statistics are a consistent
+ * snapshot; totals of a call still running may not include it yet);
+ * ikv_pool_tier_step and ikv_pool_destroy need the pool to themselves.
  */
 
 /* ------------------------------------------------------------------------ */
@@ -1232,8 +1239,10 @@ typedef struct ikv_decoder ikv_decoder;
  * a sequence whose first turn ended after the capture is scored without its
  * memory until the step is captured again, and forgetting a sequence (or
  * reset, destroy) invalidates graphs that read its copy.
- * Thread-safety: calls that change a memory need exclusive access to it; a
- * decode reads it, so no change may run while a decode that uses it runs
+ * Thread-safety: calls that change a memory need exclusive access to it
+ * (for every sequence: remembering for two sequences at once is two changes
+ * of one memory); a decode only reads it, so several decodes may use one
+ * memory at once, but no change may run while a decode that uses it runs
  * (on the host; on CUDA pools end_turn waits for the device itself).
  */
 typedef struct ikv_query_memory ikv_query_memory;
@@ -1416,8 +1425,13 @@ IKV_API ikv_decoder_config ikv_decoder_default_config(void);
 /**
  * A decoder owns worker threads (CPU) and scratch (host and device), and
  * keeps the page lists of its last call for the next (ikv_decoder_get_stats).
- * One decoder serves one caller thread at a time; use one decoder per engine
- * thread. Several decoders may decode the same pool concurrently. On CUDA
+ * One decoder serves one caller thread at a time (its getters, ikv_decoder_
+ * last_bytes_read, _last_selection and _get_stats, count as calls on it);
+ * use one decoder per engine thread. Several decoders may decode the same
+ * pool concurrently. Outputs are deterministic for a given decoder
+ * configuration, but decoders with different n_threads split the work
+ * differently and may differ in the last bits (within the tests' float64
+ * bounds). On CUDA
  * pools a decoder's calls share its device scratch: issue them on one
  * stream, or order the streams (an event) between calls on different ones.
  * Errors: IKV_E_NULL, IKV_E_INVALID, IKV_E_NOMEM (also when a worker thread
