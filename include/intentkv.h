@@ -846,7 +846,9 @@ IKV_API ikv_status ikv_pool_append_batch(ikv_pool *pool, const ikv_seq_id *seqs,
  * V, layer, token, head and channel (the element was stored as 0). The
  * report is then cleared. Engines call it where they synchronize anyway (end
  * of a step) or when debugging. Thread-safe with the pool's other calls (not
- * ikv_pool_tier_step, which needs the pool to itself).
+ * ikv_pool_tier_step, which needs the pool to itself; and on a CUDA pool
+ * with rooms it changes those sequences' lengths: see "Thread-safety of
+ * pools" below).
  * On a CUDA pool it also brings the host's view of the sequences with
  * reserved room (ikv_pool_reserve) up to their device lengths: after graph
  * replays, ikv_seq_length and the other host-side readers count the tokens
@@ -1181,10 +1183,13 @@ IKV_API ikv_status ikv_seq_page_summary(const ikv_pool *pool, ikv_seq_id seq, ui
  * change. A fork only reads its parent: forks of one parent may run at once,
  * and beside reads and decodes of it. Calls that change one sequence need
  * the caller's ordering against every other call on that sequence (and on
- * its fork parent/children for format changes). ikv_pool_get_stats and
- * ikv_pool_sync may run beside any of these (the statistics are a consistent
- * snapshot; totals of a call still running may not include it yet);
- * ikv_pool_tier_step and ikv_pool_destroy need the pool to themselves.
+ * its fork parent/children for format changes). ikv_pool_get_stats may run
+ * beside any of these (the statistics are a consistent snapshot; totals of a
+ * call still running may not include it yet), and so may ikv_pool_sync,
+ * except on a CUDA pool with room reserved (ikv_pool_reserve), where it
+ * brings those sequences' lengths up to their device lengths: there it is a
+ * change of each of them. ikv_pool_tier_step and ikv_pool_destroy need the
+ * pool to themselves.
  */
 
 /* ------------------------------------------------------------------------ */

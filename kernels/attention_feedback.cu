@@ -26,6 +26,7 @@
 
 #include <algorithm>
 
+#include "head_dims.cuh"
 #include "ikv_kernels.h"
 #include "load_elem.cuh"
 #include "launch_pdl.cuh"
@@ -170,13 +171,8 @@ cudaError_t launch_feedback_from_chunks(const DecodeParams &p, const ChunkSums &
 
 cudaError_t launch_attention_feedback(const DecodeParams &p, const FeedbackOut &o, int n_sms, cudaStream_t stream) {
     if (p.lse == nullptr || o.stride < p.lists.stride) return cudaErrorInvalidValue;
-    switch (p.shape.head_dim) {
-        case 32: return launch_feedback_rows<32>(p, o, n_sms, stream);
-        case 64: return launch_feedback_rows<64>(p, o, n_sms, stream);
-        case 128: return launch_feedback_rows<128>(p, o, n_sms, stream);
-        case 256: return launch_feedback_rows<256>(p, o, n_sms, stream);
-        default: return cudaErrorInvalidValue;
-    }
+    return with_head_dim(p.shape.head_dim,
+                         [&](auto d) { return launch_feedback_rows<decltype(d)::value>(p, o, n_sms, stream); });
 }
 
 }  // namespace cuda

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(kShareThreads) key_share_kernel(const KeysRera
         if (!(cand[i].flags & IKV_PAGE_MANDATORY)) {
             double share = 0.0;
             for (uint32_t r = 0; r < R; ++r) {
-                if (z_log[r] == -INFINITY) continue;
+                if (!isfinite(z_log[r])) continue;  // no share, or a non-finite query's row (the CPU's rule)
                 const double w = r < G ? 0.0 : double(p.mem_log_weight);
                 const double x = double(lse[uint64_t(i) * p.lse_rows + r]);
                 share += x == -INFINITY ? 0.0 : exp(w + x - double(z_log[r]));  // NaN propagates

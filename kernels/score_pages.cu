@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "block_reduce.cuh"
+#include "head_dims.cuh"
 #include "common/quant.hpp"
 #include "ikv_kernels.h"
 #include "launch_pdl.cuh"
@@ -464,13 +465,8 @@ cudaError_t launch_page_scores_d(const TopkParams &p, const MemoryRecall *mem, b
 namespace topk {
 
 cudaError_t launch_page_scores(const TopkParams &p, const MemoryRecall *mem, bool combine, cudaStream_t stream) {
-    switch (p.shape.head_dim) {
-        case 32: return launch_page_scores_d<32>(p, mem, combine, stream);
-        case 64: return launch_page_scores_d<64>(p, mem, combine, stream);
-        case 128: return launch_page_scores_d<128>(p, mem, combine, stream);
-        case 256: return launch_page_scores_d<256>(p, mem, combine, stream);
-        default: return cudaErrorInvalidValue;
-    }
+    return with_head_dim(p.shape.head_dim,
+                         [&](auto d) { return launch_page_scores_d<decltype(d)::value>(p, mem, combine, stream); });
 }
 
 }  // namespace topk

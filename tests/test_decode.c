@@ -956,6 +956,57 @@ static void test_topk_hybrid_score(void **state) {
         }
 }
 
+/* IKV_TOPK_SCORE_KEYS with a query row holding an inf or a NaN: the row is
+ * left out of the shares (the header), so a group of head 0 and such a head
+ * selects what head 0 alone selects. The +inf case gives the bad row exactly
+ * one +inf logit (token 25: its key is the only positive one in that
+ * channel), so its Z_r is +inf; that made the page's score NaN (last) before
+ * the rule tested every non-finite Z_r, not only -inf. */
+static void test_keys_score_skips_bad_rows(void **state) {
+    (void)state;
+    enum { KD = 32, KP = 8, KN = 128 };
+    ikv_pool *pool = ikvt_make_pool((ikvt_pool_spec){.n_layers = 1, .n_kv_heads = 1, .head_dim = KD, .page_size = KP,
+                                                     .capacity_bytes = 4u << 20, .default_format = IKV_FMT_F16});
+    ikv_seq_id s;
+    IKVT_OK(ikv_seq_create(pool, &s));
+    static float k[KN * KD], v[KN * KD];
+    ikvt_rng rng = {0xBAD};
+    ikvt_fill_normal(&rng, k, KN * KD, 1.0f);
+    ikvt_fill_normal(&rng, v, KN * KD, 1.0f);
+    for (int t = 0; t < KN; ++t) k[t * KD + 3] = t == 25 ? 1.0f : -1.0f;
+    ikv_append ap = ikv_append_default(pool, KN);
+    ap.k = k;
+    ap.v = v;
+    IKVT_OK(ikv_pool_append(pool, s, &ap));
+    float q[2 * KD], out[2 * KD];
+    ikvt_fill_normal(&rng, q, 2 * KD, 2.0f);
+    q[3] = 20.0f; /* head 0 favours token 25's page, the one a NaN score would drop */
+    ikv_token_range want[64], got[64];
+    size_t n_want = 0, n_got = 0;
+    const float bad[3] = {INFINITY, NAN, -INFINITY};
+    for (int b = -1; b < 3; ++b) {
+        ikv_decode_args a = ikv_decode_args_default();
+        a.seqs = &s;
+        a.n_q_heads = b < 0 ? 1 : 2; /* head 0 alone, then head 0 beside a bad head */
+        a.q = q;
+        a.out = out;
+        a.topk_token_budget = 24;
+        a.topk_score = IKV_TOPK_SCORE_KEYS;
+        if (b >= 0) q[KD + 3] = bad[b];
+        IKVT_OK(ikv_decode(g_dec1, pool, &a));
+        IKVT_OK(ikv_decoder_last_selection(g_dec1, 0, 0, b < 0 ? want : got, 64, b < 0 ? &n_want : &n_got));
+        if (b < 0) {
+            int has25 = 0;
+            for (size_t i = 0; i < n_want; ++i) has25 |= want[i].begin <= 25 && 25 < want[i].end;
+            assert_true(has25);
+        }
+        if (b >= 0 && (n_got != n_want || memcmp(got, want, n_want * sizeof *want) != 0))
+            fail_msg("a head holding %g in q changed head 0's selection (%zu runs, head 0 alone %zu)", (double)bad[b],
+                     n_got, n_want);
+    }
+    ikv_pool_destroy(pool);
+}
+
 /* IKV_TOPK_SCORE_KEYS: hybrid candidates for twice the budget ranked again by
  * their keys' attention share, with the fixed budget and the mass rule, a
  * plan with mandatory pages, softcap, a query memory, GQA groups of 1-4,
@@ -1194,6 +1245,20 @@ static void expect_feedback(const ikv_page_feedback *fb, ikv_seq_id seq, uint32_
     free(got);
 }
 
+/* One dense decode of a single-kv-head pool's sequence s by one query head,
+ * feeding back into fb. */
+static void decode_one_head(ikv_decoder *dec, ikv_pool *pool, ikv_seq_id *s, const float *q, float *out,
+                            ikv_page_feedback *fb, float softcap) {
+    ikv_decode_args a = ikv_decode_args_default();
+    a.seqs = s;
+    a.n_q_heads = 1;
+    a.q = q;
+    a.out = out;
+    a.feedback = fb;
+    a.softcap = softcap;
+    IKVT_OK(ikv_decode(dec, pool, &a));
+}
+
 /* A block whose pages were read and received no attention (a share of
  * exactly 0: its keys' logits are ~1e4 below the other page's) is fed back:
  * ikv_page_feedback_block_scores gives it 0 / top = 0 rather than leaving its
@@ -1216,13 +1281,7 @@ static void test_feedback_zero_share_block(void **state) {
     ikv_page_feedback_config fc = ikv_page_feedback_default_config();
     ikv_page_feedback *fb = NULL;
     IKVT_OK(ikv_page_feedback_create(pool, &fc, &fb));
-    ikv_decode_args a = ikv_decode_args_default();
-    a.seqs = &s;
-    a.n_q_heads = 1;
-    a.q = q;
-    a.out = out;
-    a.feedback = fb;
-    IKVT_OK(ikv_decode(g_dec1, pool, &a));
+    decode_one_head(g_dec1, pool, &s, q, out, fb, 0.0f);
     float m[2];
     uint32_t n = 0;
     IKVT_OK(ikv_page_feedback_get(fb, s, 0, 0, m, 2, &n));
@@ -1292,14 +1351,7 @@ static void test_feedback_shares_of_huge_logits(void **state) {
         fc.rate = 1.0f; /* the averages are this step's shares */
         ikv_page_feedback *fb = NULL;
         IKVT_OK(ikv_page_feedback_create(pool, &fc, &fb));
-        ikv_decode_args a = ikv_decode_args_default();
-        a.seqs = &s;
-        a.n_q_heads = 1;
-        a.q = q;
-        a.out = out;
-        a.feedback = fb;
-        a.softcap = c & 2 ? 1e12f : 0.0f;
-        IKVT_OK(ikv_decode(c & 1 ? g_dec3 : g_dec1, pool, &a));
+        decode_one_head(c & 1 ? g_dec3 : g_dec1, pool, &s, q, out, fb, c & 2 ? 1e12f : 0.0f);
         float got[HPAGES];
         uint32_t n = 0;
         IKVT_OK(ikv_page_feedback_get(fb, s, 0, 0, got, HPAGES, &n));
@@ -2229,6 +2281,7 @@ int main(void) {
         cmocka_unit_test(test_topk_keys_score),
         cmocka_unit_test(test_bytes_read_keys),
         cmocka_unit_test(test_keys_score_batch),
+        cmocka_unit_test(test_keys_score_skips_bad_rows),
         cmocka_unit_test(test_topk_with_mandatory_pages),
         cmocka_unit_test(test_query_memory_selection),
         cmocka_unit_test(test_query_memory_errors),

@@ -506,6 +506,69 @@ static ikv_status decode_on(ikv_decoder *dec, ikv_pool *pool, ikv_decode_args *a
     return ikv_decode(dec, pool, a);
 }
 
+/* IKV_TOPK_SCORE_KEYS with a query row holding an inf or a NaN beside a
+ * finite one (one kv-head, a group of 2): the CUDA pool leaves the bad row
+ * out of the shares as the CPU pool does, so both select what head 0 alone
+ * selects. The +inf row has one +inf logit (token 25: the only positive key
+ * in that channel), so its Z_r is +inf (test_decode's
+ * test_keys_score_skips_bad_rows on the CPU). */
+static void test_keys_score_skips_bad_rows(void **state) {
+    (void)state;
+    enum { KD = 32, KP = 8, KN = 128 };
+    ikv_pool *pools[2];
+    ikv_seq_id seqs[2];
+    static float k[KN * KD], v[KN * KD];
+    ikvt_rng rng = {0xBAD};
+    ikvt_fill_normal(&rng, k, KN * KD, 1.0f);
+    ikvt_fill_normal(&rng, v, KN * KD, 1.0f);
+    for (int t = 0; t < KN; ++t) k[t * KD + 3] = t == 25 ? 1.0f : -1.0f;
+    for (int pi = 0; pi < 2; ++pi) {
+        pools[pi] = ikvt_make_pool((ikvt_pool_spec){.backend = pi ? IKV_BACKEND_CUDA : IKV_BACKEND_CPU, .n_layers = 1,
+                                                    .n_kv_heads = 1, .head_dim = KD, .page_size = KP,
+                                                    .capacity_bytes = 4u << 20, .default_format = IKV_FMT_F16});
+        IKVT_OK(ikv_seq_create(pools[pi], &seqs[pi]));
+        ikv_append ap = ikv_append_default(pools[pi], KN);
+        ap.k = k;
+        ap.v = v;
+        IKVT_OK(ikv_pool_append(pools[pi], seqs[pi], &ap));
+    }
+    float q[2 * KD], out[2 * KD];
+    ikvt_fill_normal(&rng, q, 2 * KD, 2.0f);
+    q[3] = 20.0f; /* head 0 favours token 25's page */
+    void *dq = ikvt_dev_upload(NULL, sizeof q), *dout = ikvt_dev_upload(NULL, sizeof out);
+    ikv_decoder *dec = two_thread_decoder();
+    ikv_token_range want[64], got[64];
+    size_t n_want = 0, n_got = 0;
+    const float bad[3] = {INFINITY, NAN, -INFINITY};
+    for (int b = -1; b < 3; ++b) {
+        if (b >= 0) q[KD + 3] = bad[b];
+        for (int pi = 0; pi < 2; ++pi) {
+            ikv_decode_args a = ikv_decode_args_default();
+            a.seqs = &seqs[pi];
+            a.n_q_heads = b < 0 ? 1 : 2; /* head 0 alone (on the CPU pool), then beside a bad head */
+            a.topk_token_budget = 24;
+            a.topk_score = IKV_TOPK_SCORE_KEYS;
+            if (b < 0 && pi == 1) continue;
+            if (pi == 0) {
+                a.q = q, a.out = out;
+                IKVT_OK(ikv_decode(dec, pools[0], &a));
+            } else {
+                assert_int_equal(ikvt_rt.memcpy_(dq, q, sizeof q, IKVT_H2D), 0);
+                a.q = dq, a.out = dout;
+                IKVT_OK(ikv_decode(dec, pools[1], &a));
+                assert_int_equal(ikvt_rt.sync_(), 0);
+            }
+            IKVT_OK(ikv_decoder_last_selection(dec, 0, 0, b < 0 ? want : got, 64, b < 0 ? &n_want : &n_got));
+            if (b >= 0 && (n_got != n_want || memcmp(got, want, n_want * sizeof *want) != 0))
+                fail_msg("%s pool: a head holding %g in q changed head 0's selection (%zu runs, head 0 alone %zu)",
+                         pi ? "CUDA" : "CPU", (double)bad[b], n_got, n_want);
+        }
+    }
+    ikvt_rt.free_(dq), ikvt_rt.free_(dout);
+    ikv_decoder_destroy(dec);
+    ikv_pool_destroy(pools[0]), ikv_pool_destroy(pools[1]);
+}
+
 /* IKV_TOPK_SCORE_KEYS on a CUDA pool scores at most 16 rows per kv-head: 17
  * query heads per kv-head are refused with a sentence and write nothing
  * (a CPU pool runs them); with top-k off the score is not used and the step
@@ -1595,6 +1658,7 @@ int main(void) {
         cmocka_unit_test(test_mixed_page_formats),
         cmocka_unit_test_setup_teardown(test_mixed_page_formats_head_dim_64, use_head_dim_64, use_head_dim_128),
         cmocka_unit_test(test_keys_score_limits),
+        cmocka_unit_test(test_keys_score_skips_bad_rows),
         cmocka_unit_test(test_long_multi_token_step),
         cmocka_unit_test_setup_teardown(test_cuda_pool_and_decode_match_cpu_head_dim_32, use_head_dim_32,
                                         use_head_dim_128),

@@ -1,6 +1,6 @@
-// Host memory for the layout, router, plan, query-memory and feedback handles
-// and the decoder's scratch: mimalloc's own C API (never the host program's
-// malloc). The pool's bookkeeping uses std containers (operator new, see
+// Host memory for the layout, router, plan, query-memory and feedback handles,
+// the decoder's scratch and the host page slabs: mimalloc's own C API (never
+// the host program's malloc, except in ThreadSanitizer builds: host_malloc). The pool's bookkeeping uses std containers (operator new, see
 // docs/FORMATS.md "Memory"); its page slabs come from mimalloc. Containers here
 // use host_allocator, which throws std::bad_alloc when mimalloc returns null; the
 // API layer turns that into IKV_E_NOMEM. (Not mimalloc's mi_stl_allocator:

@@ -50,9 +50,11 @@ void feed_back(ThreadPool &threads, DecodeScratch &S, const ikv_decode_args &a, 
         const float *q = S.q.data() + bh * RD, *lse = S.row_lse.data() + bh * R;
         const uint32_t qpos0 = snaps[bh / H].length - nqt;  // position of query token 0
         float *k = S.worker[w].data();                      // P rows of D (the kernels are done with it)
-        double *m = S.span_row_m.data(), *sum = S.span_row_s.data();  // [span][row]: max logit, sum exp(logit - max)
-        for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i) {
-            const SpanRef &sp = S.spans[i];
+        const uint64_t lo = S.span_lo[bh], n = S.span_lo[bh + 1] - lo;
+        // [span][row]: max logit and sum of exp(logit - max); then each row's own lse
+        double *m = S.fb_worker[w].data(), *sum = m + n * R, *own = sum + n * R;
+        for (uint64_t i = 0; i < n; ++i) {
+            const SpanRef &sp = S.spans[lo + i];
             dequant_rows(ikv_format(sp.fmt), P, D, sp.sub, 0, sp.begin, sp.end - sp.begin, k, D);
             for (uint32_t r = 0; r < R; ++r) {
                 double mr = -INFINITY, sr = 0.0;
@@ -70,16 +72,18 @@ void feed_back(ThreadPool &threads, DecodeScratch &S, const ikv_decode_args &a, 
                 m[i * R + r] = mr, sum[i * R + r] = sr;
             }
         }
-        for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i) S.span_share[i] = 0.0f;
-        for (uint32_t r = 0; r < R; ++r) {  // each row's own lse over its spans, then its shares
+        for (uint32_t r = 0; r < R; ++r) {  // each row's own lse over its spans
             double mx = -INFINITY, tot = 0.0;
-            for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i) mx = std::max(mx, m[i * R + r]);
-            for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i)
+            for (uint64_t i = 0; i < n; ++i) mx = std::max(mx, m[i * R + r]);
+            for (uint64_t i = 0; i < n; ++i)
                 if (sum[i * R + r] > 0.0) tot += sum[i * R + r] * std::exp(m[i * R + r] - mx);
-            const double own = mx + std::log(tot);
-            if (!std::isfinite(own)) continue;  // read nothing here (or an overflowed recomputation): adds nothing
-            for (uint64_t i = S.span_lo[bh]; i < S.span_lo[bh + 1]; ++i)
-                if (sum[i * R + r] > 0.0) S.span_share[i] += float(sum[i * R + r] * std::exp(m[i * R + r] - own) / R);
+            own[r] = mx + std::log(tot);  // not finite: the row read nothing here (or overflowed): adds nothing
+        }
+        for (uint64_t i = 0; i < n; ++i) {
+            double share = 0.0;
+            for (uint32_t r = 0; r < R; ++r)
+                if (sum[i * R + r] > 0.0 && std::isfinite(own[r])) share += sum[i * R + r] * std::exp(m[i * R + r] - own[r]);
+            S.span_share[lo + i] = float(share / R);
         }
     };
     threads.parallel_for(uint64_t(a.n_seqs) * H, measure);
@@ -359,8 +363,9 @@ ikv_status cpu_decode(ThreadPool &threads, DecodeScratch &S, const ikv_pool *poo
         }
         S.row_lse.resize(uint64_t(BH) * R);
         S.span_share.resize(S.spans.size());
-        S.span_row_m.resize(S.spans.size() * R);
-        S.span_row_s.resize(S.spans.size() * R);
+        if (S.fb_worker.size() < threads.size()) S.fb_worker.resize(threads.size());
+        for (auto &w : S.fb_worker)
+            if (w.size() < (2 * most + 1) * R) w.resize((2 * most + 1) * R);
         S.fb_pages.reserve(most);
         S.fb_share.reserve(most);
     }

@@ -61,7 +61,9 @@ struct DecodeScratch {
     dvec<dvec<float>> worker;  // per worker: logits, kspan, vspan, qfold
     // attention feedback: row LSEs [B*H][R], each span's share, one (b, h)'s pages and shares
     dvec<float> row_lse, span_share, fb_share;
-    dvec<double> span_row_m, span_row_s;  // attention feedback: per (span, row) max logit and sum of exp(logit - max)
+    // attention feedback, per worker: for one (b, h)'s spans and rows, each max logit and sum of exp(logit - max),
+    // then each row's own lse ([2 * spans + 1][R] doubles)
+    dvec<dvec<double>> fb_worker;
     dvec<uint32_t> fb_pages;
 };
 

@@ -329,7 +329,7 @@ void key_share_scores(const Entry *in, uint32_t n, const SeqSnapshot &snap, cons
         }
         double share = 0.0;
         for (uint32_t r = 0; r < n_rows; ++r) {
-            if (w_log[r] == -INFINITY || z_log[r] == -INFINITY) continue;
+            if (w_log[r] == -INFINITY || !std::isfinite(z_log[r])) continue;  // no share, or a non-finite query's row
             const double x = double(lse[uint64_t(i) * n_rows + r]);
             share += x == -INFINITY ? 0.0 : std::exp(double(w_log[r]) + x - double(z_log[r]));  // NaN propagates
         }

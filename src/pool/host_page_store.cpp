@@ -1,6 +1,7 @@
 // Host page storage: pages come from ~1 MiB slabs (SlabAllocator) allocated
-// with mimalloc (common/host_memory.hpp), 64-byte aligned; the host program's malloc is never
-// touched. Quantize-on-write and reads run on the CPU (host_codec.hpp).
+// with the library's host allocator (common/host_memory.hpp: mimalloc, so
+// the host program's malloc is not touched), 64-byte aligned. Quantize-on-write
+// and reads run on the CPU (host_codec.hpp).
 #include <cstring>
 #include <new>
 #include <vector>
@@ -20,7 +21,7 @@ constexpr std::size_t kSlabAlign = 64;
 constexpr uint64_t kSlabTargetBytes = 1ull << 20;
 
 // Slab memory from the library's host allocator (mimalloc's own API).
-class MimallocMemory final : public SlabMemory {
+class HostSlabMemory final : public SlabMemory {
 public:
     ikv_status allocate(uint64_t bytes, uint8_t **out) override {
         *out = static_cast<uint8_t *>(host_malloc_aligned(bytes, kSlabAlign));
@@ -158,7 +159,7 @@ private:
     }
 
     PageShape shape_;
-    MimallocMemory memory_;  // declared before slabs_: outlives it
+    HostSlabMemory memory_;  // declared before slabs_: outlives it
     SlabAllocator slabs_;
     uint64_t stage_bytes_;  // the fp32 staging floats (what ikv_pool_stats counts)
     uint64_t stats_bytes_;  // the tail pages' running statistics after them
